@@ -1,0 +1,217 @@
+"""`tf.train.Example` encoded and decoded without TensorFlow.
+
+The wire format is protobuf's; the messages are (from
+``tensorflow/core/example/{example,feature}.proto``)::
+
+    Example   { Features features = 1; }
+    Features  { map<string, Feature> feature = 1; }   # entry: key = 1, value = 2
+    Feature   { oneof kind { BytesList bytes_list = 1;
+                             FloatList float_list = 2;   # packed float32
+                             Int64List int64_list = 3; } } # packed varint
+    *List     { repeated <type> value = 1; }
+
+Encoding is deterministic: features are written in sorted key order and
+numeric lists packed, as TensorFlow itself does, so equal inputs give equal
+bytes. Decoding accepts packed and unpacked numeric lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+import struct
+from typing import Union
+
+import numpy as np
+
+# A feature value as callers hand it over: one of the three list kinds.
+FeatureValue = Union[bytes, str, int, float, np.ndarray, Sequence[bytes], Sequence[int], Sequence[float]]
+
+_WT_VARINT = 0
+_WT_I64 = 1
+_WT_LEN = 2
+_WT_I32 = 5
+
+
+class ExampleDecodeError(ValueError):
+  """The bytes are not a well-formed tf.train.Example."""
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def _varint(n: int) -> bytes:
+  if n < 0:
+    n &= (1 << 64) - 1  # int64 as protobuf does: ten bytes, two's complement
+  out = bytearray()
+  while n > 0x7F:
+    out.append((n & 0x7F) | 0x80)
+    n >>= 7
+  out.append(n)
+  return bytes(out)
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+  return _varint((field << 3) | _WT_LEN) + _varint(len(payload)) + payload
+
+
+def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
+  """A serialized `Feature` holding a BytesList."""
+  if isinstance(values, (bytes, bytearray, memoryview, str)):
+    values = [values]
+  items = b"".join(
+      _len_field(1, v.encode("utf-8") if isinstance(v, str) else bytes(v)) for v in values
+  )
+  return _len_field(1, items)
+
+
+def int64_feature(values: int | Iterable[int] | np.ndarray) -> bytes:
+  """A serialized `Feature` holding a packed Int64List."""
+  arr = np.asarray(values)
+  if arr.dtype.kind not in "iub":
+    raise TypeError(f"int64 feature needs integers, got dtype {arr.dtype}")
+  packed = b"".join(_varint(int(v)) for v in arr.reshape(-1).tolist())
+  inner = _len_field(1, packed) if packed else b""
+  return _len_field(3, inner)
+
+
+def float_feature(values: float | Iterable[float] | np.ndarray) -> bytes:
+  """A serialized `Feature` holding a packed FloatList (float32)."""
+  arr = np.asarray(values, dtype="<f4").reshape(-1)
+  inner = _len_field(1, arr.tobytes()) if arr.size else b""
+  return _len_field(2, inner)
+
+
+def encode_example(features: Mapping[str, bytes]) -> bytes:
+  """Serializes an Example from already-serialized `Feature`s, keys sorted.
+
+  >>> encode_example({"label": int64_feature(3), "name": bytes_feature("a.jpg")})[:4]
+  b'\\n\\x1f\\n\\x0e'
+  """
+  entries = b"".join(
+      _len_field(1, _len_field(1, key.encode("utf-8")) + _len_field(2, features[key]))
+      for key in sorted(features)
+  )
+  return _len_field(1, entries)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class _Reader:
+  __slots__ = ("buf", "pos", "end")
+
+  def __init__(self, buf: memoryview, pos: int = 0, end: int | None = None):
+    self.buf = buf
+    self.pos = pos
+    self.end = len(buf) if end is None else end
+
+  def varint(self) -> int:
+    result = shift = 0
+    buf, pos, end = self.buf, self.pos, self.end
+    while True:
+      if pos >= end:
+        raise ExampleDecodeError(f"varint runs past the end at byte {pos}")
+      b = buf[pos]
+      pos += 1
+      result |= (b & 0x7F) << shift
+      if not b & 0x80:
+        break
+      shift += 7
+      if shift > 63:
+        raise ExampleDecodeError(f"varint longer than 10 bytes at byte {pos}")
+    self.pos = pos
+    return result
+
+  def fields(self):
+    """Yields (field_number, wire_type, value) until `end`; LEN values are (start, stop)."""
+    while self.pos < self.end:
+      tag = self.varint()
+      field, wt = tag >> 3, tag & 7
+      if wt == _WT_VARINT:
+        yield field, wt, self.varint()
+      elif wt == _WT_LEN:
+        n = self.varint()
+        start, stop = self.pos, self.pos + n
+        if stop > self.end:
+          raise ExampleDecodeError(f"field {field} of {n} bytes runs past the end at byte {start}")
+        self.pos = stop
+        yield field, wt, (start, stop)
+      elif wt == _WT_I64:
+        self.pos += 8
+        yield field, wt, (self.pos - 8, self.pos)
+      elif wt == _WT_I32:
+        self.pos += 4
+        yield field, wt, (self.pos - 4, self.pos)
+      else:
+        raise ExampleDecodeError(f"unsupported wire type {wt} at byte {self.pos}")
+    if self.pos != self.end:
+      raise ExampleDecodeError("message runs past its length")
+
+
+def _signed64(n: int) -> int:
+  return n - (1 << 64) if n >= 1 << 63 else n
+
+
+def _decode_feature(buf: memoryview, start: int, stop: int) -> list[bytes] | np.ndarray:
+  r = _Reader(buf, start, stop)
+  result: list[bytes] | np.ndarray = []
+  for kind, wt, span in r.fields():
+    if wt != _WT_LEN:
+      raise ExampleDecodeError(f"Feature field {kind} has wire type {wt}")
+    inner = _Reader(buf, *span)
+    if kind == 1:  # BytesList
+      result = [bytes(buf[a:b]) for f, w, (a, b) in inner.fields() if f == 1]
+    elif kind == 2:  # FloatList
+      chunks = []
+      for f, w, v in inner.fields():
+        if f != 1:
+          continue
+        a, b = v
+        if w == _WT_LEN:
+          if (b - a) % 4:
+            raise ExampleDecodeError("packed float list length is not a multiple of 4")
+          chunks.append(np.frombuffer(buf[a:b], dtype="<f4"))
+        elif w == _WT_I32:
+          chunks.append(np.frombuffer(buf[a:b], dtype="<f4"))
+      result = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+    elif kind == 3:  # Int64List
+      values: list[int] = []
+      for f, w, v in inner.fields():
+        if f != 1:
+          continue
+        if w == _WT_LEN:
+          packed = _Reader(buf, *v)
+          while packed.pos < packed.end:
+            values.append(_signed64(packed.varint()))
+        elif w == _WT_VARINT:
+          values.append(_signed64(v))
+      result = np.array(values, dtype=np.int64)
+  return result
+
+
+def decode_example(data: bytes | memoryview) -> dict[str, list[bytes] | np.ndarray]:
+  """Parses a serialized Example into {key: list of bytes | int64 array | float32 array}.
+
+  Raises ExampleDecodeError (a ValueError) on malformed bytes.
+  """
+  buf = memoryview(data)
+  out: dict[str, list[bytes] | np.ndarray] = {}
+  try:
+    for f, w, span in _Reader(buf).fields():
+      if f != 1 or w != _WT_LEN:
+        continue
+      for f2, w2, entry_span in _Reader(buf, *span).fields():
+        if f2 != 1 or w2 != _WT_LEN:
+          continue
+        key, value = None, []
+        for f3, w3, v in _Reader(buf, *entry_span).fields():
+          if f3 == 1 and w3 == _WT_LEN:
+            key = bytes(buf[v[0]:v[1]]).decode("utf-8")
+          elif f3 == 2 and w3 == _WT_LEN:
+            value = _decode_feature(buf, *v)
+        if key is None:
+          raise ExampleDecodeError("feature map entry without a key")
+        out[key] = value
+  except (IndexError, UnicodeDecodeError, struct.error) as e:
+    raise ExampleDecodeError(str(e)) from e
+  return out

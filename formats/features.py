@@ -1,0 +1,220 @@
+"""What each record holds: a small feature schema shared by writers and readers.
+
+A `Features` maps names to feature specs. Each spec knows how its value is
+stored in a `tf.train.Example` (the TFDS encoding of the same feature), how it
+is described in `manifest.json`, and how TFDS describes it in `features.json`,
+so the same schema drives the pipelines' encoders, the loaders' decoders and
+TFDS interop.
+
+>>> spec = Features({"image": Image(shape=(None, None, 3)), "label": ClassLabel(("cat", "dog"))})
+>>> spec.decode(spec.encode({"image": b"...jpeg...", "label": 1}))["label"]
+1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+from formats import example as example_lib
+
+_TFDS = "tensorflow_datasets.core.features."
+
+
+def _dims(shape: tuple[int | None, ...]) -> dict:
+  return {"dimensions": [str(-1 if d is None else d) for d in shape]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+  """An encoded image (JPEG/PNG bytes), TFDS `Image`. Shape entries may be None."""
+
+  shape: tuple[int | None, ...] = (None, None, 3)
+  encoding: str = "jpeg"
+  kind: ClassVar[str] = "image"
+
+  def __post_init__(self):
+    if self.encoding not in ("jpeg", "png"):
+      raise ValueError(f"Image encoding must be jpeg or png, got {self.encoding!r}")
+    if len(self.shape) != 3:
+      raise ValueError(f"Image shape must be (height, width, channels), got {self.shape}")
+
+  def encode(self, value: bytes) -> bytes:
+    return example_lib.bytes_feature(value)
+
+  def decode(self, value) -> bytes:
+    return value[0]
+
+  def to_json(self) -> dict:
+    return {"kind": self.kind, "shape": list(self.shape), "dtype": "uint8", "encoding": self.encoding}
+
+  def to_tfds(self) -> dict:
+    return {
+        "pythonClassName": _TFDS + "image_feature.Image",
+        "image": {"shape": _dims(self.shape), "dtype": "uint8", "encodingFormat": self.encoding},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """A fixed-shape array stored as its raw little-endian bytes (TFDS `Tensor`, encoding=bytes)."""
+
+  shape: tuple[int, ...]
+  dtype: str = "uint8"
+  kind: ClassVar[str] = "tensor"
+
+  def __post_init__(self):
+    if any(d is None or d < 0 for d in self.shape):
+      raise ValueError(f"Tensor shape must be fully known, got {self.shape}")
+    np.dtype(self.dtype)  # raises TypeError for an unknown dtype
+
+  @property
+  def _le_dtype(self) -> np.dtype:
+    return np.dtype(self.dtype).newbyteorder("<")
+
+  def encode(self, value: np.ndarray | bytes) -> bytes:
+    if not isinstance(value, (bytes, bytearray)):
+      arr = np.asarray(value)
+      if tuple(arr.shape) != tuple(self.shape):
+        raise ValueError(f"Tensor expects shape {self.shape}, got {arr.shape}")
+      value = arr.astype(self._le_dtype, copy=False).tobytes()
+    return example_lib.bytes_feature(value)
+
+  def decode(self, value) -> np.ndarray:
+    return np.frombuffer(value[0], dtype=self._le_dtype).reshape(self.shape)
+
+  def to_json(self) -> dict:
+    return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "encoding": "bytes"}
+
+  def to_tfds(self) -> dict:
+    return {
+        "pythonClassName": _TFDS + "tensor_feature.Tensor",
+        "tensor": {"shape": _dims(self.shape), "dtype": self.dtype, "encoding": "bytes"},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassLabel:
+  """An int64 class id with its names (TFDS `ClassLabel`; names go to `<feature>.labels.txt`)."""
+
+  names: tuple[str, ...]
+  kind: ClassVar[str] = "class_label"
+
+  def __post_init__(self):
+    object.__setattr__(self, "names", tuple(self.names))
+    for n in self.names:
+      if not n or "\n" in n:
+        raise ValueError(f"class name {n!r} must be non-empty and on one line")
+    if len(set(self.names)) != len(self.names):
+      raise ValueError("class names must be unique")
+
+  @property
+  def num_classes(self) -> int:
+    return len(self.names)
+
+  def encode(self, value: int) -> bytes:
+    if not 0 <= int(value) < self.num_classes:
+      raise ValueError(f"label {value} is outside [0, {self.num_classes})")
+    return example_lib.int64_feature([int(value)])
+
+  def decode(self, value) -> int:
+    return int(value[0])
+
+  def to_json(self) -> dict:
+    return {"kind": self.kind, "dtype": "int64", "num_classes": self.num_classes, "names": list(self.names)}
+
+  def to_tfds(self) -> dict:
+    return {
+        "pythonClassName": _TFDS + "class_label_feature.ClassLabel",
+        "classLabel": {"numClasses": str(self.num_classes)},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+  """A UTF-8 string (TFDS `Text`)."""
+
+  kind: ClassVar[str] = "text"
+
+  def encode(self, value: str) -> bytes:
+    return example_lib.bytes_feature(value)
+
+  def decode(self, value) -> str:
+    return value[0].decode("utf-8")
+
+  def to_json(self) -> dict:
+    return {"kind": self.kind, "dtype": "string"}
+
+  def to_tfds(self) -> dict:
+    return {"pythonClassName": _TFDS + "text_feature.Text", "text": {}}
+
+
+Feature = Image | Tensor | ClassLabel | Text
+
+
+def feature_from_json(d: Mapping[str, Any]) -> Feature:
+  kind = d.get("kind")
+  if kind == "image":
+    return Image(shape=tuple(d["shape"]), encoding=d["encoding"])
+  if kind == "tensor":
+    return Tensor(shape=tuple(d["shape"]), dtype=d["dtype"])
+  if kind == "class_label":
+    return ClassLabel(names=tuple(d["names"]))
+  if kind == "text":
+    return Text()
+  raise ValueError(f"unknown feature kind {kind!r}")
+
+
+class Features(Mapping[str, Feature]):
+  """An ordered mapping of feature name → spec that encodes and decodes records."""
+
+  def __init__(self, specs: Mapping[str, Feature]):
+    self._specs = dict(specs)
+
+  def __getitem__(self, key: str) -> Feature:
+    return self._specs[key]
+
+  def __iter__(self):
+    return iter(self._specs)
+
+  def __len__(self) -> int:
+    return len(self._specs)
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Features) and self._specs == other._specs
+
+  def __repr__(self) -> str:
+    return f"Features({self._specs!r})"
+
+  def encode(self, values: Mapping[str, Any]) -> bytes:
+    """One serialized tf.train.Example; every feature must be present."""
+    missing = set(self._specs) - set(values)
+    extra = set(values) - set(self._specs)
+    if missing or extra:
+      raise ValueError(f"record keys differ from the features: missing {sorted(missing)}, extra {sorted(extra)}")
+    return example_lib.encode_example({k: spec.encode(values[k]) for k, spec in self._specs.items()})
+
+  def decode(self, record: bytes) -> dict[str, Any]:
+    """The values of one serialized Example (raises ValueError on malformed bytes)."""
+    raw = example_lib.decode_example(record)
+    missing = set(self._specs) - set(raw)
+    if missing:
+      raise ValueError(f"record lacks features {sorted(missing)}")
+    return {k: spec.decode(raw[k]) for k, spec in self._specs.items()}
+
+  def to_json(self) -> dict:
+    return {k: v.to_json() for k, v in self._specs.items()}
+
+  @classmethod
+  def from_json(cls, d: Mapping[str, Any]) -> Features:
+    return cls({k: feature_from_json(v) for k, v in d.items()})
+
+  def to_tfds(self) -> dict:
+    """The content of TFDS's features.json for this schema."""
+    return {
+        "pythonClassName": _TFDS + "features_dict.FeaturesDict",
+        "featuresDict": {"features": {k: v.to_tfds() for k, v in sorted(self._specs.items())}},
+    }

@@ -1,0 +1,140 @@
+"""Reading and writing output files on a local disk or in `gs://`, without Beam.
+
+The pipelines move data through Beam's `FileSystems`; readers (loaders,
+`formats.inspect`) must not depend on Beam, so they use this small layer:
+local paths through `os`, `gs://` through google-cloud-storage, which honours
+`STORAGE_EMULATOR_HOST` (then with anonymous credentials) for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+import uuid
+
+
+def is_gcs(path: str) -> bool:
+  return path.startswith("gs://")
+
+
+def join(base: str, *parts: str) -> str:
+  if is_gcs(base):
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+  return os.path.join(base, *parts)
+
+
+def _split_gcs(path: str) -> tuple[str, str]:
+  bucket, _, name = path[len("gs://"):].partition("/")
+  if not bucket:
+    raise ValueError(f"{path!r} names no bucket")
+  return bucket, name
+
+
+@functools.lru_cache(maxsize=1)
+def _gcs_client():
+  from google.cloud import storage  # the one heavy import, only for gs:// paths
+
+  if os.environ.get("STORAGE_EMULATOR_HOST"):
+    from google.auth.credentials import AnonymousCredentials
+
+    return storage.Client(project="emulator", credentials=AnonymousCredentials())
+  return storage.Client()
+
+
+def _blob(path: str):
+  bucket, name = _split_gcs(path)
+  return _gcs_client().bucket(bucket).blob(name)
+
+
+def exists(path: str) -> bool:
+  if is_gcs(path):
+    return _blob(path).exists()
+  return os.path.exists(path)
+
+
+def is_dir(path: str) -> bool:
+  """A local folder, or a gs:// prefix holding at least one object."""
+  if is_gcs(path):
+    bucket, name = _split_gcs(path)
+    prefix = name.rstrip("/") + "/" if name else ""
+    return any(True for _ in _gcs_client().list_blobs(bucket, prefix=prefix, max_results=1))
+  return os.path.isdir(path)
+
+
+def read_bytes(path: str) -> bytes:
+  if is_gcs(path):
+    return _blob(path).download_as_bytes()
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes a whole file atomically: a reader sees the old file or the new one."""
+  if is_gcs(path):
+    _blob(path).upload_from_string(data)  # a GCS object appears only when complete
+    return
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def delete(path: str) -> None:
+  if is_gcs(path):
+    _blob(path).delete()
+  else:
+    os.remove(path)
+
+
+def list_dir(path: str) -> tuple[list[str], list[str]]:
+  """(sub-folder names, file names) directly under `path`, each sorted."""
+  if is_gcs(path):
+    bucket, name = _split_gcs(path)
+    prefix = name.rstrip("/") + "/" if name else ""
+    it = _gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/")
+    files = sorted(b.name[len(prefix):] for b in it if b.name != prefix)
+    dirs = sorted(p[len(prefix):].rstrip("/") for p in it.prefixes)
+    return dirs, [f for f in files if f]
+  dirs, files = [], []
+  with os.scandir(path) as entries:
+    for e in entries:
+      (dirs if e.is_dir() else files).append(e.name)
+  return sorted(dirs), sorted(files)
+
+
+def download(path: str, local_path: str) -> None:
+  """Copies `path` to the local file `local_path` atomically."""
+  os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+  tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
+  try:
+    if is_gcs(path):
+      _blob(path).download_to_filename(tmp)
+    else:
+      shutil.copyfile(path, tmp)
+    os.replace(tmp, local_path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+class LocalCopy:
+  """Context manager giving a local path for `path`: itself if local, else a temp download."""
+
+  def __init__(self, path: str):
+    self._path = path
+    self._tmpdir: str | None = None
+
+  def __enter__(self) -> str:
+    if not is_gcs(self._path):
+      return self._path
+    self._tmpdir = tempfile.mkdtemp(prefix="formats-")
+    local = os.path.join(self._tmpdir, os.path.basename(self._path))
+    download(self._path, local)
+    return local
+
+  def __exit__(self, *exc) -> None:
+    if self._tmpdir:
+      shutil.rmtree(self._tmpdir, ignore_errors=True)

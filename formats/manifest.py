@@ -1,0 +1,148 @@
+"""`manifest.json`: what a finished output holds. Written last; its presence
+means the output is complete. The schema is documented in docs/manifest.md.
+
+    {
+      "manifest_version": 1,
+      "name": "flowers", "format": "array_record",
+      "features": {"image": {"kind": "image", ...}, "label": {...}, ...},
+      "splits": {"train": {"num_records": 1200, "num_bytes": 91234567,
+                           "shards": [{"path": "flowers-train.array_record-00000-of-00004",
+                                       "num_records": 300, "num_bytes": 22800000,
+                                       "sha256": "ab12..."}, ...]}},
+      "rejected": {"count": 3, "path": "errors/rejected.jsonl", "by_reason": {...}},
+      "source": {"pipeline": "pipelines.image_folder", "input": "...", "options": {...}}
+    }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from formats import naming
+from formats.features import Features
+
+MANIFEST_FILENAME = "manifest.json"
+MANIFEST_VERSION = 1
+ERRORS_DIR = "errors"
+REJECTED_FILENAME = "errors/rejected.jsonl"
+
+
+def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(chunk):
+      h.update(block)
+  return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+  path: str  # relative to the output root
+  num_records: int
+  num_bytes: int
+  sha256: str
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+  shards: tuple[ShardInfo, ...]
+
+  @property
+  def num_records(self) -> int:
+    return sum(s.num_records for s in self.shards)
+
+  @property
+  def num_bytes(self) -> int:
+    return sum(s.num_bytes for s in self.shards)
+
+  @property
+  def shard_lengths(self) -> list[int]:
+    return [s.num_records for s in self.shards]
+
+  def to_json(self) -> dict:
+    return {
+        "num_records": self.num_records,
+        "num_bytes": self.num_bytes,
+        "shards": [s.to_json() for s in self.shards],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+  count: int = 0
+  by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  path: str = REJECTED_FILENAME
+
+  def to_json(self) -> dict:
+    return {"count": self.count, "path": self.path, "by_reason": dict(sorted(self.by_reason.items()))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+  name: str
+  file_format: str
+  features: Features
+  splits: Mapping[str, SplitInfo]
+  rejected: Rejected = Rejected()
+  source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  warnings: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    naming.check_dataset_name(self.name)
+    if self.file_format not in naming.FILE_FORMATS:
+      raise ValueError(f"format must be one of {naming.FILE_FORMATS}, got {self.file_format!r}")
+    for split in self.splits:
+      naming.check_split_name(split)
+
+  @property
+  def num_records(self) -> int:
+    return sum(s.num_records for s in self.splits.values())
+
+  def to_json(self) -> dict:
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "name": self.name,
+        "format": self.file_format,
+        "features": self.features.to_json(),
+        "splits": {k: v.to_json() for k, v in sorted(self.splits.items())},
+        "rejected": self.rejected.to_json(),
+        "warnings": list(self.warnings),
+        "source": dict(self.source),
+    }
+
+  def dumps(self) -> bytes:
+    return (json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+  @classmethod
+  def from_json(cls, d: Mapping[str, Any]) -> Manifest:
+    version = d.get("manifest_version")
+    if version != MANIFEST_VERSION:
+      raise ValueError(f"manifest_version {version!r} is not supported (expected {MANIFEST_VERSION})")
+    splits = {
+        name: SplitInfo(tuple(ShardInfo(**s) for s in split["shards"]))
+        for name, split in d["splits"].items()
+    }
+    for name, split in d["splits"].items():
+      if split["num_records"] != splits[name].num_records:
+        raise ValueError(f"manifest split {name!r}: num_records disagrees with its shards")
+    rej = d.get("rejected", {})
+    return cls(
+        name=d["name"],
+        file_format=d["format"],
+        features=Features.from_json(d["features"]),
+        splits=splits,
+        rejected=Rejected(rej.get("count", 0), rej.get("by_reason", {}), rej.get("path", REJECTED_FILENAME)),
+        source=d.get("source", {}),
+        warnings=tuple(d.get("warnings", ())),
+    )
+
+  @classmethod
+  def loads(cls, data: bytes | str) -> Manifest:
+    return cls.from_json(json.loads(data))

@@ -1,0 +1,50 @@
+"""TFDS metadata for an output, so `tfds.builder_from_directory(output)` loads it.
+
+The files are the ones `tfds.folder_dataset.write_metadata` produces
+(`dataset_info.json`, `features.json`, `<feature>.labels.txt`), generated here
+from a `Manifest` without importing TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+
+from formats import naming
+from formats.features import ClassLabel
+from formats.manifest import Manifest
+
+DATASET_INFO_FILENAME = "dataset_info.json"
+FEATURES_FILENAME = "features.json"
+VERSION = "1.0.0"
+
+
+def _dataset_info(manifest: Manifest, description: str) -> dict:
+  splits = [
+      {
+          "filepathTemplate": naming.TFDS_FILEPATH_TEMPLATE,
+          "name": name,
+          "numBytes": str(split.num_bytes),
+          "shardLengths": [str(n) for n in split.shard_lengths],
+      }
+      for name, split in sorted(manifest.splits.items())
+      if split.num_records  # TFDS cannot open a split without shards
+  ]
+  return {
+      "description": description,
+      "fileFormat": manifest.file_format,
+      "name": manifest.name,
+      "splits": splits,
+      "version": VERSION,
+  }
+
+
+def metadata_files(manifest: Manifest, description: str = "") -> dict[str, bytes]:
+  """{relative path: content} of every TFDS metadata file for `manifest`."""
+  files = {
+      DATASET_INFO_FILENAME: json.dumps(_dataset_info(manifest, description), indent=2).encode(),
+      FEATURES_FILENAME: json.dumps(manifest.features.to_tfds(), indent=4).encode(),
+  }
+  for key, feature in manifest.features.items():
+    if isinstance(feature, ClassLabel):
+      files[f"{key}.labels.txt"] = "".join(n + "\n" for n in feature.names).encode("utf-8")
+  return files

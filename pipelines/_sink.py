@@ -1,0 +1,324 @@
+"""The shard sink every pipeline ends with: shuffle, shard, write, finalize.
+
+Records arrive as `Record(split, key, payload)`; rejected inputs as `Reject`.
+`WriteOutput` turns them into a complete output folder:
+
+  1. each record gets a sort key, a hash of (seed, split, key): a fixed shuffle
+     that does not depend on the runner, the worker count or bundle order;
+  2. per split, the sorted sort keys give shard boundaries so that record
+     counts differ by at most one between shards;
+  3. records are grouped by shard, sorted, written to a local file and published
+     with one atomic upload per shard (array_record cannot write to gs://,
+     google/array_record#120); a retry rewrites the same bytes under the same name;
+  4. one finalize step writes errors/, the TFDS metadata, removes stale shards
+     of an earlier run and writes manifest.json last.
+
+Memory: the step that computes boundaries holds the 16-byte sort keys of one
+split (about 100 bytes each with Python overhead: 130 MB for 1.3 M records);
+a shard writer holds one shard's payloads (the shard size, `target_shard_bytes`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from formats import arrayrecord, naming, tfds_metadata, tfrecord
+from formats.features import Features
+from formats.manifest import (
+    ERRORS_DIR,
+    MANIFEST_FILENAME,
+    REJECTED_FILENAME,
+    Manifest,
+    Rejected,
+    ShardInfo,
+    SplitInfo,
+    sha256_file,
+)
+from pipelines import _fileio
+
+_NAMESPACE = "toolkit"
+DEFAULT_TARGET_SHARD_BYTES = 128 << 20
+
+
+class Record(NamedTuple):
+  """One output record: `key` is unique within the split (for example the input path)."""
+
+  split: str
+  key: str
+  payload: bytes
+
+
+class Reject(NamedTuple):
+  """An input that did not become a record, and why."""
+
+  input: str
+  reason: str
+  split: str = ""
+
+  def to_json(self) -> dict:
+    return {"input": self.input, "reason": self.reason, "split": self.split}
+
+
+class _Layout(NamedTuple):
+  num_records: int
+  num_bytes: int
+  num_shards: int
+  boundaries: tuple[bytes, ...]  # first sort key of shards 1..n-1
+
+
+def sort_key(seed: int, split: str, key: str) -> bytes:
+  """16 bytes that order the records of a split; a pure function of its inputs."""
+  return hashlib.blake2b(f"{seed}\0{split}\0{key}".encode("utf-8"), digest_size=16).digest()
+
+
+def plan_shards(
+    sort_keys: Sequence[bytes], num_bytes: int, num_shards: int, target_shard_bytes: int
+) -> _Layout:
+  """Shard boundaries giving shards whose record counts differ by at most one.
+
+  `num_shards` 0 picks ceil(num_bytes / target_shard_bytes); never more shards than records.
+  """
+  keys = sorted(sort_keys)
+  n = len(keys)
+  if n == 0:
+    return _Layout(0, 0, 0, ())
+  shards = num_shards or max(1, math.ceil(num_bytes / target_shard_bytes))
+  shards = min(shards, n)
+  boundaries = tuple(keys[i * n // shards] for i in range(1, shards))
+  return _Layout(n, num_bytes, shards, boundaries)
+
+
+def shard_of(layout: _Layout, key: bytes) -> int:
+  return bisect.bisect_right(layout.boundaries, key)
+
+
+class _CollectKeys(beam.CombineFn):
+  """Per split: all sort keys and the payload bytes, combined into a `_Layout`."""
+
+  def __init__(self, num_shards: int, target_shard_bytes: int):
+    self._num_shards = num_shards
+    self._target = target_shard_bytes
+
+  def create_accumulator(self):
+    return [], 0
+
+  def add_input(self, acc, element):
+    keys, nbytes = acc
+    keys.append(element[0])
+    return keys, nbytes + element[1]
+
+  def merge_accumulators(self, accs):
+    accs = iter(accs)
+    keys, nbytes = next(accs)
+    for k, b in accs:
+      keys.extend(k)
+      nbytes += b
+    return keys, nbytes
+
+  def extract_output(self, acc):
+    return plan_shards(acc[0], acc[1], self._num_shards, self._target)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+  """Where and how an output is written. Validated on construction."""
+
+  output: str
+  name: str
+  file_format: str
+  features: Features
+  splits: tuple[str, ...]
+  num_shards: int = 0
+  seed: int = 0
+  target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES
+  description: str = ""
+  source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  warnings: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    naming.check_dataset_name(self.name)
+    for s in self.splits:
+      naming.check_split_name(s)
+    if self.file_format not in naming.FILE_FORMATS:
+      raise ValueError(f"format must be one of {naming.FILE_FORMATS}, got {self.file_format!r}")
+    if self.num_shards < 0:
+      raise ValueError(f"num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
+    if self.target_shard_bytes <= 0:
+      raise ValueError(f"target_shard_bytes must be > 0, got {self.target_shard_bytes}")
+
+  def shard_name(self, split: str, index: int, num_shards: int) -> naming.ShardName:
+    return naming.ShardName(self.name, split, self.file_format, index, num_shards)
+
+
+class _WriteShardFn(beam.DoFn):
+  """Writes one shard locally, then publishes it to the output in one step."""
+
+  def __init__(self, spec: OutputSpec):
+    self._spec = spec
+    self._tmpdir: str | None = None
+
+  def setup(self):
+    self._tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")
+    self._records = Metrics.counter(_NAMESPACE, "records_written")
+    self._bytes = Metrics.counter(_NAMESPACE, "bytes_written")
+    self._shards = Metrics.counter(_NAMESPACE, "shards_written")
+
+  def teardown(self):
+    if self._tmpdir:
+      shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+  def process(self, element, layouts):
+    (split, index), items = element
+    layout = layouts[split]
+    shard = self._spec.shard_name(split, index, layout.num_shards)
+    dest = _fileio.join(self._spec.output, shard.filename)
+    payloads = [p for _, p in sorted(items, key=lambda kv: kv[0])]
+    local = _fileio.local_staging_path(dest, self._tmpdir)
+    try:
+      if self._spec.file_format == "array_record":
+        arrayrecord.write_file(local, payloads)
+      else:
+        with open(local, "wb") as f:
+          tfrecord.write_records(f, payloads)
+      size = os.path.getsize(local)
+      digest = sha256_file(local)
+      _fileio.publish(local, dest)
+    finally:
+      if os.path.exists(local):
+        os.remove(local)
+    self._records.inc(len(payloads))
+    self._bytes.inc(size)
+    self._shards.inc()
+    yield split, index, ShardInfo(shard.filename, len(payloads), size, digest)
+
+
+class _FinalizeFn(beam.DoFn):
+  """Checks that every shard is there, then writes errors/, metadata and the manifest."""
+
+  def __init__(self, spec: OutputSpec):
+    self._spec = spec
+
+  def process(self, _, shards, layouts, rejects, extra_warnings, expected_inputs):
+    spec = self._spec
+    by_split: dict[str, dict[int, ShardInfo]] = collections.defaultdict(dict)
+    for split, index, info in shards:
+      by_split[split][index] = info
+    splits: dict[str, SplitInfo] = {}
+    for split in sorted(set(spec.splits) | set(layouts)):
+      layout = layouts.get(split, _Layout(0, 0, 0, ()))
+      got = by_split.get(split, {})
+      if sorted(got) != list(range(layout.num_shards)):
+        raise RuntimeError(
+            f"split {split!r}: expected shards 0..{layout.num_shards - 1}, got {sorted(got)}"
+        )
+      split_info = SplitInfo(tuple(got[i] for i in range(layout.num_shards)))
+      if split_info.num_records != layout.num_records:
+        raise RuntimeError(
+            f"split {split!r}: shards hold {split_info.num_records} records, expected {layout.num_records}"
+        )
+      splits[split] = split_info
+
+    rejects = sorted(rejects)
+    written = sum(s.num_records for s in splits.values())
+    if expected_inputs is not None and written + len(rejects) != expected_inputs:
+      raise RuntimeError(
+          f"{expected_inputs} inputs but {written} records + {len(rejects)} rejected: "
+          "an input was lost"
+      )
+    by_reason = collections.Counter(r.reason.split(":")[0] for r in rejects)
+    manifest = Manifest(
+        name=spec.name,
+        file_format=spec.file_format,
+        features=spec.features,
+        splits=splits,
+        rejected=Rejected(len(rejects), dict(by_reason)),
+        source=spec.source,
+        warnings=tuple(spec.warnings) + tuple(sorted(extra_warnings)),
+    )
+
+    out = spec.output
+    _fileio.write_bytes(
+        _fileio.join(out, REJECTED_FILENAME),
+        b"".join(json.dumps(r.to_json(), sort_keys=True).encode() + b"\n" for r in rejects),
+    )
+    keep = {s.path for split in splits.values() for s in split.shards}
+    stale = [
+        p for p in _fileio.list_files(out)
+        if (naming.ShardName.is_shard_of(os.path.basename(p), spec.name) or ".tmp-" in p)
+        and os.path.basename(p) not in keep
+    ]
+    _fileio.delete(stale)
+    for rel, content in tfds_metadata.metadata_files(manifest, spec.description).items():
+      _fileio.write_bytes(_fileio.join(out, rel), content)
+    _fileio.write_bytes(_fileio.join(out, MANIFEST_FILENAME), manifest.dumps())
+    logging.info("wrote %s", _fileio.join(out, MANIFEST_FILENAME))
+    yield manifest.to_json()
+
+
+class WriteOutput(beam.PTransform):
+  """records (PCollection[Record]) + rejects (PCollection[Reject]) → a complete output.
+
+  Returns a PCollection with the manifest as a dict (one element).
+
+      ({"records": records, "rejects": rejects} | WriteOutput(spec))
+  """
+
+  def __init__(self, spec: OutputSpec, expected_inputs=None, warnings=None):
+    super().__init__()
+    self._spec = spec
+    self._expected_inputs = expected_inputs  # optional PCollection holding one int
+    self._warnings = warnings  # optional PCollection[str]
+
+  def expand(self, pcolls):
+    spec = self._spec
+    records, rejects = pcolls["records"], pcolls["rejects"]
+    p = records.pipeline
+    keyed = records | "SortKey" >> beam.Map(
+        lambda r, seed: (r.split, sort_key(seed, r.split, r.key), r.payload), seed=spec.seed
+    )
+    layouts = (
+        keyed
+        | "KeysAndSizes" >> beam.Map(lambda t: (t[0], (t[1], len(t[2]))))
+        | "PlanShards" >> beam.CombinePerKey(_CollectKeys(spec.num_shards, spec.target_shard_bytes))
+    )
+    shards = (
+        keyed
+        | "AssignShard" >> beam.Map(
+            lambda t, layouts: ((t[0], shard_of(layouts[t[0]], t[1])), (t[1], t[2])),
+            layouts=beam.pvalue.AsDict(layouts),
+        )
+        | "GroupByShard" >> beam.GroupByKey()
+        | "WriteShard" >> beam.ParDo(_WriteShardFn(spec), layouts=beam.pvalue.AsDict(layouts))
+    )
+    warnings = self._warnings if self._warnings is not None else (p | "NoWarnings" >> beam.Create([]))
+    expected = (
+        beam.pvalue.AsSingleton(self._expected_inputs)
+        if self._expected_inputs is not None
+        else None
+    )
+    return (
+        p
+        | "FinalizeTrigger" >> beam.Create([None])
+        | "Finalize" >> beam.ParDo(
+            _FinalizeFn(spec),
+            shards=beam.pvalue.AsList(shards),
+            layouts=beam.pvalue.AsDict(layouts),
+            rejects=beam.pvalue.AsList(rejects),
+            extra_warnings=beam.pvalue.AsList(warnings),
+            expected_inputs=expected,
+        )
+    )

@@ -1,0 +1,319 @@
+"""Image folders (ImageNet style) → ArrayRecord or TFRecord shards.
+
+    python -m pipelines.image_folder --input=DIR_OR_GS --output=DIR_OR_GS \
+        [--format=array_record|tfrecord] [--num_shards=N] [--image_size=H,W] \
+        [--encoding=jpeg|raw] [--name=NAME] [--seed=0] [any Beam option]
+
+Input is `<input>/<class>/<files>` (one split, `train`) or
+`<input>/<split>/<class>/<files>`; files below a class folder are taken
+recursively. Class names, sorted, give the label ids. Each record holds
+`image` (JPEG bytes, or raw uint8 HxWx3 with --encoding=raw), `label` and
+`file_name` (the path relative to the input root). Files that are not
+decodable images go to `<output>/errors/rejected.jsonl` with the reason and are
+counted in the manifest; the pipeline goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import logging
+import os
+import re
+import time
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from formats import files as fs
+from formats import naming
+from formats.features import ClassLabel, Features, Image, Tensor, Text
+from formats.manifest import MANIFEST_FILENAME, Manifest
+from pipelines import _cli, _imaging
+from pipelines._sink import OutputSpec, Record, Reject, WriteOutput
+
+PIPELINE = "pipelines.image_folder"
+DEFAULT_SPLIT = "train"
+_GLOB_CHARS = re.compile(r"[*?\[\]]")
+_log = logging.getLogger(PIPELINE)
+
+
+class ImageFolderOptions(PipelineOptions):
+  """Flags of `pipelines.image_folder` (every other Beam flag is accepted too)."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--input", help="Folder of class folders (or of split folders), local or gs://.")
+    parser.add_argument("--output", help="Output folder, local or gs://.")
+    parser.add_argument("--format", dest="file_format", default="array_record",
+                        help="array_record (default) or tfrecord.")
+    parser.add_argument("--num_shards", default="0", help="Shards per split; 0 (default) picks ~128 MB shards.")
+    parser.add_argument("--image_size", default=None, help="H,W: resize (keep aspect) and center-crop to this size.")
+    parser.add_argument("--encoding", default="jpeg", help="jpeg (default) or raw (uint8 HxWx3; needs --image_size).")
+    parser.add_argument("--jpeg_quality", default="95", help="JPEG quality when images are re-encoded.")
+    parser.add_argument("--name", default=None, help="Dataset name in shard names; default: the input folder's name.")
+    parser.add_argument("--seed", default="0", help="Seed of the record shuffle.")
+    parser.add_argument("--layout", default="auto",
+                        help="auto, classes (<class>/<files>) or splits (<split>/<class>/<files>).")
+    parser.add_argument("--overwrite", default="false",
+                        help="true: replace an output folder that already holds a complete output.")
+
+
+def _int_flag(name: str, value: str, minimum: int) -> int:
+  try:
+    n = int(value)
+  except (TypeError, ValueError):
+    raise _cli.UsageError(f"--{name} must be an integer, got {value!r}") from None
+  if n < minimum:
+    raise _cli.UsageError(f"--{name} must be >= {minimum}, got {n}")
+  return n
+
+
+def _bool_flag(name: str, value) -> bool:
+  v = str(value).lower()
+  if v in ("true", "1", "yes"):
+    return True
+  if v in ("false", "0", "no"):
+    return False
+  raise _cli.UsageError(f"--{name} must be true or false, got {value!r}")
+
+
+def _default_name(input_path: str) -> str:
+  base = os.path.basename(input_path.rstrip("/")) or "images"
+  name = re.sub(r"[^A-Za-z0-9_.]+", "_", base).strip("_.").lower()
+  return name or "images"
+
+
+class _Layout:
+  """What the launcher found under the input: splits, classes, stray files."""
+
+  def __init__(self, root: str, layout: str):
+    self.root = root
+    dirs, root_files = fs.list_dir(root)
+    if layout == "auto":
+      layout = "splits" if dirs and all(fs.list_dir(fs.join(root, d))[0] for d in dirs) else "classes"
+    self.layout = layout
+    self.class_dirs: dict[str, list[str]] = {}  # split -> class folder names
+    self.stray_files = [fs.join(root, f) for f in root_files]
+    if layout == "classes":
+      self.class_dirs[DEFAULT_SPLIT] = dirs
+    else:
+      for split in dirs:
+        classes, files = fs.list_dir(fs.join(root, split))
+        self.class_dirs[split] = classes
+        self.stray_files += [fs.join(root, split, f) for f in files]
+    self.class_names = sorted({c for cs in self.class_dirs.values() for c in cs})
+
+  def folder(self, split: str, cls: str) -> str:
+    return fs.join(self.root, cls) if self.layout == "classes" else fs.join(self.root, split, cls)
+
+
+class _ConvertImageFn(beam.DoFn):
+  """ReadableFile metadata → Record, or a Reject naming the file and the reason."""
+
+  REJECTS = "rejects"
+
+  def __init__(self, root: str, layout: str, class_names: Sequence[str], features: Features,
+               image_options: _imaging.ImageOptions):
+    self._root = root.rstrip("/") + "/"
+    self._split_layout = layout == "splits"
+    self._labels = {c: i for i, c in enumerate(class_names)}
+    self._features = features
+    self._image_options = image_options
+
+  def setup(self):
+    self._read = Metrics.counter(PIPELINE, "images_read")
+    self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
+    self._rejected = Metrics.counter(PIPELINE, "images_rejected")
+    self._converted = Metrics.counter(PIPELINE, "images_converted")
+    self._n = 0
+    self._t0 = self._last_log = time.monotonic()
+
+  def _progress(self):
+    self._n += 1
+    now = time.monotonic()
+    if now - self._last_log >= 10:
+      self._last_log = now
+      _log.info("converted %d images on this worker (%.0f/s)", self._n, self._n / (now - self._t0))
+
+  def process(self, metadata):
+    path = metadata.path
+    rel = path[len(self._root):]
+    parts = rel.split("/")
+    split = parts[0] if self._split_layout else DEFAULT_SPLIT
+    label = self._labels[parts[1] if self._split_layout else parts[0]]
+    self._read.inc()
+    try:
+      with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        data = f.read()
+    except Exception as e:  # any I/O failure of one file must not stop the job
+      self._rejected.inc()
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, f"unreadable: {e}", split))
+      return
+    self._bytes_read.inc(len(data))
+    try:
+      image = _imaging.convert(data, self._image_options)
+    except _imaging.BadImage as e:
+      self._rejected.inc()
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, str(e), split))
+      return
+    self._converted.inc()
+    self._progress()
+    payload = self._features.encode({"image": image, "label": label, "file_name": rel})
+    yield Record(split, rel, payload)
+
+
+def _empty_folder_warnings(_, counts, folders):
+  for split, cls, folder in folders:
+    if not counts.get((split, cls)):
+      yield f"empty class folder: {folder}"
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
+  """Validates every flag before anything is read or written; raises UsageError."""
+  options = _cli.parse_options(argv, ImageFolderOptions)
+  o = options.view_as(ImageFolderOptions)
+  if not o.input:
+    raise _cli.UsageError("--input is required (a folder of class folders, local or gs://)")
+  if not o.output:
+    raise _cli.UsageError("--output is required (local or gs://)")
+  if o.file_format not in naming.FILE_FORMATS:
+    raise _cli.UsageError(f"--format must be one of {', '.join(naming.FILE_FORMATS)}, got {o.file_format!r}")
+  if o.layout not in ("auto", "classes", "splits"):
+    raise _cli.UsageError(f"--layout must be auto, classes or splits, got {o.layout!r}")
+  size = None
+  if o.image_size:
+    m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", o.image_size)
+    if not m or min(int(m[1]), int(m[2])) <= 0:
+      raise _cli.UsageError(f"--image_size must be H,W with positive integers, got {o.image_size!r}")
+    size = (int(m[1]), int(m[2]))
+  if o.encoding not in ("jpeg", "raw"):
+    raise _cli.UsageError(f"--encoding must be jpeg or raw, got {o.encoding!r}")
+  if o.encoding == "raw" and size is None:
+    raise _cli.UsageError("--encoding=raw needs --image_size=H,W (raw pixels must have a fixed shape)")
+  quality = _int_flag("jpeg_quality", o.jpeg_quality, 1)
+  if quality > 100:
+    raise _cli.UsageError(f"--jpeg_quality must be in [1, 100], got {quality}")
+  root = o.input.rstrip("/") if fs.is_gcs(o.input) else os.path.abspath(o.input)
+  output = o.output.rstrip("/") if fs.is_gcs(o.output) else os.path.abspath(o.output)
+  name = o.name or _default_name(root)
+  try:
+    naming.check_dataset_name(name)
+  except ValueError as e:
+    raise _cli.UsageError(f"--name: {e}") from None
+  if not fs.is_dir(root):
+    raise _cli.UsageError(f"--input {o.input!r} does not exist or is not a folder")
+  if (output + "/").startswith(root + "/"):
+    raise _cli.UsageError(f"--output {o.output!r} must not be inside --input")
+  overwrite = _bool_flag("overwrite", o.overwrite)
+  if fs.exists(fs.join(output, MANIFEST_FILENAME)) and not overwrite:
+    raise _cli.UsageError(f"--output {o.output!r} already holds a complete output; pass --overwrite=true to replace it")
+  args = dict(
+      root=root, output=output, name=name, file_format=o.file_format,
+      num_shards=_int_flag("num_shards", o.num_shards, 0), seed=_int_flag("seed", o.seed, 0),
+      image_options=_imaging.ImageOptions(size=size, encoding=o.encoding, jpeg_quality=quality),
+      layout=o.layout, overwrite=overwrite,
+  )
+  return options, args
+
+
+def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
+  """Adds the conversion to pipeline `p`; returns the PCollection of the manifest."""
+  layout = _Layout(args["root"], args["layout"])
+  if not layout.class_names:
+    raise _cli.UsageError(f"--input {args['root']!r} holds no class folders")
+  for c in layout.class_names:
+    if _GLOB_CHARS.search(c):
+      raise _cli.UsageError(f"class folder name {c!r} contains glob characters (*?[]); rename it")
+  opts: _imaging.ImageOptions = args["image_options"]
+  if opts.encoding == "raw":
+    image_feature = Tensor(shape=(*opts.size, 3), dtype="uint8")
+  else:
+    image_feature = Image(shape=(*opts.size, 3) if opts.size else (None, None, 3), encoding="jpeg")
+  features = Features({"image": image_feature, "label": ClassLabel(layout.class_names), "file_name": Text()})
+  splits = tuple(sorted(layout.class_dirs))
+  for s in splits:
+    try:
+      naming.check_split_name(s)
+    except ValueError as e:
+      raise _cli.UsageError(f"split folder: {e}") from None
+  spec = OutputSpec(
+      output=args["output"], name=args["name"], file_format=args["file_format"], features=features,
+      splits=splits, num_shards=args["num_shards"], seed=args["seed"],
+      description=f"Images from {args['root']}, converted by {PIPELINE}.",
+      source={
+          "pipeline": PIPELINE, "input": args["root"], "layout": layout.layout,
+          "image_size": list(opts.size) if opts.size else None, "encoding": opts.encoding,
+          "jpeg_quality": opts.jpeg_quality, "seed": args["seed"], "num_shards": args["num_shards"],
+      },
+  )
+  folders = [(s, c, layout.folder(s, c)) for s in splits for c in layout.class_dirs[s]]
+  files = (
+      p
+      | "ClassFolders" >> beam.Create([fs.join(f, "**") for _, _, f in folders])
+      | "MatchFiles" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
+      | "Rebalance" >> beam.Reshuffle()
+  )
+  converted = files | "Convert" >> beam.ParDo(
+      _ConvertImageFn(layout.root, layout.layout, layout.class_names, features, opts)
+  ).with_outputs(_ConvertImageFn.REJECTS, main="records")
+  strays = p | "StrayFiles" >> beam.Create(
+      [Reject(f, "not inside a class folder") for f in layout.stray_files]
+  )
+  rejects = (converted[_ConvertImageFn.REJECTS], strays) | "AllRejects" >> beam.Flatten()
+  num_inputs = (
+      files
+      | "CountFiles" >> beam.combiners.Count.Globally()
+      | "AddStrays" >> beam.Map(lambda n, k: n + k, len(layout.stray_files))
+  )
+  root_prefix = layout.root.rstrip("/") + "/"
+  split_layout = layout.layout == "splits"
+  per_folder = (
+      files
+      | "FolderOf" >> beam.Map(
+          lambda m: (lambda parts: (parts[0], parts[1]) if split_layout else (DEFAULT_SPLIT, parts[0]))(
+              m.path[len(root_prefix):].split("/")))
+      | "CountPerFolder" >> beam.combiners.Count.PerElement()
+  )
+  warnings = (
+      p
+      | "CheckFolders" >> beam.Create([None])
+      | "EmptyFolders" >> beam.FlatMap(
+          _empty_folder_warnings, counts=beam.pvalue.AsDict(per_folder), folders=folders)
+  )
+  return {"records": converted.records, "rejects": rejects} | "Write" >> WriteOutput(
+      spec, expected_inputs=num_inputs, warnings=warnings
+  )
+
+
+def run(argv: Sequence[str] | None = None) -> beam.runners.runner.PipelineResult:
+  """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
+  options, args = _parse(argv)
+  t0 = time.monotonic()
+  p = beam.Pipeline(options=options)
+  build(p, args)  # lists the input's folders; may raise UsageError, before anything is written
+  manifest_path = fs.join(args["output"], MANIFEST_FILENAME)
+  if args["overwrite"] and fs.exists(manifest_path):
+    fs.delete(manifest_path)  # the old output is incomplete from here until the new manifest lands
+  result = p.run()
+  result.wait_until_finish()
+  if fs.exists(manifest_path):
+    m = Manifest.loads(fs.read_bytes(manifest_path))
+    shards = sum(len(s.shards) for s in m.splits.values())
+    size = sum(s.num_bytes for s in m.splits.values())
+    print(
+        f"{PIPELINE}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "
+        f"{', '.join(f'{k}={v.num_records}' for k, v in m.splits.items())}), "
+        f"{m.rejected.count} rejected -> {args['output']} in {time.monotonic() - t0:.1f}s",
+        flush=True,
+    )
+    for w in m.warnings:
+      print(f"{PIPELINE}: warning: {w}", flush=True)
+  return result
+
+
+if __name__ == "__main__":
+  _cli.main(run, PIPELINE)
