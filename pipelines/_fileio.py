@@ -17,6 +17,24 @@ from apache_beam.io.filesystems import FileSystems
 _COPY_CHUNK = 16 << 20
 
 
+def _use_anonymous_gcs_for_emulator() -> None:
+  """With STORAGE_EMULATOR_HOST set (tests, local development), talk to the
+  emulator anonymously. Beam otherwise looks for Google credentials first and
+  retries with back-off for about 25 s per process before giving up."""
+  if not os.environ.get("STORAGE_EMULATOR_HOST"):
+    return
+  from apache_beam.internal.gcp import auth
+
+  with auth._Credentials._credentials_lock:
+    auth._Credentials._credentials = None
+    auth._Credentials._credentials_init = True
+
+
+# Runs wherever the pipelines' code is loaded: the launcher and every worker
+# process that unpickles one of our DoFns.
+_use_anonymous_gcs_for_emulator()
+
+
 def is_local(path: str) -> bool:
   return FileSystems.get_scheme(path) in (None, "file")
 

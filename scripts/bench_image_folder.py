@@ -1,0 +1,208 @@
+"""Benchmarks `pipelines.image_folder` on the DirectRunner against a plain Python loop.
+
+    python scripts/bench_image_folder.py [--work=bench_work] [--num_images=2000]
+        [--image_size=224,224] [--encoding=jpeg|raw] [--format=array_record|tfrecord]
+        [--num_shards=0] [--repeats=1] [--json=results.json]
+
+Generates (once, cached under --work) a folder of plain RGB JPEGs around
+500x375, then times on it, in order: a single-process loop doing the same work
+(list, read, `_imaging.convert`, encode the Example, write the shards), the
+pipeline on the in-process DirectRunner with one worker, and the pipeline with
+two worker processes. Prints a table and the spec's two targets; exits 0 whether
+they are met or not (this is a report), non-zero only on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+from formats import arrayrecord, naming, tfrecord  # noqa: E402
+from formats.features import ClassLabel, Features, Image, Tensor, Text  # noqa: E402
+from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
+from pipelines import _imaging, image_folder  # noqa: E402
+from pipelines._sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
+import make_sample_images  # noqa: E402
+
+NUM_CLASSES = 10
+IN_PROCESS_TARGET = 1.25  # in-process DirectRunner: at most this times the loop's time
+MULTI_PROCESS_TARGET = 1.0  # 2 workers: faster than the loop
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  variant: str
+  seconds: float  # best of the repeats
+  images: int
+
+  @property
+  def images_per_s(self) -> float:
+    return self.images / self.seconds
+
+
+def ensure_images(work: str, num_images: int, seed: int = 0) -> tuple[str, int]:
+  """The cached input folder (generated on first use) and its image count."""
+  per_class = math.ceil(num_images / NUM_CLASSES)
+  folder = os.path.join(work, f"images_{NUM_CLASSES}x{per_class}")
+  done = folder + ".done"  # beside the folder: a file inside would be a stray input
+  if not os.path.exists(done):
+    shutil.rmtree(folder, ignore_errors=True)
+    t0 = time.perf_counter()
+    classes = [f"class_{i:02d}" for i in range(NUM_CLASSES)]
+    n = make_sample_images.make_folder(folder, classes, per_class, None, (500, 375), corrupt=0,
+                                       seed=seed, mixed=False)
+    with open(done, "w") as f:
+      f.write(f"{n}\n")
+    print(f"generated {n} images in {folder} ({time.perf_counter() - t0:.1f}s)", flush=True)
+  with open(done) as f:
+    return folder, int(f.read())
+
+
+def _list_images(root: str) -> list[tuple[str, str]]:
+  """(class name, path relative to root) of every file, sorted."""
+  out = []
+  for cls in sorted(os.listdir(root)):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls)):
+      dirnames.sort()
+      out += [(cls, os.path.relpath(os.path.join(dirpath, f), root)) for f in sorted(filenames)]
+  return out
+
+
+def run_loop(root: str, output: str, options: _imaging.ImageOptions, file_format: str,
+             num_shards: int, name: str) -> int:
+  """The baseline: the pipeline's work in one plain loop; returns the records written."""
+  files = _list_images(root)
+  class_names = sorted({c for c, _ in files})
+  labels = {c: i for i, c in enumerate(class_names)}
+  if options.encoding == "raw":
+    image_feature = Tensor(shape=(*options.size, 3), dtype="uint8")
+  else:
+    image_feature = Image(shape=(*options.size, 3) if options.size else (None, None, 3), encoding="jpeg")
+  features = Features({"image": image_feature, "label": ClassLabel(class_names), "file_name": Text()})
+  payloads = []
+  for cls, rel in files:
+    with open(os.path.join(root, rel), "rb") as f:
+      data = f.read()
+    image = _imaging.convert(data, options)
+    payloads.append(features.encode({"image": image, "label": labels[cls], "file_name": rel}))
+  num_bytes = sum(len(p) for p in payloads)
+  shards = min(num_shards or max(1, math.ceil(num_bytes / DEFAULT_TARGET_SHARD_BYTES)), len(payloads))
+  n = len(payloads)
+  for i in range(shards):
+    chunk = payloads[i * n // shards:(i + 1) * n // shards]
+    path = os.path.join(output, naming.ShardName(name, "train", file_format, i, shards).filename)
+    if file_format == "array_record":
+      arrayrecord.write_file(path, chunk)
+    else:
+      with open(path, "wb") as f:
+        tfrecord.write_records(f, chunk)
+  return n
+
+
+def run_pipeline(root: str, output: str, a: argparse.Namespace, extra: Sequence[str]) -> int:
+  """`image_folder.run` on the DirectRunner; returns the records in the manifest."""
+  argv = [
+      f"--input={root}", f"--output={output}", f"--image_size={a.image_size}",
+      f"--encoding={a.encoding}", f"--format={a.format}", f"--num_shards={a.num_shards}",
+      "--overwrite=true", "--runner=DirectRunner", *extra,
+  ]
+  image_folder.run(argv)
+  with open(os.path.join(output, MANIFEST_FILENAME), "rb") as f:
+    return Manifest.loads(f.read()).num_records
+
+
+def best_of(variant: str, repeats: int, output: str, expected: int, fn: Callable[[str], int]) -> Result:
+  """Runs `fn(output)` `repeats` times into a fresh folder; keeps the best time."""
+  times = []
+  for _ in range(repeats):
+    shutil.rmtree(output, ignore_errors=True)
+    os.makedirs(output)
+    t0 = time.perf_counter()
+    n = fn(output)
+    times.append(time.perf_counter() - t0)
+    if n != expected:
+      raise RuntimeError(f"{variant}: wrote {n} records, expected {expected}")
+  return Result(variant, min(times), expected)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--work", default="bench_work", help="cache of the input and outputs (git-ignored)")
+  ap.add_argument("--num_images", type=int, default=2000)
+  ap.add_argument("--image_size", default="224,224")
+  ap.add_argument("--encoding", default="jpeg")
+  ap.add_argument("--format", default="array_record")
+  ap.add_argument("--num_shards", type=int, default=0, help="0: ~128 MB shards, as the pipeline picks")
+  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--json", default=None, help="also write the results here")
+  a = ap.parse_args(argv)
+  if a.repeats < 1 or a.num_images < 1:
+    ap.error("--repeats and --num_images must be >= 1")
+
+  logging.basicConfig(level=logging.WARNING)
+  for noisy in ("apache_beam", "google", "urllib3", "absl"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  # Multi-process workers are fresh interpreters: let them import `pipelines` and `formats`.
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+
+  work = os.path.abspath(a.work)
+  root, n = ensure_images(work, a.num_images)
+  h, w = (int(v) for v in a.image_size.split(","))
+  options = _imaging.ImageOptions(size=(h, w), encoding=a.encoding)
+  out = os.path.join(work, "out")
+  name = image_folder._default_name(root)
+  print(f"{n} images, image_size={a.image_size} encoding={a.encoding} format={a.format} "
+        f"num_shards={a.num_shards} repeats={a.repeats} cpus={os.cpu_count()}", flush=True)
+
+  results = [
+      best_of("loop (1 process)", a.repeats, os.path.join(out, "loop"), n,
+              lambda o: run_loop(root, o, options, a.format, a.num_shards, name)),
+      best_of("DirectRunner in-process, 1 worker", a.repeats, os.path.join(out, "direct_1"), n,
+              lambda o: run_pipeline(root, o, a, ["--direct_num_workers=1",
+                                                  "--direct_running_mode=in_memory"])),
+      best_of("DirectRunner multi_processing, 2 workers", a.repeats, os.path.join(out, "direct_2"), n,
+              lambda o: run_pipeline(root, o, a, ["--direct_num_workers=2",
+                                                  "--direct_running_mode=multi_processing"])),
+  ]
+  base = results[0].seconds
+  print()
+  print(f"{'variant':<42} {'seconds':>8} {'images/s':>9} {'ratio':>6}")
+  for r in results:
+    print(f"{r.variant:<42} {r.seconds:8.2f} {r.images_per_s:9.1f} {r.seconds / base:6.2f}")
+  checks = [
+      (f"in-process DirectRunner within {IN_PROCESS_TARGET}x of the loop's time",
+       results[1].seconds / base, results[1].seconds / base <= IN_PROCESS_TARGET),
+      ("2 workers faster than the loop", results[2].seconds / base,
+       results[2].seconds / base < MULTI_PROCESS_TARGET),
+  ]
+  print()
+  for text, ratio, ok in checks:
+    print(f"{'PASS' if ok else 'MISS'}  {text} (ratio {ratio:.2f})")
+
+  if a.json:
+    report = {
+        "num_images": n, "image_size": a.image_size, "encoding": a.encoding, "format": a.format,
+        "num_shards": a.num_shards, "repeats": a.repeats, "cpus": os.cpu_count(),
+        "results": [{"variant": r.variant, "seconds": r.seconds, "images_per_s": r.images_per_s,
+                     "ratio": r.seconds / base} for r in results],
+        "checks": [{"check": t, "ratio": x, "pass": ok} for t, x, ok in checks],
+    }
+    with open(a.json, "w") as f:
+      json.dump(report, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

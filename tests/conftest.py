@@ -1,0 +1,103 @@
+"""Shared fixtures: generated image folders and a GCS emulator on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import make_sample_images  # noqa: E402  (scripts/ is not a package)
+
+CLASSES = ["cat", "dog", "zebra"]
+PER_CLASS = 6
+CORRUPT = 3  # per split: a truncated JPEG, a text file named .jpg, an empty .png
+
+
+@pytest.fixture(scope="session")
+def class_folder(tmp_path_factory) -> str:
+  """<root>/<class>/<files>: 18 good images in mixed modes/formats + 3 corrupt files."""
+  root = str(tmp_path_factory.mktemp("class_folder") / "pets")
+  make_sample_images.make_folder(root, CLASSES, PER_CLASS, None, (64, 48), CORRUPT, seed=1)
+  return root
+
+
+@pytest.fixture(scope="session")
+def split_folder(tmp_path_factory) -> str:
+  """<root>/{train,validation}/<class>/<files> with an empty class folder in validation."""
+  root = str(tmp_path_factory.mktemp("split_folder") / "pets")
+  make_sample_images.make_folder(root, CLASSES, PER_CLASS, ["train", "validation"], (64, 48), CORRUPT, seed=2)
+  os.makedirs(os.path.join(root, "validation", "yak"))  # an empty class folder
+  return root
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+  """A real GCS JSON API server (gcp-storage-emulator) on loopback, for the whole session.
+
+  Yields the bucket name; STORAGE_EMULATOR_HOST is set while it runs.
+  """
+  exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+  port = _free_port()
+  bucket = "toolkit-test"
+  proc = subprocess.Popen(
+      [exe, "start", "--host=127.0.0.1", f"--port={port}", f"--default-bucket={bucket}", "--in-memory"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+  )
+  host = f"http://127.0.0.1:{port}"
+  deadline = time.monotonic() + 30
+  while True:
+    try:
+      urllib.request.urlopen(f"{host}/storage/v1/b/{bucket}", timeout=1).read()
+      break
+    except Exception:
+      if proc.poll() is not None or time.monotonic() > deadline:
+        proc.kill()
+        raise RuntimeError("gcp-storage-emulator did not start")
+      time.sleep(0.2)
+  old = os.environ.get("STORAGE_EMULATOR_HOST")
+  os.environ["STORAGE_EMULATOR_HOST"] = host
+  # Both clients read the variable when they are created: start from fresh ones.
+  from formats import files
+  from pipelines import _fileio
+
+  files._gcs_client.cache_clear()
+  _fileio._use_anonymous_gcs_for_emulator()
+  try:
+    yield bucket
+  finally:
+    proc.terminate()
+    proc.wait(timeout=10)
+    if old is None:
+      os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+      os.environ["STORAGE_EMULATOR_HOST"] = old
+    files._gcs_client.cache_clear()
+
+
+def upload_tree(local_root: str, gs_root: str) -> int:
+  """Copies a local folder to gs:// (through formats.files); returns the file count."""
+  from formats import files
+
+  n = 0
+  for dirpath, _, names in os.walk(local_root):
+    for name in names:
+      rel = os.path.relpath(os.path.join(dirpath, name), local_root).replace(os.sep, "/")
+      with open(os.path.join(dirpath, name), "rb") as f:
+        files.write_bytes(files.join(gs_root, rel), f.read())
+      n += 1
+  return n

@@ -1,0 +1,79 @@
+import json
+
+import numpy as np
+import pytest
+
+from formats import arrayrecord, tfds_metadata
+from formats.features import ClassLabel, Features, Image, Tensor, Text
+from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
+
+FEATURES = Features({
+    "image": Image(shape=(None, None, 3)),
+    "pixels": Tensor(shape=(2, 3, 3), dtype="uint8"),
+    "label": ClassLabel(("cat", "dog")),
+    "file_name": Text(),
+})
+
+
+def test_features_round_trip():
+  pixels = np.arange(18, dtype=np.uint8).reshape(2, 3, 3)
+  rec = FEATURES.encode({"image": b"jpg", "pixels": pixels, "label": 1, "file_name": "dog/ü.jpg"})
+  got = FEATURES.decode(rec)
+  assert got["image"] == b"jpg" and got["label"] == 1 and got["file_name"] == "dog/ü.jpg"
+  np.testing.assert_array_equal(got["pixels"], pixels)
+
+
+def test_features_validate_values():
+  with pytest.raises(ValueError, match="outside"):
+    FEATURES["label"].encode(2)
+  with pytest.raises(ValueError, match="shape"):
+    FEATURES["pixels"].encode(np.zeros((3, 3, 3), np.uint8))
+  with pytest.raises(ValueError, match="missing"):
+    FEATURES.encode({"image": b""})
+  with pytest.raises(ValueError, match="unique"):
+    ClassLabel(("a", "a"))
+
+
+def test_features_json_round_trip():
+  assert Features.from_json(json.loads(json.dumps(FEATURES.to_json()))) == FEATURES
+
+
+def _manifest():
+  shards = tuple(ShardInfo(f"d-train.tfrecord-0000{i}-of-00002", 3 - i, 100 + i, "ab" * 32) for i in range(2))
+  return Manifest("d", "tfrecord", FEATURES, {"train": SplitInfo(shards)},
+                  Rejected(2, {"not an image": 2}), source={"pipeline": "x"})
+
+
+def test_manifest_round_trip_and_schema():
+  m = _manifest()
+  d = json.loads(m.dumps())
+  assert d["splits"]["train"]["num_records"] == 5 and d["splits"]["train"]["num_bytes"] == 201
+  assert d["splits"]["train"]["shards"][0]["path"] == "d-train.tfrecord-00000-of-00002"
+  assert d["rejected"] == {"count": 2, "path": "errors/rejected.jsonl", "by_reason": {"not an image": 2}}
+  assert Manifest.loads(m.dumps()) == m
+
+
+def test_manifest_rejects_inconsistent_counts():
+  d = json.loads(_manifest().dumps())
+  d["splits"]["train"]["num_records"] = 99
+  with pytest.raises(ValueError, match="disagrees"):
+    Manifest.from_json(d)
+
+
+def test_tfds_metadata_files():
+  files = tfds_metadata.metadata_files(_manifest())
+  info = json.loads(files["dataset_info.json"])
+  assert info["fileFormat"] == "tfrecord" and info["splits"][0]["shardLengths"] == ["3", "2"]
+  assert files["label.labels.txt"] == b"cat\ndog\n"
+  feats = json.loads(files["features.json"])["featuresDict"]["features"]
+  assert feats["pixels"]["tensor"]["encoding"] == "bytes"
+
+
+def test_arrayrecord_write_read(tmp_path):
+  path = str(tmp_path / "x.array_record")
+  records = [bytes([i]) * i for i in range(50)]
+  assert arrayrecord.write_file(path, records) == 50
+  assert list(arrayrecord.read_file(path, batch=7)) == records
+  reader = arrayrecord.open_reader(path)
+  assert reader.read([49, 3]) == [records[49], records[3]]
+  reader.close()

@@ -1,0 +1,193 @@
+"""End to end: `pipelines.image_folder.run(argv)` on generated folders, locally."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from formats import arrayrecord, inspect, tfrecord
+from formats.manifest import Manifest
+from pipelines import UsageError, image_folder
+from tests.conftest import CLASSES, CORRUPT, PER_CLASS, REPO
+
+pytestmark = pytest.mark.slow
+
+
+def convert(input_dir: str, output: str, *flags: str) -> Manifest:
+  image_folder.run([f"--input={input_dir}", f"--output={output}", *flags])
+  with open(os.path.join(output, "manifest.json"), "rb") as f:
+    return Manifest.loads(f.read())
+
+
+def read_split(output: str, m: Manifest, split: str) -> list[dict]:
+  out = []
+  for shard in m.splits[split].shards:
+    path = os.path.join(output, shard.path)
+    records = arrayrecord.read_file(path) if m.file_format == "array_record" else tfrecord.read_file(path)
+    out += [m.features.decode(r) for r in records]
+  return out
+
+
+def shard_digests(output: str) -> dict[str, str]:
+  return {
+      os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+      for p in glob.glob(os.path.join(output, "*-*.*-*-of-*"))
+  }
+
+
+@pytest.fixture(scope="module")
+def array_record_output(class_folder, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("ar") / "out")
+  return out, convert(class_folder, out, "--num_shards=4")
+
+
+def test_array_record_output_is_complete(array_record_output):
+  out, m = array_record_output
+  assert m.name == "pets" and m.file_format == "array_record"
+  assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
+  assert sorted(s.num_records for s in m.splits["train"].shards) == [4, 4, 5, 5]
+  assert m.features["label"].names == tuple(CLASSES)
+  records = read_split(out, m, "train")
+  for r in records:  # the label is the class folder's index
+    assert CLASSES[r["label"]] == r["file_name"].split("/")[0]
+  assert sorted(r["file_name"] for r in records) == sorted(
+      os.path.relpath(p, m.source["input"]) for p in glob.glob(os.path.join(m.source["input"], "*", "*_000??.*")))
+  assert {"dataset_info.json", "features.json", "label.labels.txt", "manifest.json"} <= set(os.listdir(out))
+  assert not [f for f in os.listdir(out) if ".tmp-" in f]
+
+
+def test_corrupt_inputs_are_listed_in_errors_and_counted(array_record_output):
+  out, m = array_record_output
+  errors = [json.loads(line) for line in open(os.path.join(out, "errors", "rejected.jsonl"))]
+  assert m.rejected.count == len(errors) == CORRUPT
+  names = sorted(os.path.basename(e["input"]) for e in errors)
+  assert names == ["empty_2.png", "notes_1.jpg", "truncated_0.jpg"]
+  reasons = {os.path.basename(e["input"]): e["reason"] for e in errors}
+  assert reasons["truncated_0.jpg"].startswith("corrupt or truncated image")
+  assert reasons["notes_1.jpg"].startswith("not an image")
+  assert sum(m.rejected.by_reason.values()) == CORRUPT
+
+
+def test_images_are_rgb_and_orientation_applied(array_record_output):
+  out, m = array_record_output
+  from PIL import Image
+  import io
+  for r in read_split(out, m, "train"):
+    im = Image.open(io.BytesIO(r["image"]))
+    assert im.mode == "RGB" and im.format == "JPEG"
+    if r["file_name"].endswith("_00005.jpg"):  # variant 5 carries EXIF orientation 6 (90° turn)
+      src = Image.open(os.path.join(m.source["input"], r["file_name"]))
+      assert im.size == (src.height, src.width)
+
+
+def test_inspect_verify_passes_then_fails_on_a_corrupted_shard(array_record_output, tmp_path, capsys):
+  out, m = array_record_output
+  assert inspect.main([out, "--verify", "--grid", str(tmp_path / "grid.png")]) == 0
+  assert os.path.getsize(tmp_path / "grid.png") > 0
+  import shutil
+  broken = str(tmp_path / "broken")
+  shutil.copytree(out, broken)
+  victim = os.path.join(broken, m.splits["train"].shards[1].path)
+  data = bytearray(open(victim, "rb").read())
+  data[len(data) // 2] ^= 0xFF
+  open(victim, "wb").write(bytes(data))
+  capsys.readouterr()
+  assert inspect.main([broken, "--verify"]) == 1
+  report = capsys.readouterr().out
+  assert f"BAD {m.splits['train'].shards[1].path}: sha256" in report
+  assert "verify: 3/4 shards OK" in report
+
+
+def test_inspect_on_incomplete_output_is_an_error(tmp_path, capsys):
+  assert inspect.main([str(tmp_path)]) == 2
+  assert "not a complete output" in capsys.readouterr().err
+
+
+def test_split_layout_tfrecord_with_empty_class_folder(split_folder, tmp_path):
+  out = str(tmp_path / "out")
+  m = convert(split_folder, out, "--format=tfrecord", "--name=pets_split")
+  assert sorted(m.splits) == ["train", "validation"]
+  assert m.features["label"].names == tuple(sorted([*CLASSES, "yak"]))  # the empty class keeps its id
+  for split in ("train", "validation"):
+    assert m.splits[split].num_records == len(CLASSES) * PER_CLASS
+    for r in read_split(out, m, split):
+      assert r["file_name"].startswith(split + "/")
+      assert m.features["label"].names[r["label"]] == r["file_name"].split("/")[1]
+  assert m.rejected.count == 2 * CORRUPT
+  assert any("empty class folder" in w and "yak" in w for w in m.warnings)
+  assert os.path.basename(m.splits["train"].shards[0].path).startswith("pets_split-train.tfrecord-00000-of-")
+
+
+def test_raw_encoding_fixed_size(class_folder, tmp_path):
+  out = str(tmp_path / "out")
+  m = convert(class_folder, out, "--encoding=raw", "--image_size=24,32", "--format=tfrecord", "--num_shards=2")
+  assert m.features["image"].to_json() == {"kind": "tensor", "shape": [24, 32, 3], "dtype": "uint8", "encoding": "bytes"}
+  recs = read_split(out, m, "train")
+  assert len(recs) == len(CLASSES) * PER_CLASS
+  assert all(r["image"].shape == (24, 32, 3) and r["image"].dtype == np.uint8 for r in recs)
+
+
+def test_reruns_are_byte_identical_whatever_the_parallelism(class_folder, tmp_path):
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  convert(class_folder, a, "--num_shards=3", "--image_size=32,32", "--seed=5")
+  convert(class_folder, b, "--num_shards=3", "--image_size=32,32", "--seed=5",
+          "--direct_num_workers=2", "--direct_running_mode=multi_threading")
+  da, db = shard_digests(a), shard_digests(b)
+  assert len(da) == 3 and da == db
+  assert open(os.path.join(a, "manifest.json")).read() == open(os.path.join(b, "manifest.json")).read()
+  c = str(tmp_path / "c")
+  convert(class_folder, c, "--num_shards=3", "--image_size=32,32", "--seed=6")
+  assert shard_digests(c) != da  # another seed, another order
+
+
+def test_existing_output_needs_overwrite(class_folder, tmp_path):
+  out = str(tmp_path / "out")
+  convert(class_folder, out, "--num_shards=2")
+  with pytest.raises(UsageError, match="already holds a complete output"):
+    convert(class_folder, out)
+  m = convert(class_folder, out, "--num_shards=1", "--overwrite=true")
+  shards = sorted(f for f in os.listdir(out) if ".array_record-" in f)
+  assert shards == ["pets-train.array_record-00000-of-00001"]  # the old 2 shards are gone
+  assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
+
+
+def _cli(*args: str, cwd: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "pipelines.image_folder", *args], cwd=cwd,
+                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "--input is required"),
+    (["--input={src}"], "--output is required"),
+    (["--input={src}", "--output={out}", "--format=parquet"], "--format must be one of array_record, tfrecord"),
+    (["--input={src}", "--output={out}", "--encoding=raw"], "--encoding=raw needs --image_size"),
+    (["--input={src}", "--output={out}", "--image_size=224"], "--image_size must be H,W"),
+    (["--input={src}/nope", "--output={out}"], "does not exist"),
+    (["--input={src}", "--output={out}", "--num_shards=-1"], "--num_shards must be >= 0"),
+    (["--input={src}", "--output={out}", "--fromat=tfrecord"], "unrecognized arguments: --fromat=tfrecord"),
+    (["--input={src}", "--output={src}/out"], "must not be inside --input"),
+])
+def test_bad_arguments_exit_2_with_one_line_and_write_nothing(class_folder, tmp_path, args, message):
+  out = str(tmp_path / "out")
+  args = [a.format(src=class_folder, out=out) for a in args]
+  before = sorted(os.listdir(class_folder))
+  r = _cli(*args, cwd=str(tmp_path))
+  assert r.returncode == 2, r.stderr
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and message in lines[0], r.stderr
+  assert not os.path.exists(out) and sorted(os.listdir(class_folder)) == before
+
+
+def test_cli_prints_a_summary(class_folder, tmp_path):
+  out = str(tmp_path / "out")
+  r = _cli(f"--input={class_folder}", f"--output={out}", "--format=tfrecord", cwd=str(tmp_path))
+  assert r.returncode == 0, r.stderr
+  summary = [l for l in r.stdout.splitlines() if l.startswith("pipelines.image_folder:")]
+  assert summary and f"{len(CLASSES) * PER_CLASS} records" in summary[0] and f"{CORRUPT} rejected" in summary[0]

@@ -1,0 +1,90 @@
+"""The shard sink: planning as pure functions, the transform with TestPipeline."""
+
+import collections
+import json
+import os
+
+import apache_beam as beam
+from apache_beam.testing.test_pipeline import TestPipeline
+
+TestPipeline.__test__ = False  # a Beam class, not a pytest test class
+from apache_beam.testing.util import assert_that, equal_to
+import cloudpickle
+import pytest
+
+from formats import tfrecord
+from formats.features import Features, Text
+from formats.manifest import Manifest
+from pipelines._sink import OutputSpec, Record, Reject, WriteOutput, _WriteShardFn, plan_shards, shard_of, sort_key
+
+
+@pytest.mark.parametrize("n,shards", [(10, 3), (7, 7), (1000, 16), (5, 1), (3, 10)])
+def test_plan_spreads_records_evenly(n, shards):
+  keys = [sort_key(0, "train", str(i)) for i in range(n)]
+  layout = plan_shards(keys, 0, shards, 1)
+  counts = collections.Counter(shard_of(layout, k) for k in keys)
+  assert layout.num_shards == min(n, shards)
+  assert sorted(counts) == list(range(layout.num_shards))
+  assert max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_auto_shard_count_from_bytes():
+  keys = [sort_key(0, "t", str(i)) for i in range(100)]
+  assert plan_shards(keys, 1000, 0, 300).num_shards == 4
+  assert plan_shards([], 0, 0, 300).num_shards == 0
+
+
+def test_sort_key_depends_on_seed_split_and_key_only():
+  assert sort_key(1, "train", "a") == sort_key(1, "train", "a")
+  assert len({sort_key(s, sp, k) for s in (0, 1) for sp in ("a", "b") for k in ("x", "y")}) == 8
+
+
+def test_dofns_survive_cloudpickle(tmp_path):
+  spec = OutputSpec(str(tmp_path), "d", "tfrecord", Features({"t": Text()}), ("train",))
+  fn = cloudpickle.loads(cloudpickle.dumps(_WriteShardFn(spec)))
+  assert fn._spec == spec
+
+
+def test_spec_validation(tmp_path):
+  with pytest.raises(ValueError, match="format"):
+    OutputSpec(str(tmp_path), "d", "csv", Features({}), ("train",))
+  with pytest.raises(ValueError, match="num_shards"):
+    OutputSpec(str(tmp_path), "d", "tfrecord", Features({}), ("train",), num_shards=-1)
+
+
+def test_write_output_transform(tmp_path):
+  features = Features({"t": Text()})
+  out = str(tmp_path / "out")
+  spec = OutputSpec(out, "d", "tfrecord", features, ("train", "test"), num_shards=3, seed=7)
+  recs = [Record("train", f"k{i}", features.encode({"t": f"r{i}"})) for i in range(10)]
+  recs += [Record("test", "only", features.encode({"t": "t0"}))]
+  with TestPipeline() as p:
+    manifest = {
+        "records": p | "R" >> beam.Create(recs),
+        "rejects": p | "E" >> beam.Create([Reject("/in/bad.jpg", "not an image: x", "train")]),
+    } | WriteOutput(spec)
+    assert_that(manifest | beam.Map(lambda m: (m["splits"]["train"]["num_records"], m["rejected"]["count"])),
+                equal_to([(10, 1)]))
+  m = Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+  assert [s.num_records for s in m.splits["train"].shards] == [3, 3, 4]
+  assert len(m.splits["test"].shards) == 1  # never more shards than records
+  texts = [features.decode(r)["t"] for s in m.splits["train"].shards
+           for r in tfrecord.read_file(os.path.join(out, s.path))]
+  assert sorted(texts) == sorted(f"r{i}" for i in range(10))
+  assert texts == [f"r{i}" for i in sorted(range(10), key=lambda i: sort_key(7, "train", f"k{i}"))]
+  errors = [json.loads(l) for l in open(os.path.join(out, "errors", "rejected.jsonl"))]
+  assert errors == [{"input": "/in/bad.jpg", "reason": "not an image: x", "split": "train"}]
+
+
+def test_stale_shards_of_an_earlier_run_are_removed(tmp_path):
+  features = Features({"t": Text()})
+  out = str(tmp_path / "out")
+  os.makedirs(out)
+  stale = os.path.join(out, "d-train.tfrecord-00004-of-00005")
+  open(stale, "wb").write(b"old")
+  spec = OutputSpec(out, "d", "tfrecord", features, ("train",), num_shards=1)
+  with TestPipeline() as p:
+    _ = {"records": p | "R" >> beam.Create([Record("train", "a", features.encode({"t": "x"}))]),
+         "rejects": p | "E" >> beam.Create([])} | WriteOutput(spec)
+  assert not os.path.exists(stale)
+  assert os.path.exists(os.path.join(out, "d-train.tfrecord-00000-of-00001"))
