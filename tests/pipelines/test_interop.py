@@ -1,0 +1,92 @@
+"""The outputs load where users already work: TFDS, tf.data and array_record's data source."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import CLASSES, PER_CLASS
+from tests.pipelines.test_image_folder import convert
+
+tf = pytest.importorskip("tensorflow")
+tfds = pytest.importorskip("tensorflow_datasets")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def outputs(split_folder, tmp_path_factory):
+  base = tmp_path_factory.mktemp("interop")
+  ar = str(base / "ar")
+  tr = str(base / "tr")
+  raw = str(base / "raw")
+  return {
+      "array_record": (ar, convert(split_folder, ar, "--num_shards=3")),
+      "tfrecord": (tr, convert(split_folder, tr, "--format=tfrecord", "--num_shards=2")),
+      "raw": (raw, convert(split_folder, raw, "--format=tfrecord", "--encoding=raw", "--image_size=16,20")),
+  }
+
+
+def _label_ok(names, label, file_name):
+  return names[label] == file_name.split("/")[1]
+
+
+def test_tfds_as_data_source_reads_array_record(outputs):
+  out, m = outputs["array_record"]
+  builder = tfds.builder_from_directory(out)
+  assert builder.info.features["label"].names == list(m.features["label"].names)
+  assert builder.info.splits["train"].num_examples == len(CLASSES) * PER_CLASS
+  for split in ("train", "validation"):
+    source = builder.as_data_source()[split]
+    assert len(source) == m.splits[split].num_records
+    for i in range(len(source)):
+      ex = source[i]
+      assert ex["image"].ndim == 3 and ex["image"].shape[2] == 3
+      assert _label_ok(m.features["label"].names, ex["label"], ex["file_name"].decode())
+
+
+def test_tfds_as_dataset_reads_tfrecord(outputs):
+  out, m = outputs["tfrecord"]
+  builder = tfds.builder_from_directory(out)
+  for split in ("train", "validation"):
+    rows = list(tfds.as_numpy(builder.as_dataset(split=split)))
+    assert len(rows) == m.splits[split].num_records
+    for ex in rows:
+      assert ex["image"].dtype == np.uint8 and ex["image"].shape[2] == 3
+      assert _label_ok(m.features["label"].names, ex["label"], ex["file_name"].decode())
+
+
+def test_tfds_reads_raw_tensors(outputs):
+  out, _ = outputs["raw"]
+  ds = tfds.builder_from_directory(out).as_dataset(split="train")
+  shapes = {tuple(ex["image"].shape) for ex in tfds.as_numpy(ds)}
+  assert shapes == {(16, 20, 3)}
+
+
+def test_tf_data_reads_tfrecord_shards(outputs):
+  out, m = outputs["tfrecord"]
+  paths = [os.path.join(out, s.path) for s in m.splits["train"].shards]
+  spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64),
+          "file_name": tf.io.FixedLenFeature([], tf.string)}
+  ds = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
+  ds = ds.map(lambda ex: {**ex, "image": tf.io.decode_jpeg(ex["image"], channels=3)})
+  labels = collections.Counter()
+  for ex in ds.as_numpy_iterator():
+    assert _label_ok(m.features["label"].names, ex["label"], ex["file_name"].decode())
+    labels[int(ex["label"])] += 1
+  assert sum(labels.values()) == m.splits["train"].num_records
+  assert sorted(labels) == [0, 1, 3]  # yak (id 2) has no images at all
+
+
+def test_array_record_data_source_reads_shards(outputs):
+  from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+  out, m = outputs["array_record"]
+  paths = [os.path.join(out, s.path) for s in m.splits["validation"].shards]
+  source = ArrayRecordDataSource(paths)
+  assert len(source) == m.splits["validation"].num_records
+  labels = [m.features.decode(source[i])["label"] for i in range(len(source))]
+  assert collections.Counter(labels) == {0: PER_CLASS, 1: PER_CLASS, 3: PER_CLASS}
