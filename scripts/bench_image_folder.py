@@ -154,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   logging.basicConfig(level=logging.WARNING)
   for noisy in ("apache_beam", "google", "urllib3", "absl"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  # Relays the worker processes' own start-up warnings (unparsed pipeline flags and the like).
+  logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
   # Multi-process workers are fresh interpreters: let them import `pipelines` and `formats`.
   os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
 

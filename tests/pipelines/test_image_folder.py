@@ -185,6 +185,16 @@ def test_bad_arguments_exit_2_with_one_line_and_write_nothing(class_folder, tmp_
   assert not os.path.exists(out) and sorted(os.listdir(class_folder)) == before
 
 
+def test_metrics_count_what_happened(class_folder, tmp_path):
+  result = image_folder.run([f"--input={class_folder}", f"--output={tmp_path}/out", "--num_shards=2"])
+  counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
+  assert counters["images_read"] == len(CLASSES) * PER_CLASS + CORRUPT
+  assert counters["images_converted"] == counters["records_written"] == len(CLASSES) * PER_CLASS
+  assert counters["images_rejected"] == CORRUPT
+  assert counters["shards_written"] == 2
+  assert counters["bytes_written"] > 0 and counters["bytes_read"] > 0
+
+
 def test_cli_prints_a_summary(class_folder, tmp_path):
   out = str(tmp_path / "out")
   r = _cli(f"--input={class_folder}", f"--output={out}", "--format=tfrecord", cwd=str(tmp_path))

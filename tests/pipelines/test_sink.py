@@ -88,3 +88,39 @@ def test_stale_shards_of_an_earlier_run_are_removed(tmp_path):
          "rejects": p | "E" >> beam.Create([])} | WriteOutput(spec)
   assert not os.path.exists(stale)
   assert os.path.exists(os.path.join(out, "d-train.tfrecord-00000-of-00001"))
+
+
+def test_a_retried_shard_write_leaves_one_identical_file(tmp_path):
+  """Beam may run a bundle twice: the shard is rewritten under the same name, same bytes."""
+  features = Features({"t": Text()})
+  out = str(tmp_path / "out")
+  spec = OutputSpec(out, "d", "array_record", features, ("train",), num_shards=1)
+  layout = plan_shards([sort_key(0, "train", "a"), sort_key(0, "train", "b")], 10, 1, 1)
+  items = [(sort_key(0, "train", k), features.encode({"t": k})) for k in "ab"]
+  fn = _WriteShardFn(spec)
+  fn.setup()
+  first = list(fn.process((("train", 0), list(items)), {"train": layout}))
+  second = list(fn.process((("train", 0), list(reversed(items))), {"train": layout}))
+  fn.teardown()
+  assert first == second and first[0][2].num_records == 2
+  assert os.listdir(out) == ["d-train.array_record-00000-of-00001"]
+
+
+def test_a_failed_shard_write_leaves_no_partial_file(tmp_path, monkeypatch):
+  from pipelines import _fileio
+
+  features = Features({"t": Text()})
+  out = str(tmp_path / "out")
+  spec = OutputSpec(out, "d", "tfrecord", features, ("train",), num_shards=1)
+  layout = plan_shards([sort_key(0, "train", "a")], 10, 1, 1)
+
+  def fail(local, dest):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(_fileio, "publish", fail)
+  fn = _WriteShardFn(spec)
+  fn.setup()
+  with pytest.raises(OSError, match="disk full"):
+    list(fn.process((("train", 0), [(sort_key(0, "train", "a"), b"x")]), {"train": layout}))
+  fn.teardown()
+  assert os.listdir(out) == []
