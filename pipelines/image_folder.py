@@ -87,6 +87,12 @@ def _default_name(input_path: str) -> str:
   return name or "images"
 
 
+def split_and_class(rel: str, split_layout: bool) -> tuple[str, str]:
+  """(split, class name) of a file from its path relative to the input root."""
+  parts = rel.split("/")
+  return (parts[0], parts[1]) if split_layout else (DEFAULT_SPLIT, parts[0])
+
+
 class _Layout:
   """What the launcher found under the input: splits, classes, stray files."""
 
@@ -142,9 +148,8 @@ class _ConvertImageFn(beam.DoFn):
   def process(self, metadata):
     path = metadata.path
     rel = path[len(self._root):]
-    parts = rel.split("/")
-    split = parts[0] if self._split_layout else DEFAULT_SPLIT
-    label = self._labels[parts[1] if self._split_layout else parts[0]]
+    split, class_name = split_and_class(rel, self._split_layout)
+    label = self._labels[class_name]
     self._read.inc()
     try:
       with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -270,12 +275,11 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
       | "AddStrays" >> beam.Map(lambda n, k: n + k, len(layout.stray_files))
   )
   root_prefix = layout.root.rstrip("/") + "/"
-  split_layout = layout.layout == "splits"
   per_folder = (
       files
       | "FolderOf" >> beam.Map(
-          lambda m: (lambda parts: (parts[0], parts[1]) if split_layout else (DEFAULT_SPLIT, parts[0]))(
-              m.path[len(root_prefix):].split("/")))
+          lambda m, split_layout: split_and_class(m.path[len(root_prefix):], split_layout),
+          split_layout=layout.layout == "splits")
       | "CountPerFolder" >> beam.combiners.Count.PerElement()
   )
   warnings = (
