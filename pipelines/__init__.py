@@ -5,6 +5,6 @@ flags plus every Beam option; `run(argv)` is the programmatic entry point.
 """
 
 from pipelines._cli import UsageError
-from pipelines._sink import OutputSpec, Record, Reject, WriteOutput
+from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
 
-__all__ = ["OutputSpec", "Record", "Reject", "UsageError", "WriteOutput"]
+__all__ = ["InputSummary", "OutputSpec", "Record", "Reject", "UsageError", "WriteOutput"]

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from formats import arrayrecord, naming, tfds_metadata, tfrecord
 from formats.features import Features
@@ -73,6 +74,17 @@ class Reject(NamedTuple):
     return {"input": self.input, "reason": self.reason, "split": self.split}
 
 
+class InputSummary(NamedTuple):
+  """What a pipeline found in its input, checked against what was written.
+
+  `num_inputs` must equal records written + rejects, or Finalize fails the job:
+  an input was lost. `warnings` go to the manifest.
+  """
+
+  num_inputs: int
+  warnings: tuple[str, ...] = ()
+
+
 class _Layout(NamedTuple):
   num_records: int
   num_bytes: int
@@ -104,6 +116,45 @@ def plan_shards(
 
 def shard_of(layout: _Layout, key: bytes) -> int:
   return bisect.bisect_right(layout.boundaries, key)
+
+
+class _KeyAndBatch(beam.DoFn):
+  """Record → (split, sort key, payload), grouped into lists of up to ~32 MB.
+
+  Fewer, larger elements: the records cross two materializations (the wait for
+  the shard plan, and the GroupByKey), and each element costs a fixed overhead there.
+  """
+
+  MAX_BYTES = 32 << 20
+  MAX_RECORDS = 1024
+
+  def __init__(self, seed: int):
+    self._seed = seed
+
+  def start_bundle(self):
+    self._batch, self._bytes = [], 0
+
+  def process(self, r: Record):
+    self._batch.append((r.split, sort_key(self._seed, r.split, r.key), r.payload))
+    self._bytes += len(r.payload)
+    if self._bytes >= self.MAX_BYTES or len(self._batch) >= self.MAX_RECORDS:
+      yield self._flush()
+
+  def finish_bundle(self):
+    if self._batch:
+      yield GlobalWindows.windowed_value(self._flush())
+
+  def _flush(self) -> list:
+    batch, self._batch, self._bytes = self._batch, [], 0
+    return batch
+
+
+def _assign_shards(batch, layouts):
+  """A batch → ((split, shard index), [(sort key, payload), ...]) per shard it touches."""
+  groups: dict[tuple[str, int], list] = collections.defaultdict(list)
+  for split, key, payload in batch:
+    groups[(split, shard_of(layouts[split], key))].append((key, payload))
+  return groups.items()
 
 
 class _CollectKeys(beam.CombineFn):
@@ -182,10 +233,11 @@ class _WriteShardFn(beam.DoFn):
       shutil.rmtree(self._tmpdir, ignore_errors=True)
 
   def process(self, element, layouts):
-    (split, index), items = element
+    (split, index), groups = element
     layout = layouts[split]
     shard = self._spec.shard_name(split, index, layout.num_shards)
     dest = _fileio.join(self._spec.output, shard.filename)
+    items = [item for group in groups for item in group]
     payloads = [p for _, p in sorted(items, key=lambda kv: kv[0])]
     local = _fileio.local_staging_path(dest, self._tmpdir)
     try:
@@ -209,10 +261,11 @@ class _WriteShardFn(beam.DoFn):
 class _FinalizeFn(beam.DoFn):
   """Checks that every shard is there, then writes errors/, metadata and the manifest."""
 
-  def __init__(self, spec: OutputSpec):
+  def __init__(self, spec: OutputSpec, launcher_rejects: tuple[Reject, ...]):
     self._spec = spec
+    self._launcher_rejects = launcher_rejects
 
-  def process(self, _, shards, layouts, rejects, extra_warnings, expected_inputs):
+  def process(self, _, shards, layouts, rejects, summary: InputSummary | None):
     spec = self._spec
     by_split: dict[str, dict[int, ShardInfo]] = collections.defaultdict(dict)
     for split, index, info in shards:
@@ -232,11 +285,11 @@ class _FinalizeFn(beam.DoFn):
         )
       splits[split] = split_info
 
-    rejects = sorted(rejects)
+    rejects = sorted([*rejects, *self._launcher_rejects])
     written = sum(s.num_records for s in splits.values())
-    if expected_inputs is not None and written + len(rejects) != expected_inputs:
+    if summary is not None and written + len(rejects) != summary.num_inputs:
       raise RuntimeError(
-          f"{expected_inputs} inputs but {written} records + {len(rejects)} rejected: "
+          f"{summary.num_inputs} inputs but {written} records + {len(rejects)} rejected: "
           "an input was lost"
       )
     by_reason = collections.Counter(r.reason.split(":")[0] for r in rejects)
@@ -247,7 +300,7 @@ class _FinalizeFn(beam.DoFn):
         splits=splits,
         rejected=Rejected(len(rejects), dict(by_reason)),
         source=spec.source,
-        warnings=tuple(spec.warnings) + tuple(sorted(extra_warnings)),
+        warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())),
     )
 
     out = spec.output
@@ -272,53 +325,42 @@ class _FinalizeFn(beam.DoFn):
 class WriteOutput(beam.PTransform):
   """records (PCollection[Record]) + rejects (PCollection[Reject]) → a complete output.
 
-  Returns a PCollection with the manifest as a dict (one element).
+      ({"records": records, "rejects": rejects} | WriteOutput(spec, summary=summary))
 
-      ({"records": records, "rejects": rejects} | WriteOutput(spec))
+  `summary` is an optional PCollection holding one `InputSummary`;
+  `launcher_rejects` are inputs the launcher already turned down while planning.
+  Returns a PCollection holding the manifest as a dict.
   """
 
-  def __init__(self, spec: OutputSpec, expected_inputs=None, warnings=None):
+  def __init__(self, spec: OutputSpec, summary=None, launcher_rejects: Sequence[Reject] = ()):
     super().__init__()
     self._spec = spec
-    self._expected_inputs = expected_inputs  # optional PCollection holding one int
-    self._warnings = warnings  # optional PCollection[str]
+    self._summary = summary
+    self._launcher_rejects = tuple(launcher_rejects)
 
   def expand(self, pcolls):
     spec = self._spec
     records, rejects = pcolls["records"], pcolls["rejects"]
-    p = records.pipeline
-    keyed = records | "SortKey" >> beam.Map(
-        lambda r, seed: (r.split, sort_key(seed, r.split, r.key), r.payload), seed=spec.seed
-    )
+    batches = records | "SortKeyAndBatch" >> beam.ParDo(_KeyAndBatch(spec.seed))
     layouts = (
-        keyed
-        | "KeysAndSizes" >> beam.Map(lambda t: (t[0], (t[1], len(t[2]))))
+        batches
+        | "KeysAndSizes" >> beam.FlatMap(lambda batch: [(t[0], (t[1], len(t[2]))) for t in batch])
         | "PlanShards" >> beam.CombinePerKey(_CollectKeys(spec.num_shards, spec.target_shard_bytes))
     )
     shards = (
-        keyed
-        | "AssignShard" >> beam.Map(
-            lambda t, layouts: ((t[0], shard_of(layouts[t[0]], t[1])), (t[1], t[2])),
-            layouts=beam.pvalue.AsDict(layouts),
-        )
+        batches
+        | "AssignShard" >> beam.FlatMap(_assign_shards, layouts=beam.pvalue.AsDict(layouts))
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShard" >> beam.ParDo(_WriteShardFn(spec), layouts=beam.pvalue.AsDict(layouts))
     )
-    warnings = self._warnings if self._warnings is not None else (p | "NoWarnings" >> beam.Create([]))
-    expected = (
-        beam.pvalue.AsSingleton(self._expected_inputs)
-        if self._expected_inputs is not None
-        else None
-    )
     return (
-        p
+        records.pipeline
         | "FinalizeTrigger" >> beam.Create([None])
         | "Finalize" >> beam.ParDo(
-            _FinalizeFn(spec),
+            _FinalizeFn(spec, self._launcher_rejects),
             shards=beam.pvalue.AsList(shards),
             layouts=beam.pvalue.AsDict(layouts),
             rejects=beam.pvalue.AsList(rejects),
-            extra_warnings=beam.pvalue.AsList(warnings),
-            expected_inputs=expected,
+            summary=beam.pvalue.AsSingleton(self._summary) if self._summary is not None else None,
         )
     )

@@ -33,7 +33,7 @@ from formats import naming
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.manifest import MANIFEST_FILENAME, Manifest
 from pipelines import _cli, _imaging
-from pipelines._sink import OutputSpec, Record, Reject, WriteOutput
+from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
 
 PIPELINE = "pipelines.image_folder"
 DEFAULT_SPLIT = "train"
@@ -171,10 +171,11 @@ class _ConvertImageFn(beam.DoFn):
     yield Record(split, rel, payload)
 
 
-def _empty_folder_warnings(_, counts, folders):
-  for split, cls, folder in folders:
-    if not counts.get((split, cls)):
-      yield f"empty class folder: {folder}"
+def _summarize_inputs(_, counts, folders, num_strays) -> InputSummary:
+  """Files found (matched + strays) and a warning per empty class folder."""
+  warnings = tuple(f"empty class folder: {folder}" for split, cls, folder in folders
+                   if not counts.get((split, cls)))
+  return InputSummary(sum(counts.values()) + num_strays, warnings)
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
@@ -265,15 +266,6 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
   converted = files | "Convert" >> beam.ParDo(
       _ConvertImageFn(layout.root, layout.layout, layout.class_names, features, opts)
   ).with_outputs(_ConvertImageFn.REJECTS, main="records")
-  strays = p | "StrayFiles" >> beam.Create(
-      [Reject(f, "not inside a class folder") for f in layout.stray_files]
-  )
-  rejects = (converted[_ConvertImageFn.REJECTS], strays) | "AllRejects" >> beam.Flatten()
-  num_inputs = (
-      files
-      | "CountFiles" >> beam.combiners.Count.Globally()
-      | "AddStrays" >> beam.Map(lambda n, k: n + k, len(layout.stray_files))
-  )
   root_prefix = layout.root.rstrip("/") + "/"
   per_folder = (
       files
@@ -282,14 +274,16 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
           split_layout=layout.layout == "splits")
       | "CountPerFolder" >> beam.combiners.Count.PerElement()
   )
-  warnings = (
+  summary = (
       p
-      | "CheckFolders" >> beam.Create([None])
-      | "EmptyFolders" >> beam.FlatMap(
-          _empty_folder_warnings, counts=beam.pvalue.AsDict(per_folder), folders=folders)
+      | "SummaryTrigger" >> beam.Create([None])
+      | "SummarizeInputs" >> beam.Map(
+          _summarize_inputs, counts=beam.pvalue.AsDict(per_folder), folders=folders,
+          num_strays=len(layout.stray_files))
   )
-  return {"records": converted.records, "rejects": rejects} | "Write" >> WriteOutput(
-      spec, expected_inputs=num_inputs, warnings=warnings
+  strays = [Reject(f, "not inside a class folder") for f in layout.stray_files]
+  return {"records": converted.records, "rejects": converted[_ConvertImageFn.REJECTS]} | "Write" >> WriteOutput(
+      spec, summary=summary, launcher_rejects=strays
   )
 
 

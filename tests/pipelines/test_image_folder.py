@@ -125,6 +125,17 @@ def test_split_layout_tfrecord_with_empty_class_folder(split_folder, tmp_path):
   assert os.path.basename(m.splits["train"].shards[0].path).startswith("pets_split-train.tfrecord-00000-of-")
 
 
+def test_files_outside_class_folders_are_rejected_not_dropped(class_folder, tmp_path):
+  import shutil
+  src = str(tmp_path / "pets")
+  shutil.copytree(class_folder, src)
+  open(os.path.join(src, "README.txt"), "w").write("about these pets\n")
+  m = convert(src, str(tmp_path / "out"))
+  errors = [json.loads(l) for l in open(tmp_path / "out" / "errors" / "rejected.jsonl")]
+  assert {"input": os.path.join(src, "README.txt"), "reason": "not inside a class folder", "split": ""} in errors
+  assert m.rejected.count == CORRUPT + 1 and m.splits["train"].num_records == len(CLASSES) * PER_CLASS
+
+
 def test_raw_encoding_fixed_size(class_folder, tmp_path):
   out = str(tmp_path / "out")
   m = convert(class_folder, out, "--encoding=raw", "--image_size=24,32", "--format=tfrecord", "--num_shards=2")

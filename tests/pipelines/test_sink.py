@@ -99,8 +99,8 @@ def test_a_retried_shard_write_leaves_one_identical_file(tmp_path):
   items = [(sort_key(0, "train", k), features.encode({"t": k})) for k in "ab"]
   fn = _WriteShardFn(spec)
   fn.setup()
-  first = list(fn.process((("train", 0), list(items)), {"train": layout}))
-  second = list(fn.process((("train", 0), list(reversed(items))), {"train": layout}))
+  first = list(fn.process((("train", 0), [items]), {"train": layout}))
+  second = list(fn.process((("train", 0), [items[1:], items[:1]]), {"train": layout}))
   fn.teardown()
   assert first == second and first[0][2].num_records == 2
   assert os.listdir(out) == ["d-train.array_record-00000-of-00001"]
@@ -121,6 +121,6 @@ def test_a_failed_shard_write_leaves_no_partial_file(tmp_path, monkeypatch):
   fn = _WriteShardFn(spec)
   fn.setup()
   with pytest.raises(OSError, match="disk full"):
-    list(fn.process((("train", 0), [(sort_key(0, "train", "a"), b"x")]), {"train": layout}))
+    list(fn.process((("train", 0), [[(sort_key(0, "train", "a"), b"x")]]), {"train": layout}))
   fn.teardown()
   assert os.listdir(out) == []
