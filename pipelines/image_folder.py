@@ -171,6 +171,15 @@ class _ConvertImageFn(beam.DoFn):
     yield Record(split, rel, payload)
 
 
+def image_features(class_names: Sequence[str], options: _imaging.ImageOptions) -> Features:
+  """The records' schema: `image` (JPEG, or raw uint8 HxWx3), `label`, `file_name`."""
+  if options.encoding == "raw":
+    image = Tensor(shape=(*options.size, 3), dtype="uint8")
+  else:
+    image = Image(shape=(*options.size, 3) if options.size else (None, None, 3), encoding="jpeg")
+  return Features({"image": image, "label": ClassLabel(class_names), "file_name": Text()})
+
+
 def _summarize_inputs(_, counts, folders, num_strays) -> InputSummary:
   """Files found (matched + strays) and a warning per empty class folder."""
   warnings = tuple(f"empty class folder: {folder}" for split, cls, folder in folders
@@ -235,11 +244,7 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
     if _GLOB_CHARS.search(c):
       raise _cli.UsageError(f"class folder name {c!r} contains glob characters (*?[]); rename it")
   opts: _imaging.ImageOptions = args["image_options"]
-  if opts.encoding == "raw":
-    image_feature = Tensor(shape=(*opts.size, 3), dtype="uint8")
-  else:
-    image_feature = Image(shape=(*opts.size, 3) if opts.size else (None, None, 3), encoding="jpeg")
-  features = Features({"image": image_feature, "label": ClassLabel(layout.class_names), "file_name": Text()})
+  features = image_features(layout.class_names, opts)
   splits = tuple(sorted(layout.class_dirs))
   for s in splits:
     try:

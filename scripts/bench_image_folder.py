@@ -30,7 +30,6 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from formats import arrayrecord, naming, tfrecord  # noqa: E402
-from formats.features import ClassLabel, Features, Image, Tensor, Text  # noqa: E402
 from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
 from pipelines import _imaging, image_folder  # noqa: E402
 from pipelines._sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
@@ -86,11 +85,7 @@ def run_loop(root: str, output: str, options: _imaging.ImageOptions, file_format
   files = _list_images(root)
   class_names = sorted({c for c, _ in files})
   labels = {c: i for i, c in enumerate(class_names)}
-  if options.encoding == "raw":
-    image_feature = Tensor(shape=(*options.size, 3), dtype="uint8")
-  else:
-    image_feature = Image(shape=(*options.size, 3) if options.size else (None, None, 3), encoding="jpeg")
-  features = Features({"image": image_feature, "label": ClassLabel(class_names), "file_name": Text()})
+  features = image_folder.image_features(class_names, options)
   payloads = []
   for cls, rel in files:
     with open(os.path.join(root, rel), "rb") as f:
