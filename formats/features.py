@@ -60,39 +60,86 @@ class Image:
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
-  """A fixed-shape array stored as its raw little-endian bytes (TFDS `Tensor`, encoding=bytes)."""
+  """An array, as TFDS `Tensor` stores it.
 
-  shape: tuple[int, ...]
+  encoding="bytes": the raw little-endian bytes in a bytes_list; a shape with more
+  than one unknown dimension is stored beside it (`<name>/shape`, `<name>/value`,
+  as TFDS does). encoding="none": the values in an int64_list or float_list (a
+  fixed, small shape: spacing, a 3x3 matrix, a scalar).
+  """
+
+  shape: tuple[int | None, ...]
   dtype: str = "uint8"
+  encoding: str = "bytes"
   kind: ClassVar[str] = "tensor"
 
   def __post_init__(self):
-    if any(d is None or d < 0 for d in self.shape):
-      raise ValueError(f"Tensor shape must be fully known, got {self.shape}")
-    np.dtype(self.dtype)  # raises TypeError for an unknown dtype
+    object.__setattr__(self, "shape", tuple(self.shape))
+    dt = np.dtype(self.dtype)  # raises TypeError for an unknown dtype
+    if self.encoding not in ("bytes", "none"):
+      raise ValueError(f"Tensor encoding must be bytes or none, got {self.encoding!r}")
+    if any(d is not None and d < 0 for d in self.shape):
+      raise ValueError(f"Tensor shape entries must be >= 0 or None, got {self.shape}")
+    if self.encoding == "none":
+      if None in self.shape:
+        raise ValueError(f"Tensor(encoding='none') needs a fully known shape, got {self.shape}")
+      if dt.kind not in "iuf":
+        raise ValueError(f"Tensor(encoding='none') holds numbers, got dtype {self.dtype}")
 
   @property
   def _le_dtype(self) -> np.dtype:
     return np.dtype(self.dtype).newbyteorder("<")
 
-  def encode(self, value: np.ndarray | bytes) -> bytes:
-    if not isinstance(value, (bytes, bytearray)):
-      arr = np.asarray(value)
-      if tuple(arr.shape) != tuple(self.shape):
-        raise ValueError(f"Tensor expects shape {self.shape}, got {arr.shape}")
-      value = arr.astype(self._le_dtype, copy=False).tobytes()
-    return example_lib.bytes_feature(value)
+  @property
+  def dynamic(self) -> bool:
+    return self.shape.count(None) > 1
 
-  def decode(self, value) -> np.ndarray:
-    return np.frombuffer(value[0], dtype=self._le_dtype).reshape(self.shape)
+  def _check_shape(self, arr: np.ndarray) -> None:
+    if len(arr.shape) != len(self.shape) or any(
+        d is not None and d != a for d, a in zip(self.shape, arr.shape)):
+      raise ValueError(f"Tensor expects shape {self.shape}, got {arr.shape}")
+
+  def encode_into(self, name: str, value) -> dict[str, bytes]:
+    if self.encoding == "none":
+      arr = np.asarray(value)
+      self._check_shape(arr)
+      if np.dtype(self.dtype).kind == "f":
+        return {name: example_lib.float_feature(arr)}
+      return {name: example_lib.int64_feature(arr.astype(np.int64))}
+    if isinstance(value, (bytes, bytearray)):
+      if self.dynamic:
+        raise ValueError("a Tensor with unknown dimensions needs an array, not bytes")
+      return {name: example_lib.bytes_feature(value)}
+    arr = np.asarray(value)
+    if arr.dtype != np.dtype(self.dtype):
+      raise ValueError(f"Tensor expects dtype {self.dtype}, got {arr.dtype}")
+    self._check_shape(arr)
+    data = np.ascontiguousarray(arr, dtype=self._le_dtype).tobytes()
+    if self.dynamic:
+      return {f"{name}/shape": example_lib.int64_feature(np.array(arr.shape, np.int64)),
+              f"{name}/value": example_lib.bytes_feature(data)}
+    return {name: example_lib.bytes_feature(data)}
+
+  def decode_from(self, name: str, raw) -> np.ndarray:
+    if self.encoding == "none":
+      return np.asarray(raw[name]).astype(self.dtype).reshape(self.shape)
+    if self.dynamic:
+      shape = tuple(int(d) for d in raw[f"{name}/shape"])
+      return np.frombuffer(raw[f"{name}/value"][0], dtype=self._le_dtype).reshape(shape)
+    shape = tuple(-1 if d is None else d for d in self.shape)
+    return np.frombuffer(raw[name][0], dtype=self._le_dtype).reshape(shape)
+
+  def keys(self, name: str) -> tuple[str, ...]:
+    return (f"{name}/shape", f"{name}/value") if self.dynamic else (name,)
 
   def to_json(self) -> dict:
-    return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "encoding": "bytes"}
+    return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "encoding": self.encoding}
 
   def to_tfds(self) -> dict:
+    shape = _dims(self.shape) if self.shape else {}
     return {
         "pythonClassName": _TFDS + "tensor_feature.Tensor",
-        "tensor": {"shape": _dims(self.shape), "dtype": self.dtype, "encoding": "bytes"},
+        "tensor": {"shape": shape, "dtype": self.dtype, "encoding": self.encoding},
     }
 
 
@@ -155,12 +202,28 @@ class Text:
 Feature = Image | Tensor | ClassLabel | Text
 
 
+def _encode_into(spec: Feature, name: str, value) -> dict[str, bytes]:
+  if isinstance(spec, Tensor):
+    return spec.encode_into(name, value)
+  return {name: spec.encode(value)}
+
+
+def _decode_from(spec: Feature, name: str, raw) -> Any:
+  if isinstance(spec, Tensor):
+    return spec.decode_from(name, raw)
+  return spec.decode(raw[name])
+
+
+def _keys(spec: Feature, name: str) -> tuple[str, ...]:
+  return spec.keys(name) if isinstance(spec, Tensor) else (name,)
+
+
 def feature_from_json(d: Mapping[str, Any]) -> Feature:
   kind = d.get("kind")
   if kind == "image":
     return Image(shape=tuple(d["shape"]), encoding=d["encoding"])
   if kind == "tensor":
-    return Tensor(shape=tuple(d["shape"]), dtype=d["dtype"])
+    return Tensor(shape=tuple(d["shape"]), dtype=d["dtype"], encoding=d.get("encoding", "bytes"))
   if kind == "class_label":
     return ClassLabel(names=tuple(d["names"]))
   if kind == "text":
@@ -195,15 +258,18 @@ class Features(Mapping[str, Feature]):
     extra = set(values) - set(self._specs)
     if missing or extra:
       raise ValueError(f"record keys differ from the features: missing {sorted(missing)}, extra {sorted(extra)}")
-    return example_lib.encode_example({k: spec.encode(values[k]) for k, spec in self._specs.items()})
+    encoded: dict[str, bytes] = {}
+    for k, spec in self._specs.items():
+      encoded.update(_encode_into(spec, k, values[k]))
+    return example_lib.encode_example(encoded)
 
   def decode(self, record: bytes) -> dict[str, Any]:
     """The values of one serialized Example (raises ValueError on malformed bytes)."""
     raw = example_lib.decode_example(record)
-    missing = set(self._specs) - set(raw)
+    missing = {key for k, spec in self._specs.items() for key in _keys(spec, k)} - set(raw)
     if missing:
       raise ValueError(f"record lacks features {sorted(missing)}")
-    return {k: spec.decode(raw[k]) for k, spec in self._specs.items()}
+    return {k: _decode_from(spec, k, raw) for k, spec in self._specs.items()}
 
   def to_json(self) -> dict:
     return {k: v.to_json() for k, v in self._specs.items()}

@@ -27,7 +27,7 @@ def test_features_validate_values():
   with pytest.raises(ValueError, match="outside"):
     FEATURES["label"].encode(2)
   with pytest.raises(ValueError, match="shape"):
-    FEATURES["pixels"].encode(np.zeros((3, 3, 3), np.uint8))
+    FEATURES["pixels"].encode_into("pixels", np.zeros((3, 3, 3), np.uint8))
   with pytest.raises(ValueError, match="missing"):
     FEATURES.encode({"image": b""})
   with pytest.raises(ValueError, match="unique"):
@@ -77,3 +77,29 @@ def test_arrayrecord_write_read(tmp_path):
   reader = arrayrecord.open_reader(path)
   assert reader.read([49, 3]) == [records[49], records[3]]
   reader.close()
+
+
+def test_tensor_kinds_round_trip():
+  feats = Features({
+      "volume": Tensor(shape=(None, None, None), dtype="int16"),
+      "spacing": Tensor(shape=(3,), dtype="float32", encoding="none"),
+      "direction": Tensor(shape=(3, 3), dtype="float32", encoding="none"),
+      "num_slices": Tensor(shape=(), dtype="int64", encoding="none"),
+  })
+  vol = (np.arange(2 * 3 * 4) - 12).astype(np.int16).reshape(2, 3, 4)
+  rec = feats.encode({"volume": vol, "spacing": [1.25, 0.7, 0.7], "direction": np.eye(3), "num_slices": 2})
+  got = feats.decode(rec)
+  np.testing.assert_array_equal(got["volume"], vol)
+  assert got["volume"].dtype == np.int16
+  np.testing.assert_allclose(got["spacing"], [1.25, 0.7, 0.7])
+  assert got["direction"].shape == (3, 3) and int(got["num_slices"]) == 2
+  assert Features.from_json(feats.to_json()) == feats
+  with pytest.raises(ValueError, match="dtype"):
+    feats["volume"].encode_into("volume", vol.astype(np.float32))
+
+
+def test_tensor_tfds_json():
+  assert Tensor(shape=(), dtype="int64", encoding="none").to_tfds()["tensor"] == {
+      "shape": {}, "dtype": "int64", "encoding": "none"}
+  assert Tensor(shape=(None, None, None), dtype="int16").to_tfds()["tensor"]["shape"] == {
+      "dimensions": ["-1", "-1", "-1"]}
