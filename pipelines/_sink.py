@@ -56,19 +56,25 @@ DEFAULT_TARGET_SHARD_BYTES = 128 << 20
 
 
 class Record(NamedTuple):
-  """One output record: `key` is unique within the split (for example the input path)."""
+  """One output record: `key` is unique within the split (for example the input path).
+
+  `num_inputs` is how many input units (files, or frames of multi-frame files)
+  it was made from, for the accounting Finalize checks.
+  """
 
   split: str
   key: str
   payload: bytes
+  num_inputs: int = 1
 
 
 class Reject(NamedTuple):
-  """An input that did not become a record, and why."""
+  """An input that did not become a record, and why; `units` as in `Record.num_inputs`."""
 
   input: str
   reason: str
   split: str = ""
+  units: int = 1
 
   def to_json(self) -> dict:
     return {"input": self.input, "reason": self.reason, "split": self.split}
@@ -77,8 +83,9 @@ class Reject(NamedTuple):
 class InputSummary(NamedTuple):
   """What a pipeline found in its input, checked against what was written.
 
-  `num_inputs` must equal records written + rejects, or Finalize fails the job:
-  an input was lost. `warnings` go to the manifest.
+  `num_inputs` (input units: files, or frames) must equal the units of the
+  records written plus those of the rejects, or Finalize fails the job: an
+  input was lost. `warnings` go to the manifest.
   """
 
   num_inputs: int
@@ -90,6 +97,7 @@ class _Layout(NamedTuple):
   num_bytes: int
   num_shards: int
   boundaries: tuple[bytes, ...]  # first sort key of shards 1..n-1
+  num_inputs: int = 0  # input units the records were made from
 
 
 def sort_key(seed: int, split: str, key: str) -> bytes:
@@ -98,7 +106,8 @@ def sort_key(seed: int, split: str, key: str) -> bytes:
 
 
 def plan_shards(
-    sort_keys: Sequence[bytes], num_bytes: int, num_shards: int, target_shard_bytes: int
+    sort_keys: Sequence[bytes], num_bytes: int, num_shards: int, target_shard_bytes: int,
+    num_inputs: int = 0,
 ) -> _Layout:
   """Shard boundaries giving shards whose record counts differ by at most one.
 
@@ -107,11 +116,11 @@ def plan_shards(
   keys = sorted(sort_keys)
   n = len(keys)
   if n == 0:
-    return _Layout(0, 0, 0, ())
+    return _Layout(0, 0, 0, (), num_inputs)
   shards = num_shards or max(1, math.ceil(num_bytes / target_shard_bytes))
   shards = min(shards, n)
   boundaries = tuple(keys[i * n // shards] for i in range(1, shards))
-  return _Layout(n, num_bytes, shards, boundaries)
+  return _Layout(n, num_bytes, shards, boundaries, num_inputs)
 
 
 def shard_of(layout: _Layout, key: bytes) -> int:
@@ -135,7 +144,7 @@ class _KeyAndBatch(beam.DoFn):
     self._batch, self._bytes = [], 0
 
   def process(self, r: Record):
-    self._batch.append((r.split, sort_key(self._seed, r.split, r.key), r.payload))
+    self._batch.append((r.split, sort_key(self._seed, r.split, r.key), r.payload, r.num_inputs))
     self._bytes += len(r.payload)
     if self._bytes >= self.MAX_BYTES or len(self._batch) >= self.MAX_RECORDS:
       yield self._flush()
@@ -152,36 +161,37 @@ class _KeyAndBatch(beam.DoFn):
 def _assign_shards(batch, layouts):
   """A batch → ((split, shard index), [(sort key, payload), ...]) per shard it touches."""
   groups: dict[tuple[str, int], list] = collections.defaultdict(list)
-  for split, key, payload in batch:
+  for split, key, payload, _ in batch:
     groups[(split, shard_of(layouts[split], key))].append((key, payload))
   return groups.items()
 
 
 class _CollectKeys(beam.CombineFn):
-  """Per split: all sort keys and the payload bytes, combined into a `_Layout`."""
+  """Per split: all sort keys, payload bytes and input units, combined into a `_Layout`."""
 
   def __init__(self, num_shards: int, target_shard_bytes: int):
     self._num_shards = num_shards
     self._target = target_shard_bytes
 
   def create_accumulator(self):
-    return [], 0
+    return [], 0, 0
 
   def add_input(self, acc, element):
-    keys, nbytes = acc
+    keys, nbytes, inputs = acc
     keys.append(element[0])
-    return keys, nbytes + element[1]
+    return keys, nbytes + element[1], inputs + element[2]
 
   def merge_accumulators(self, accs):
     accs = iter(accs)
-    keys, nbytes = next(accs)
-    for k, b in accs:
+    keys, nbytes, inputs = next(accs)
+    for k, b, i in accs:
       keys.extend(k)
       nbytes += b
-    return keys, nbytes
+      inputs += i
+    return keys, nbytes, inputs
 
   def extract_output(self, acc):
-    return plan_shards(acc[0], acc[1], self._num_shards, self._target)
+    return plan_shards(acc[0], acc[1], self._num_shards, self._target, acc[2])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,8 +275,8 @@ class _FinalizeFn(beam.DoFn):
     self._spec = spec
     self._launcher_rejects = launcher_rejects
 
-  def process(self, _, shards, layouts, rejects, summary: InputSummary | None):
-    spec = self._spec
+  def process(self, _, shards, layouts, rejects, summary: InputSummary | None, features: Features | None):
+    spec = self._spec if features is None else dataclasses.replace(self._spec, features=features)
     by_split: dict[str, dict[int, ShardInfo]] = collections.defaultdict(dict)
     for split, index, info in shards:
       by_split[split][index] = info
@@ -286,11 +296,12 @@ class _FinalizeFn(beam.DoFn):
       splits[split] = split_info
 
     rejects = sorted([*rejects, *self._launcher_rejects])
-    written = sum(s.num_records for s in splits.values())
-    if summary is not None and written + len(rejects) != summary.num_inputs:
+    used = sum(layout.num_inputs for layout in layouts.values())
+    rejected_units = sum(r.units for r in rejects)
+    if summary is not None and used + rejected_units != summary.num_inputs:
       raise RuntimeError(
-          f"{summary.num_inputs} inputs but {written} records + {len(rejects)} rejected: "
-          "an input was lost"
+          f"{summary.num_inputs} input units but {used} in records + {rejected_units} rejected: "
+          "an input was lost or counted twice"
       )
     by_reason = collections.Counter(r.reason.split(":")[0] for r in rejects)
     manifest = Manifest(
@@ -328,15 +339,19 @@ class WriteOutput(beam.PTransform):
       ({"records": records, "rejects": rejects} | WriteOutput(spec, summary=summary))
 
   `summary` is an optional PCollection holding one `InputSummary`;
-  `launcher_rejects` are inputs the launcher already turned down while planning.
+  `launcher_rejects` are inputs the launcher already turned down while planning;
+  `features`, an optional PCollection holding one `Features`, replaces
+  `spec.features` in the metadata when the schema is only known at run time.
   Returns a PCollection holding the manifest as a dict.
   """
 
-  def __init__(self, spec: OutputSpec, summary=None, launcher_rejects: Sequence[Reject] = ()):
+  def __init__(self, spec: OutputSpec, summary=None, launcher_rejects: Sequence[Reject] = (),
+               features=None):
     super().__init__()
     self._spec = spec
     self._summary = summary
     self._launcher_rejects = tuple(launcher_rejects)
+    self._features = features
 
   def expand(self, pcolls):
     spec = self._spec
@@ -344,7 +359,7 @@ class WriteOutput(beam.PTransform):
     batches = records | "SortKeyAndBatch" >> beam.ParDo(_KeyAndBatch(spec.seed))
     layouts = (
         batches
-        | "KeysAndSizes" >> beam.FlatMap(lambda batch: [(t[0], (t[1], len(t[2]))) for t in batch])
+        | "KeysAndSizes" >> beam.FlatMap(lambda batch: [(t[0], (t[1], len(t[2]), t[3])) for t in batch])
         | "PlanShards" >> beam.CombinePerKey(_CollectKeys(spec.num_shards, spec.target_shard_bytes))
     )
     shards = (
@@ -362,5 +377,6 @@ class WriteOutput(beam.PTransform):
             layouts=beam.pvalue.AsDict(layouts),
             rejects=beam.pvalue.AsList(rejects),
             summary=beam.pvalue.AsSingleton(self._summary) if self._summary is not None else None,
+            features=beam.pvalue.AsSingleton(self._features) if self._features is not None else None,
         )
     )

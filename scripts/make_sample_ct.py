@@ -229,6 +229,9 @@ def _apply_phi(ds: Dataset, phi: dict[str, str]) -> None:
   ds.InstitutionName = phi["InstitutionName"]
   ds.ReferringPhysicianName = phi["ReferringPhysicianName"]
   ds.PatientAddress = phi["PatientAddress"]
+  for kw in ("PerformingPhysicianName", "NameOfPhysiciansReadingStudy", "OperatorsName"):
+    if kw in ds:  # eCT_Supplemental has real-looking names here
+      setattr(ds, kw, phi["ReferringPhysicianName"])
   other = Dataset()
   other.PatientID = phi["OtherPatientID"]
   other.TypeOfPatientID = "TEXT"
@@ -275,7 +278,7 @@ def _save(ds: Dataset, path: str, transfer_syntax: str, stored: np.ndarray | Non
     raise ValueError(f"transfer_syntax={transfer_syntax!r}, expected one of {sorted(TRANSFER_SYNTAXES)}")
   tmp = path + ".partial"
   if transfer_syntax in _COMPRESSED_BY_PYDICOM and stored is not None:
-    ds.compress(TRANSFER_SYNTAXES[transfer_syntax], stored)
+    ds.compress(TRANSFER_SYNTAXES[transfer_syntax], stored, generate_instance_uid=False)
     ds.save_as(tmp, enforce_file_format=True)
   elif transfer_syntax == "jpeg_lossless" and stored is not None:
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
@@ -356,7 +359,9 @@ def _truth_dtype(truth: np.ndarray, rescales: Sequence[tuple[float, float]]) -> 
 # ---------------------------------------------------------------- series writer
 
 
-def _geometry(orientation: Sequence[float], pixel_spacing: Sequence[float]) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+def _geometry(
+  orientation: Sequence[float], pixel_spacing: Sequence[float],
+) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
   """(IOP strings, direction rows, PixelSpacing strings, parsed spacing)."""
   iop_s, iop = _ds_list(orientation)
   row, col = iop[:3], iop[3:]
@@ -450,7 +455,7 @@ def write_series(
   base.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
   base.SOPClassUID = CTImageStorage
   base.StudyInstanceUID, base.SeriesInstanceUID, base.FrameOfReferenceUID = study_uid, series_uid, frame_uid
-  base.StudyID = f"S{int(rng.integers(1000, 9999))}"
+  base.StudyID = "S" + phi["AccessionNumber"][-5:]
   base.StudyDescription = "CT CHEST ABDOMEN"
   base.SeriesDescription = series_description
   base.SeriesNumber = series_number
@@ -484,7 +489,7 @@ def write_series(
     rescales.append((s, b))
     ipp_s, ipp = _ds_list(np.asarray(origin, dtype=float) + k * slice_spacing * normal)
     origin_ds = ipp if k == 0 else origin_ds
-    ds = copy.deepcopy(base)
+    ds = base  # every per-slice tag is set below; copying the header costs more than writing it
     ds.SOPInstanceUID = _uid(rng)
     ds.InstanceNumber = int(instance_of[k])
     ds.ImagePositionPatient = ipp_s
@@ -723,7 +728,9 @@ def write_dose_report(out_dir: str, *, rng: np.random.Generator, phi: dict[str, 
                      expected=NO_PIXEL_DATA, phi=phi, note="dose SR, no PixelData")
 
 
-def write_secondary_capture(out_dir: str, *, rng: np.random.Generator, phi: dict[str, str], study_uid: str) -> SeriesTruth:
+def write_secondary_capture(
+  out_dir: str, *, rng: np.random.Generator, phi: dict[str, str], study_uid: str,
+) -> SeriesTruth:
   """A dose screen capture: Secondary Capture, Modality CT, RGB, no geometry."""
   os.makedirs(out_dir, exist_ok=True)
   ds = _study_header(rng, phi, study_uid, SecondaryCaptureImageStorage)
@@ -935,7 +942,9 @@ def truth_from_enhanced(path: str, name: str = "") -> SeriesTruth:
     transfer_syntax=str(ds.file_meta.TransferSyntaxUID), note="Enhanced CT (truth from functional groups)")
 
 
-def copy_enhanced_testdata(out_dir: str, *, rng: np.random.Generator, phi: dict[str, str], study_uid: str) -> SeriesTruth:
+def copy_enhanced_testdata(
+  out_dir: str, *, rng: np.random.Generator, phi: dict[str, str], study_uid: str,
+) -> SeriesTruth:
   """pydicom-data's eCT_Supplemental.dcm (2 frames, 512x512, IOP -1,0,0,0,1,0) as our patient.
 
   Identity and UIDs replaced; truth from its functional groups. The frames
@@ -945,8 +954,6 @@ def copy_enhanced_testdata(out_dir: str, *, rng: np.random.Generator, phi: dict[
   os.makedirs(out_dir, exist_ok=True)
   ds = copy.deepcopy(_template("eCT_Supplemental.dcm"))
   _apply_phi(ds, phi)
-  for kw in ("PerformingPhysicianName", "NameOfPhysiciansReadingStudy", "OperatorsName"):
-    setattr(ds, kw, phi["ReferringPhysicianName"])
   ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study_uid, _uid(rng), _uid(rng)
   ds.SOPInstanceUID = _uid(rng)
   ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
@@ -1015,7 +1022,8 @@ def make_mixed_tree(out_dir: str, seed: int = 0) -> list[SeriesTruth]:
   s1b = _uid(rng)
   p1b = dict(p1, AccessionNumber=f"ACC{int(rng.integers(10**6, 10**7))}")
   truths += write_contrast_phases(sub("e"), rng=rng, patient_id="SYN0001", phi=p1b, study_uid=s1b,
-                                  name="p1_phases", series_number=5)
+                                  name="p1_phases", series_number=5,
+                                  origin=(-40.0, -60.0, -310.5))
   truths.append(write_series(sub("f"), rng=rng, patient_id="SYN0001", phi=p1b, study_uid=s1b, name="p1_rle",
                              num_slices=10, transfer_syntax="rle", pixel_padding_value=-2000, series_number=6))
 
@@ -1025,9 +1033,10 @@ def make_mixed_tree(out_dir: str, seed: int = 0) -> list[SeriesTruth]:
   kw2 = dict(rng=rng, patient_id="SYN0002", phi=p2, study_uid=s2)
   truths.append(write_series(sub("g"), **kw2, name="p2_oblique_j2k", num_slices=14, orientation=OBLIQUE,
                              instance_numbers="shuffled", transfer_syntax="jpeg2000", series_number=2,
-                             pixel_spacing=(0.75, 0.65)))
+                             pixel_spacing=(0.75, 0.65), origin=(-31.5, 12.25, 80.0)))
   truths.append(write_series(sub("h"), **kw2, name="p2_jpegls_slopes", num_slices=10, transfer_syntax="jpegls",
-                             slopes_per_slice=[1.0 + (k % 3 == 1) for k in range(10)], series_number=3))
+                             slopes_per_slice=[1.0 + (k % 3 == 1) for k in range(10)], series_number=3,
+                             origin=(-10.0, -5.5, 120.0)))
   truths.append(write_series(sub("i"), **kw2, name="p2_jpeg_lossless_u12", num_slices=10,
                              transfer_syntax="jpeg_lossless", bits_stored=12, pixel_representation=0,
                              descending=True, series_number=4))

@@ -1,0 +1,257 @@
+"""CT series → geometry plan → Hounsfield volume. Pure functions, no Beam.
+
+`plan_volumes` turns the headers of one candidate series into volume plans
+(sorted slices and geometry) or per-file rejections; it never touches pixels.
+`read_volume` then decodes the planned slices into one [depth, rows, columns]
+HU array. The rules (see docs/ct_volumes.md):
+
+- stacks: a series whose positions repeat is split by acquisition / temporal
+  position (contrast phases) when that separates the repeats;
+- order: by position along the slice normal, normal = row × column cosines,
+  position = normal · ImagePositionPatient; InstanceNumber only when no slice
+  has a position (and SpacingBetweenSlices gives the spacing), flagged;
+- z spacing from the sorted positions, never SliceThickness; gaps that differ
+  from the mean by more than `tolerance` reject the series (missing slice or
+  irregular spacing), so does a stack that is not along its normal (gantry tilt);
+- duplicates (same position): identical pixels → dropped; different → rejected;
+- HU = stored × slope + intercept per slice, stored values masked to BitsStored,
+  PixelPaddingValue (range) on stored values → -1024.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+import dataclasses
+import math
+from typing import BinaryIO
+
+import numpy as np
+import pydicom
+
+from pipelines._ct_headers import SliceHeader
+
+PADDING_HU = -1024
+DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
+MAX_TILT_DEGREES = 0.1
+DEFAULT_TOLERANCE = 0.01
+
+
+class SeriesRejected(Exception):
+  """The whole stack is rejected; str(e) is the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumePlan:
+  series_id: str
+  patient_id: str
+  stack: str  # "" or the acquisition/temporal label that separated it
+  slices: tuple[SliceHeader, ...]  # in volume order
+  duplicates: tuple[tuple[int, SliceHeader], ...]  # (index in slices it duplicates, the copy)
+  spacing: tuple[float, float, float]  # (z, y, x) mm
+  origin: tuple[float, float, float]  # LPS mm of voxel [0, 0, 0]
+  direction: tuple[float, ...]  # 3x3 row-major; columns: row cosines, column cosines, slice direction
+  sorted_by: str  # "position" or "instance_number"
+
+  @property
+  def key(self) -> str:
+    return f"{self.series_id}/{self.stack}" if self.stack else self.series_id
+
+  @property
+  def files(self) -> list[str]:
+    return sorted({s.path for s in self.slices} | {d.path for _, d in self.duplicates})
+
+  @property
+  def integral_rescale(self) -> bool:
+    return all(float(s.slope).is_integer() and float(s.intercept).is_integer() for s in self.slices)
+
+
+def _normal(orientation: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  row, col = np.asarray(orientation[:3], float), np.asarray(orientation[3:], float)
+  if abs(np.linalg.norm(row) - 1) > 1e-3 or abs(np.linalg.norm(col) - 1) > 1e-3 or abs(row @ col) > 1e-3:
+    raise SeriesRejected("invalid ImageOrientationPatient (cosines not orthonormal)")
+  normal = np.cross(row, col)
+  return row, col, normal / np.linalg.norm(normal)
+
+
+def _stacks(slices: Sequence[SliceHeader]) -> dict[str, list[SliceHeader]]:
+  """Splits by acquisition label when that removes repeated positions (contrast phases)."""
+  def repeats(group):
+    positions = [tuple(np.round(s.position, 2)) for s in group if s.position is not None]
+    return len(positions) - len(set(positions))
+
+  total = repeats(slices)
+  if total == 0:
+    return {"": list(slices)}
+  by_label: dict[str, list[SliceHeader]] = collections.defaultdict(list)
+  for s in slices:
+    by_label[s.acquisition].append(s)
+  if len(by_label) > 1 and sum(repeats(g) for g in by_label.values()) < total:
+    return dict(by_label)
+  return {"": list(slices)}
+
+
+def _plan_stack(slices: list[SliceHeader], stack: str, tolerance: float) -> VolumePlan:
+  first = slices[0]
+  if len({s.patient_id for s in slices}) > 1:
+    raise SeriesRejected("one series holds several patients")
+  row, col, normal = _normal(first.orientation)
+  if all(s.position is None for s in slices):
+    return _plan_by_instance_number(slices, stack, row, col, normal)
+  d = np.array([normal @ np.asarray(s.position) for s in slices])
+  order = sorted(range(len(slices)), key=lambda i: (d[i], slices[i].instance_number or 0, slices[i].path,
+                                                    slices[i].frame or 0))
+  kept: list[int] = []
+  duplicates: list[tuple[int, SliceHeader]] = []
+  for i in order:
+    if kept and abs(d[i] - d[kept[-1]]) < DUPLICATE_MM:
+      duplicates.append((len(kept) - 1, slices[i]))
+    else:
+      kept.append(i)
+  if len(kept) < 2:
+    raise SeriesRejected(f"a single slice position ({len(slices)} file(s)): not a volume")
+  z = d[kept]
+  gaps = np.diff(z)
+  mean = (z[-1] - z[0]) / (len(kept) - 1)
+  median = float(np.median(gaps))
+  if np.max(np.abs(gaps - mean)) > tolerance * mean:
+    ratios = gaps / median
+    whole = np.round(ratios)
+    if np.all(np.abs(ratios - whole) <= tolerance * whole) and whole.max() >= 2:
+      missing = int((whole - 1).sum())
+      at = int(np.argmax(whole))
+      raise SeriesRejected(
+          f"missing slice(s): {missing} missing, e.g. a gap of {gaps[at]:.3f} mm after position "
+          f"{z[at]:.3f} mm where the spacing is {median:.3f} mm")
+    raise SeriesRejected(
+        f"irregular slice spacing: gaps from {gaps.min():.3f} to {gaps.max():.3f} mm (tolerance {tolerance:.0%})")
+  p0, p1 = np.asarray(slices[kept[0]].position), np.asarray(slices[kept[-1]].position)
+  v = p1 - p0
+  along = float(v @ normal)
+  perp = float(np.linalg.norm(v - along * normal))
+  tilt = math.degrees(math.atan2(perp, abs(along)))
+  if tilt > MAX_TILT_DEGREES:
+    raise SeriesRejected(f"gantry tilt: the stack runs {tilt:.2f} degrees off the slice normal")
+  sy, sx = first.pixel_spacing
+  direction = np.stack([row, col, normal], axis=1)
+  return VolumePlan(
+      series_id=first.series_id, patient_id=first.patient_id, stack=stack,
+      slices=tuple(slices[i] for i in kept), duplicates=tuple(duplicates),
+      spacing=(float(mean), float(sy), float(sx)), origin=tuple(float(x) for x in p0),
+      direction=tuple(float(x) for x in direction.ravel()), sorted_by="position")
+
+
+def _plan_by_instance_number(slices, stack, row, col, normal) -> VolumePlan:
+  numbers = [s.instance_number for s in slices]
+  if None in numbers or len(set(numbers)) != len(numbers):
+    raise SeriesRejected("missing mandatory tag ImagePositionPatient (and no unique InstanceNumbers)")
+  spacing = {s.spacing_between_slices for s in slices}
+  if len(spacing) != 1 or None in spacing or not spacing.pop():
+    raise SeriesRejected("missing mandatory tag ImagePositionPatient (and no SpacingBetweenSlices)")
+  ordered = sorted(slices, key=lambda s: s.instance_number)
+  dz = abs(ordered[0].spacing_between_slices)
+  sy, sx = ordered[0].pixel_spacing
+  return VolumePlan(
+      series_id=ordered[0].series_id, patient_id=ordered[0].patient_id, stack=stack,
+      slices=tuple(ordered), duplicates=(), spacing=(dz, sy, sx), origin=(math.nan,) * 3,
+      direction=tuple(float(x) for x in np.stack([row, col, normal], axis=1).ravel()),
+      sorted_by="instance_number")
+
+
+def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE
+                 ) -> tuple[list[VolumePlan], list[tuple[str, str]]]:
+  """Volume plans of one candidate series, and (path, reason) for every file left out."""
+  plans, rejected = [], []
+  with_pos = [s for s in slices if s.position is not None]
+  if with_pos and len(with_pos) < len(slices):
+    for s in slices:
+      if s.position is None:
+        rejected.append((s.path, "missing mandatory tag ImagePositionPatient"))
+    slices = with_pos
+  for stack, members in sorted(_stacks(slices).items()):
+    try:
+      plans.append(_plan_stack(members, stack, tolerance))
+    except SeriesRejected as e:
+      rejected += [(path, f"series rejected: {e}") for path in sorted({s.path for s in members})]
+  return plans, rejected
+
+
+# --------------------------------------------------------------------------- pixels
+
+
+def stored_values(arr: np.ndarray, bits_stored: int, pixel_representation: int) -> np.ndarray:
+  """Stored pixel values limited to BitsStored (sign-extended when signed), as int32."""
+  a = arr.astype(np.int64)
+  mask = (1 << bits_stored) - 1
+  a &= mask
+  if pixel_representation == 1:
+    sign = 1 << (bits_stored - 1)
+    a = (a ^ sign) - sign
+  return a.astype(np.int32)
+
+
+def slice_hu(stored: np.ndarray, s: SliceHeader, dtype: np.dtype) -> np.ndarray:
+  """One slice in HU: padding masked on stored values, then slope/intercept."""
+  if np.dtype(dtype) == np.int16 and float(s.slope).is_integer() and float(s.intercept).is_integer():
+    hu = stored.astype(np.int64) * int(s.slope) + int(s.intercept)
+  else:
+    hu = stored.astype(np.float64) * s.slope + s.intercept
+  if s.padding is not None:
+    lo, hi = s.padding
+    hu = np.where((stored >= lo) & (stored <= hi), PADDING_HU, hu)
+  if np.dtype(dtype) == np.int16:
+    return np.clip(np.rint(hu), -32768, 32767).astype(np.int16)
+  return hu.astype(np.float32)
+
+
+class _Decoded:
+  """Decoded stored values per (path, frame), one file open at a time."""
+
+  def __init__(self, open_file: Callable[[str], BinaryIO]):
+    self._open = open_file
+    self._path: str | None = None
+    self._array: np.ndarray | None = None
+
+  def get(self, s: SliceHeader) -> np.ndarray:
+    if s.path != self._path:
+      self._path, self._array = s.path, None
+      try:
+        with self._open(s.path) as f:
+          ds = pydicom.dcmread(f)
+          self._array = ds.pixel_array
+      except Exception as e:  # a truncated file, a codec without a plugin, corrupt data
+        raise SeriesRejected(f"undecodable pixel data in {s.path}: {type(e).__name__}: {e}") from None
+    arr = self._array if s.frame is None else self._array[s.frame]
+    if arr.shape != (s.rows, s.columns):
+      raise SeriesRejected(f"pixel data of {s.path} has shape {arr.shape}, header says {(s.rows, s.columns)}")
+    return stored_values(arr, s.bits_stored, s.pixel_representation)
+
+
+def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: str
+                ) -> tuple[np.ndarray, list[tuple[str, str]]]:
+  """The HU volume [depth, rows, columns] and (path, reason) of dropped identical duplicates.
+
+  Raises SeriesRejected. Memory: the output volume plus one decoded file.
+  """
+  first = plan.slices[0]
+  out = np.empty((len(plan.slices), first.rows, first.columns), dtype=dtype)
+  dups = collections.defaultdict(list)
+  for index, copy in plan.duplicates:
+    dups[index].append(copy)
+  decoded = _Decoded(open_file)
+  # Visit slices grouped by file so a multi-frame file is decoded once.
+  order = sorted(range(len(plan.slices)), key=lambda i: (plan.slices[i].path, plan.slices[i].frame or 0))
+  reference: dict[int, np.ndarray] = {}
+  for i in order:
+    stored = decoded.get(plan.slices[i])
+    out[i] = slice_hu(stored, plan.slices[i], np.dtype(dtype))
+    if i in dups:
+      reference[i] = stored
+  dropped = []
+  for i, copies in sorted(dups.items()):
+    for copy in copies:
+      if not np.array_equal(decoded.get(copy), reference[i]):
+        z = float(np.asarray(copy.position) @ np.asarray(plan.direction).reshape(3, 3)[:, 2])
+        raise SeriesRejected(f"conflicting duplicate slices at position {z:.3f} mm (different pixels)")
+      dropped.append((copy.path, "identical duplicate of another slice (dropped)"))
+  return out, dropped
