@@ -10,9 +10,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 import logging
+import os
+import re
 import sys
+import time
 
+import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
+
+from formats import files as fs
+from formats import naming
+from formats.manifest import MANIFEST_FILENAME, Manifest
 
 
 class UsageError(ValueError):
@@ -47,6 +55,91 @@ def parse_options(argv: Sequence[str] | None, options_cls: type[PipelineOptions]
   if unknown:
     raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
   return options_cls(argv)
+
+
+def int_flag(name: str, value, minimum: int) -> int:
+  try:
+    n = int(value)
+  except (TypeError, ValueError):
+    raise UsageError(f"--{name} must be an integer, got {value!r}") from None
+  if n < minimum:
+    raise UsageError(f"--{name} must be >= {minimum}, got {n}")
+  return n
+
+
+def bool_flag(name: str, value) -> bool:
+  v = str(value).lower()
+  if v in ("true", "1", "yes"):
+    return True
+  if v in ("false", "0", "no"):
+    return False
+  raise UsageError(f"--{name} must be true or false, got {value!r}")
+
+
+def dataset_name(name_flag: str | None, input_root: str) -> str:
+  """--name, or one derived from the input folder's name; checked."""
+  name = name_flag
+  if not name:
+    base = os.path.basename(input_root.rstrip("/")) or "data"
+    name = re.sub(r"[^A-Za-z0-9_.]+", "_", base).strip("_.").lower() or "data"
+  try:
+    return naming.check_dataset_name(name)
+  except ValueError as e:
+    raise UsageError(f"--name: {e}") from None
+
+
+def check_file_format(value: str) -> str:
+  if value not in naming.FILE_FORMATS:
+    raise UsageError(f"--format must be one of {', '.join(naming.FILE_FORMATS)}, got {value!r}")
+  return value
+
+
+def check_input_output(input_flag: str | None, output_flag: str | None, overwrite_flag) -> tuple[str, str, bool]:
+  """(input root, output root, overwrite) after the checks every converter makes.
+
+  Local paths become absolute. The input must exist, the output must not be
+  inside it, and an output holding a complete output needs --overwrite=true.
+  """
+  if not input_flag:
+    raise UsageError("--input is required (a folder, local or gs://)")
+  if not output_flag:
+    raise UsageError("--output is required (a folder, local or gs://)")
+  root = input_flag.rstrip("/") if fs.is_gcs(input_flag) else os.path.abspath(input_flag)
+  output = output_flag.rstrip("/") if fs.is_gcs(output_flag) else os.path.abspath(output_flag)
+  overwrite = bool_flag("overwrite", overwrite_flag)
+  if not fs.is_dir(root):
+    raise UsageError(f"--input {input_flag!r} does not exist or is not a folder")
+  if (output + "/").startswith(root + "/"):
+    raise UsageError(f"--output {output_flag!r} must not be inside --input")
+  if fs.exists(fs.join(output, MANIFEST_FILENAME)) and not overwrite:
+    raise UsageError(f"--output {output_flag!r} already holds a complete output; pass --overwrite=true to replace it")
+  return root, output, overwrite
+
+
+def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pipeline, dict], object],
+                 prog: str) -> beam.runners.runner.PipelineResult:
+  """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
+  t0 = time.monotonic()
+  p = beam.Pipeline(options=options)
+  build(p, args)
+  manifest_path = fs.join(args["output"], MANIFEST_FILENAME)
+  if args["overwrite"] and fs.exists(manifest_path):
+    fs.delete(manifest_path)  # the old output reads as incomplete until the new manifest lands
+  result = p.run()
+  result.wait_until_finish()
+  if fs.exists(manifest_path):
+    m = Manifest.loads(fs.read_bytes(manifest_path))
+    shards = sum(len(s.shards) for s in m.splits.values())
+    size = sum(s.num_bytes for s in m.splits.values())
+    print(
+        f"{prog}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "
+        f"{', '.join(f'{k}={v.num_records}' for k, v in m.splits.items())}), "
+        f"{m.rejected.count} rejected -> {args['output']} in {time.monotonic() - t0:.1f}s",
+        flush=True,
+    )
+    for w in m.warnings:
+      print(f"{prog}: warning: {w}", flush=True)
+  return result
 
 
 def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:

@@ -31,7 +31,6 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from formats import files as fs
 from formats import naming
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from formats.manifest import MANIFEST_FILENAME, Manifest
 from pipelines import _cli, _imaging
 from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
 
@@ -60,31 +59,6 @@ class ImageFolderOptions(PipelineOptions):
                         help="auto, classes (<class>/<files>) or splits (<split>/<class>/<files>).")
     parser.add_argument("--overwrite", default="false",
                         help="true: replace an output folder that already holds a complete output.")
-
-
-def _int_flag(name: str, value: str, minimum: int) -> int:
-  try:
-    n = int(value)
-  except (TypeError, ValueError):
-    raise _cli.UsageError(f"--{name} must be an integer, got {value!r}") from None
-  if n < minimum:
-    raise _cli.UsageError(f"--{name} must be >= {minimum}, got {n}")
-  return n
-
-
-def _bool_flag(name: str, value) -> bool:
-  v = str(value).lower()
-  if v in ("true", "1", "yes"):
-    return True
-  if v in ("false", "0", "no"):
-    return False
-  raise _cli.UsageError(f"--{name} must be true or false, got {value!r}")
-
-
-def _default_name(input_path: str) -> str:
-  base = os.path.basename(input_path.rstrip("/")) or "images"
-  name = re.sub(r"[^A-Za-z0-9_.]+", "_", base).strip("_.").lower()
-  return name or "images"
 
 
 def split_and_class(rel: str, split_layout: bool) -> tuple[str, str]:
@@ -195,8 +169,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
     raise _cli.UsageError("--input is required (a folder of class folders, local or gs://)")
   if not o.output:
     raise _cli.UsageError("--output is required (local or gs://)")
-  if o.file_format not in naming.FILE_FORMATS:
-    raise _cli.UsageError(f"--format must be one of {', '.join(naming.FILE_FORMATS)}, got {o.file_format!r}")
+  _cli.check_file_format(o.file_format)
   if o.layout not in ("auto", "classes", "splits"):
     raise _cli.UsageError(f"--layout must be auto, classes or splits, got {o.layout!r}")
   size = None
@@ -209,26 +182,14 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
     raise _cli.UsageError(f"--encoding must be jpeg or raw, got {o.encoding!r}")
   if o.encoding == "raw" and size is None:
     raise _cli.UsageError("--encoding=raw needs --image_size=H,W (raw pixels must have a fixed shape)")
-  quality = _int_flag("jpeg_quality", o.jpeg_quality, 1)
+  quality = _cli.int_flag("jpeg_quality", o.jpeg_quality, 1)
   if quality > 100:
     raise _cli.UsageError(f"--jpeg_quality must be in [1, 100], got {quality}")
-  root = o.input.rstrip("/") if fs.is_gcs(o.input) else os.path.abspath(o.input)
-  output = o.output.rstrip("/") if fs.is_gcs(o.output) else os.path.abspath(o.output)
-  name = o.name or _default_name(root)
-  try:
-    naming.check_dataset_name(name)
-  except ValueError as e:
-    raise _cli.UsageError(f"--name: {e}") from None
-  if not fs.is_dir(root):
-    raise _cli.UsageError(f"--input {o.input!r} does not exist or is not a folder")
-  if (output + "/").startswith(root + "/"):
-    raise _cli.UsageError(f"--output {o.output!r} must not be inside --input")
-  overwrite = _bool_flag("overwrite", o.overwrite)
-  if fs.exists(fs.join(output, MANIFEST_FILENAME)) and not overwrite:
-    raise _cli.UsageError(f"--output {o.output!r} already holds a complete output; pass --overwrite=true to replace it")
+  root, output, overwrite = _cli.check_input_output(o.input, o.output, o.overwrite)
+  name = _cli.dataset_name(o.name, root)
   args = dict(
       root=root, output=output, name=name, file_format=o.file_format,
-      num_shards=_int_flag("num_shards", o.num_shards, 0), seed=_int_flag("seed", o.seed, 0),
+      num_shards=_cli.int_flag("num_shards", o.num_shards, 0), seed=_cli.int_flag("seed", o.seed, 0),
       image_options=_imaging.ImageOptions(size=size, encoding=o.encoding, jpeg_quality=quality),
       layout=o.layout, overwrite=overwrite,
   )
@@ -295,27 +256,7 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
 def run(argv: Sequence[str] | None = None) -> beam.runners.runner.PipelineResult:
   """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
   options, args = _parse(argv)
-  t0 = time.monotonic()
-  p = beam.Pipeline(options=options)
-  build(p, args)  # lists the input's folders; may raise UsageError, before anything is written
-  manifest_path = fs.join(args["output"], MANIFEST_FILENAME)
-  if args["overwrite"] and fs.exists(manifest_path):
-    fs.delete(manifest_path)  # the old output is incomplete from here until the new manifest lands
-  result = p.run()
-  result.wait_until_finish()
-  if fs.exists(manifest_path):
-    m = Manifest.loads(fs.read_bytes(manifest_path))
-    shards = sum(len(s.shards) for s in m.splits.values())
-    size = sum(s.num_bytes for s in m.splits.values())
-    print(
-        f"{PIPELINE}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "
-        f"{', '.join(f'{k}={v.num_records}' for k, v in m.splits.items())}), "
-        f"{m.rejected.count} rejected -> {args['output']} in {time.monotonic() - t0:.1f}s",
-        flush=True,
-    )
-    for w in m.warnings:
-      print(f"{PIPELINE}: warning: {w}", flush=True)
-  return result
+  return _cli.run_pipeline(options, args, build, PIPELINE)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from formats import arrayrecord, naming, tfrecord  # noqa: E402
 from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
-from pipelines import _imaging, image_folder  # noqa: E402
+from pipelines import _cli, _imaging, image_folder  # noqa: E402
 from pipelines._sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
 import make_sample_images  # noqa: E402
 
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   h, w = (int(v) for v in a.image_size.split(","))
   options = _imaging.ImageOptions(size=(h, w), encoding=a.encoding)
   out = os.path.join(work, "out")
-  name = image_folder._default_name(root)
+  name = _cli.dataset_name(None, root)
   print(f"{n} images, image_size={a.image_size} encoding={a.encoding} format={a.format} "
         f"num_shards={a.num_shards} repeats={a.repeats} cpus={os.cpu_count()}", flush=True)
 
