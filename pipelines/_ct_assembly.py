@@ -38,7 +38,12 @@ DEFAULT_TOLERANCE = 0.01
 
 
 class SeriesRejected(Exception):
-  """The whole stack is rejected; str(e) is the reason."""
+  """The whole stack is rejected; str(e) is the reason, `culprit` the file at fault if one is."""
+
+  def __init__(self, reason: str, culprit: str | None = None, culprit_reason: str | None = None):
+    super().__init__(reason)
+    self.culprit = culprit
+    self.culprit_reason = culprit_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +225,9 @@ class _Decoded:
           ds = pydicom.dcmread(f)
           self._array = ds.pixel_array
       except Exception as e:  # a truncated file, a codec without a plugin, corrupt data
-        raise SeriesRejected(f"undecodable pixel data in {s.path}: {type(e).__name__}: {e}") from None
+        raise SeriesRejected(
+            f"a slice's pixel data could not be decoded ({s.path})", culprit=s.path,
+            culprit_reason=f"truncated or undecodable pixel data: {type(e).__name__}: {e}") from None
     arr = self._array if s.frame is None else self._array[s.frame]
     if arr.shape != (s.rows, s.columns):
       raise SeriesRejected(f"pixel data of {s.path} has shape {arr.shape}, header says {(s.rows, s.columns)}")

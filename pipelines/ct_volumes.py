@@ -1,0 +1,321 @@
+"""DICOM CT series → Hounsfield-unit 3D volumes in ArrayRecord or TFRecord shards.
+
+    python -m pipelines.ct_volumes --input=DIR_OR_GS --output=DIR_OR_GS --id_salt=SECRET \
+        [--format=array_record|tfrecord] [--num_shards=N] \
+        [--splits=train=0.8,validation=0.1,test=0.1] [--name=NAME] \
+        [--volume_dtype=auto|int16|float32] [--slice_tolerance=0.01] [any Beam option]
+
+The input is any tree of files: many patients, studies and series mixed,
+meaningless names, non-DICOM files. Headers are read first (no pixel data) and
+grouped into candidate series; each series is planned (sorted along its slice
+normal, checked for missing slices, irregular spacing, tilt and duplicates) and
+only then are its pixels decoded, one volume per element. One record per
+volume: `volume` ([depth, rows, columns] HU), `spacing` (z, y, x mm), `origin`
+(LPS mm of voxel [0, 0, 0]), `direction` (3x3, columns = the directions of the
+column, row and slice axes), `num_slices`, `series_id`, `patient_id` (salted
+hashes), `sorted_by`. Every file that does not end up in a volume is listed in
+errors/rejected.jsonl with its reason. Splits are assigned per patient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import logging
+import re
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+import numpy as np
+
+from formats import naming
+from formats.features import Features, Tensor, Text
+from pipelines import _cli
+from pipelines._ct_assembly import DEFAULT_TOLERANCE, SeriesRejected, VolumePlan, plan_volumes, read_volume
+from pipelines._ct_headers import Rejected, read_slices, salted_hash
+from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
+
+PIPELINE = "pipelines.ct_volumes"
+DEFAULT_SPLITS = "train=0.8,validation=0.1,test=0.1"
+_log = logging.getLogger(PIPELINE)
+
+
+class CtVolumesOptions(PipelineOptions):
+  """Flags of `pipelines.ct_volumes` (every other Beam flag is accepted too)."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--input", help="Tree of DICOM files, local or gs://.")
+    parser.add_argument("--output", help="Output folder, local or gs://.")
+    parser.add_argument("--id_salt", help="Secret salt for the patient/series hashes (required).")
+    parser.add_argument("--format", dest="file_format", default="array_record", help="array_record or tfrecord.")
+    parser.add_argument("--num_shards", default="0", help="Shards per split; 0 picks ~128 MB shards.")
+    parser.add_argument("--splits", default=DEFAULT_SPLITS, help="name=fraction,...; assigned per patient.")
+    parser.add_argument("--name", default=None, help="Dataset name; default: the input folder's name.")
+    parser.add_argument("--volume_dtype", default="auto",
+                        help="auto (int16, float32 if a rescale is not integral), int16 or float32.")
+    parser.add_argument("--slice_tolerance", default=str(DEFAULT_TOLERANCE),
+                        help="Largest relative deviation of a slice gap from the mean spacing.")
+    parser.add_argument("--seed", default="0", help="Seed of the record order.")
+    parser.add_argument("--overwrite", default="false", help="true: replace a complete output.")
+
+
+def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
+  """'train=0.8,test=0.2' → (('train', 0.8), ('test', 0.2)); fractions must sum to 1."""
+  out = []
+  for part in text.split(","):
+    m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*([0-9.]+)\s*", part)
+    if not m:
+      raise _cli.UsageError(f"--splits must look like train=0.8,validation=0.1,test=0.1, got {text!r}")
+    out.append((m[1], float(m[2])))
+  names = [n for n, _ in out]
+  if len(set(names)) != len(names):
+    raise _cli.UsageError(f"--splits names a split twice: {text!r}")
+  if any(f < 0 for _, f in out) or abs(sum(f for _, f in out) - 1) > 1e-6:
+    raise _cli.UsageError(f"--splits fractions must be >= 0 and sum to 1, got {text!r}")
+  return tuple(out)
+
+
+def split_of(patient_id: str, splits: Sequence[tuple[str, float]]) -> str:
+  """The split of a patient: a pure function of the (already salted) patient hash."""
+  u = int(salted_hash("split", patient_id)[:15], 16) / float(1 << 60)
+  acc = 0.0
+  for name, fraction in splits:
+    acc += fraction
+    if u < acc:
+      return name
+  return next(name for name, f in reversed(splits) if f > 0)
+
+
+def volume_features(dtype: str) -> Features:
+  """The records' schema; `dtype` is the volume's (int16 or float32)."""
+  return Features({
+      "volume": Tensor(shape=(None, None, None), dtype=dtype),
+      "spacing": Tensor(shape=(3,), dtype="float32", encoding="none"),
+      "origin": Tensor(shape=(3,), dtype="float32", encoding="none"),
+      "direction": Tensor(shape=(3, 3), dtype="float32", encoding="none"),
+      "num_slices": Tensor(shape=(), dtype="int64", encoding="none"),
+      "series_id": Text(),
+      "patient_id": Text(),
+      "sorted_by": Text(),
+  })
+
+
+def _open(path: str):
+  return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+class _ReadHeadersFn(beam.DoFn):
+  """File metadata → (series key, SliceHeader) per image frame, or a Reject."""
+
+  REJECTS = "rejects"
+
+  def __init__(self, salt: str):
+    self._salt = salt
+
+  def setup(self):
+    self._files = Metrics.counter(PIPELINE, "files_read")
+    self._frames = Metrics.counter(PIPELINE, "frames_found")
+    self._rejected = Metrics.counter(PIPELINE, "files_rejected")
+
+  def process(self, metadata):
+    self._files.inc()
+    try:
+      with _open(metadata.path) as f:
+        slices = read_slices(f, metadata.path, self._salt)
+    except Rejected as e:
+      self._rejected.inc()
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(metadata.path, str(e)))
+      return
+    except Exception as e:  # an unreadable file must not stop the job
+      self._rejected.inc()
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(metadata.path, f"unreadable: {type(e).__name__}: {e}"))
+      return
+    self._frames.inc(len(slices))
+    for s in slices:
+      yield s.series_key, s
+
+
+def _units(slices) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for s in slices:
+    out[s.path] = out.get(s.path, 0) + 1
+  return out
+
+
+class _PlanFn(beam.DoFn):
+  """(series key, headers) → VolumePlans; files left out → Rejects. No pixels read."""
+
+  REJECTS = "rejects"
+
+  def __init__(self, tolerance: float):
+    self._tolerance = tolerance
+
+  def process(self, element):
+    _, slices = element
+    slices = list(slices)
+    plans, rejected = plan_volumes(slices, self._tolerance)
+    frames = _units(slices)
+    planned = {}
+    for plan in plans:
+      for path, n in _units([*plan.slices, *(d for _, d in plan.duplicates)]).items():
+        planned[path] = planned.get(path, 0) + n
+    for path, reason in rejected:
+      # A file's frames that no plan uses are the units this reject accounts for.
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, units=frames[path] - planned.get(path, 0)))
+    yield from plans
+
+
+class _ReadVolumeFn(beam.DoFn):
+  """VolumePlan → one Record with the HU volume, or Rejects for all its files."""
+
+  REJECTS = "rejects"
+
+  def __init__(self, splits, features_by_dtype: dict[str, Features]):
+    self._splits = splits
+    self._features = features_by_dtype
+
+  def setup(self):
+    self._volumes = Metrics.counter(PIPELINE, "volumes_written")
+    self._slices = Metrics.counter(PIPELINE, "slices_used")
+    self._series_rejected = Metrics.counter(PIPELINE, "volumes_rejected")
+
+  def process(self, plan: VolumePlan, dtype: str):
+    split = split_of(plan.patient_id, self._splits)
+    try:
+      volume, dropped = read_volume(plan, _open, dtype)
+    except SeriesRejected as e:
+      self._series_rejected.inc()
+      for path, n in _units([*plan.slices, *(d for _, d in plan.duplicates)]).items():
+        reason = e.culprit_reason if path == e.culprit else f"series rejected: {e}"
+        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split, n))
+      return
+    for path, reason in dropped:
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split))
+    direction = np.asarray(plan.direction, np.float32).reshape(3, 3)
+    payload = self._features[dtype].encode({
+        "volume": volume, "spacing": np.asarray(plan.spacing, np.float32),
+        "origin": np.asarray(plan.origin, np.float32), "direction": direction,
+        "num_slices": len(plan.slices), "series_id": plan.series_id, "patient_id": plan.patient_id,
+        "sorted_by": plan.sorted_by,
+    })
+    self._volumes.inc()
+    self._slices.inc(len(plan.slices))
+    yield Record(split, plan.key, payload, num_inputs=len(plan.slices))
+
+
+def _volume_dtype(needs_float: bool, policy: str) -> str:
+  if policy == "auto":
+    return "float32" if needs_float else "int16"
+  return policy
+
+
+def _summarize(_, num_files: int, warnings: list[str]) -> InputSummary:
+  return InputSummary(num_files, tuple(sorted(set(warnings))))
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
+  options = _cli.parse_options(argv, CtVolumesOptions)
+  o = options.view_as(CtVolumesOptions)
+  if not o.input:
+    raise _cli.UsageError("--input is required (a tree of DICOM files, local or gs://)")
+  if not o.output:
+    raise _cli.UsageError("--output is required (local or gs://)")
+  if not o.id_salt:
+    raise _cli.UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
+  _cli.check_file_format(o.file_format)
+  splits = parse_splits(o.splits)
+  for split, _ in splits:
+    naming.check_split_name(split)
+  if o.volume_dtype not in ("auto", "int16", "float32"):
+    raise _cli.UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
+  try:
+    tolerance = float(o.slice_tolerance)
+  except ValueError:
+    tolerance = -1.0
+  if not 0 < tolerance < 0.5:
+    raise _cli.UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
+  root, output, overwrite = _cli.check_input_output(o.input, o.output, o.overwrite)
+  return options, dict(
+      root=root, output=output, overwrite=overwrite, name=_cli.dataset_name(o.name, root),
+      file_format=o.file_format, num_shards=_cli.int_flag("num_shards", o.num_shards, 0),
+      seed=_cli.int_flag("seed", o.seed, 0), salt=o.id_salt, splits=splits,
+      volume_dtype=o.volume_dtype, tolerance=tolerance,
+  )
+
+
+def build(p: beam.Pipeline, args: dict):
+  """Adds the conversion to pipeline `p`; returns the PCollection of the manifest."""
+  splits = args["splits"]
+  policy = args["volume_dtype"]
+  features_by_dtype = {d: volume_features(d) for d in ("int16", "float32")}
+  spec = OutputSpec(
+      output=args["output"], name=args["name"], file_format=args["file_format"],
+      features=features_by_dtype["float32" if policy == "float32" else "int16"],
+      splits=tuple(s for s, _ in splits), num_shards=args["num_shards"], seed=args["seed"],
+      description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
+      source={"pipeline": PIPELINE, "input": args["root"], "splits": dict(splits),
+              "volume_dtype": policy, "slice_tolerance": args["tolerance"], "seed": args["seed"],
+              "num_shards": args["num_shards"]},
+  )
+  files = (
+      p
+      | "Pattern" >> beam.Create([args["root"] + "/**"])
+      | "MatchFiles" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
+      | "SpreadFiles" >> beam.Reshuffle()
+  )
+  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"])).with_outputs(
+      _ReadHeadersFn.REJECTS, main="slices")
+  planned = (
+      headers.slices
+      | "GroupBySeries" >> beam.GroupByKey()
+      | "PlanVolumes" >> beam.ParDo(_PlanFn(args["tolerance"])).with_outputs(_PlanFn.REJECTS, main="plans")
+  )
+  dtype = (
+      planned.plans
+      | "NeedsFloat" >> beam.Map(lambda plan: not plan.integral_rescale)
+      | "AnyNeedsFloat" >> beam.CombineGlobally(any)
+      | "VolumeDtype" >> beam.Map(_volume_dtype, policy)
+  )
+  volumes = (
+      planned.plans
+      | "SpreadVolumes" >> beam.Reshuffle()
+      | "ReadVolumes" >> beam.ParDo(
+          _ReadVolumeFn(splits, features_by_dtype), dtype=beam.pvalue.AsSingleton(dtype)
+      ).with_outputs(_ReadVolumeFn.REJECTS, main="records")
+  )
+  rejects = (
+      (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes[_ReadVolumeFn.REJECTS])
+      | "AllRejects" >> beam.Flatten()
+  )
+  num_frames = (
+      (headers.slices | "Frames" >> beam.Map(lambda kv: 1),
+       headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1))
+      | "Units" >> beam.Flatten()
+      | "CountUnits" >> beam.CombineGlobally(sum)
+  )
+  warnings = planned.plans | "FallbackWarnings" >> beam.FlatMap(
+      lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
+      if plan.sorted_by != "position" else [])
+  summary = (
+      p
+      | "SummaryTrigger" >> beam.Create([None])
+      | "Summarize" >> beam.Map(_summarize, num_files=beam.pvalue.AsSingleton(num_frames),
+                                warnings=beam.pvalue.AsList(warnings))
+  )
+  features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])
+  return {"records": volumes.records, "rejects": rejects} | "Write" >> WriteOutput(
+      spec, summary=summary, features=features)
+
+
+def run(argv: Sequence[str] | None = None) -> beam.runners.runner.PipelineResult:
+  """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
+  options, args = _parse(argv)
+  return _cli.run_pipeline(options, args, build, PIPELINE)
+
+
+if __name__ == "__main__":
+  _cli.main(run, PIPELINE)
