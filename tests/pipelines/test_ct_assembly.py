@@ -1,0 +1,176 @@
+"""Series planning and HU conversion as pure functions, on synthetic headers (no files)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from pipelines._ct_assembly import (
+    PADDING_HU, SeriesRejected, VolumePlan, plan_volumes, read_volume, slice_hu, stored_values)
+from pipelines._ct_headers import SliceHeader, salted_hash
+
+AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+
+def _slices(zs, orientation=AXIAL, shift=(0.0, 0.0), **kw) -> list[SliceHeader]:
+  row, col = np.array(orientation[:3]), np.array(orientation[3:])
+  normal = np.cross(row, col)
+  out = []
+  for i, z in enumerate(zs):
+    p = np.array([-100.0, -120.0, 0.0]) + z * normal + i * np.array([shift[0], shift[1], 0.0])
+    base = dict(
+        path=f"f{i:03d}", frame=None, series_key="k", series_id="s", patient_id="p", acquisition="",
+        position=tuple(p), orientation=orientation, pixel_spacing=(0.7, 0.8), rows=4, columns=5,
+        slope=1.0, intercept=-1024.0, padding=None, bits_stored=16, pixel_representation=1,
+        instance_number=i + 1, spacing_between_slices=None)
+    base.update(kw)
+    out.append(SliceHeader(**base))
+  return out
+
+
+def _plan(slices, **kw) -> VolumePlan:
+  plans, rejected = plan_volumes(slices, **kw)
+  assert not rejected, rejected
+  (plan,) = plans
+  return plan
+
+
+def test_sorted_by_position_not_instance_number():
+  zs = [5.0, 1.25, 3.75, 2.5, 0.0, 6.25]
+  slices = _slices(zs)
+  slices = [dataclasses.replace(s, instance_number=7 - i) for i, s in enumerate(slices)]
+  plan = _plan(slices)
+  assert [s.position[2] for s in plan.slices] == sorted(zs)
+  assert plan.spacing == pytest.approx((1.25, 0.7, 0.8))
+  assert plan.origin == pytest.approx((-100, -120, 0))
+  np.testing.assert_allclose(np.reshape(plan.direction, (3, 3)), np.eye(3))
+
+
+def test_spacing_comes_from_positions_not_slice_thickness():
+  plan = _plan(_slices([0, 2, 4, 6]))
+  assert plan.spacing[0] == pytest.approx(2.0)
+
+
+def test_oblique_geometry():
+  ob = (0.8, 0.6, 0.0, -0.576, 0.768, 0.28)
+  plan = _plan(_slices([10, 11.5, 13, 14.5], orientation=ob))
+  d = np.reshape(plan.direction, (3, 3))
+  np.testing.assert_allclose(d[:, 2], np.cross(ob[:3], ob[3:]))
+  assert plan.spacing[0] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("zs,reason", [
+    ([0, 1, 2, 4, 5], "missing slice"),
+    ([0, 1, 2, 3.5, 4.5], "irregular slice spacing"),
+    ([0], "single slice"),
+])
+def test_bad_stacks_are_rejected_with_reasons(zs, reason):
+  plans, rejected = plan_volumes(_slices(zs))
+  assert not plans
+  assert {p for p, _ in rejected} == {f"f{i:03d}" for i in range(len(zs))}
+  assert all(reason in r for _, r in rejected)
+
+
+def test_gantry_tilt_is_rejected():
+  plans, rejected = plan_volumes(_slices([0, 1, 2, 3], shift=(0, math.tan(math.radians(10)))))
+  assert not plans and "gantry tilt: the stack runs 10.00 degrees" in rejected[0][1]
+
+
+def test_small_jitter_within_tolerance_is_accepted():
+  plan = _plan(_slices([0, 1.004, 2.0, 2.997, 4.0]))
+  assert plan.spacing[0] == pytest.approx(1.0)
+
+
+def test_contrast_phases_split_by_acquisition():
+  a = [dataclasses.replace(s, acquisition="acq=1") for s in _slices([0, 1, 2])]
+  b = [dataclasses.replace(s, acquisition="acq=2", path=s.path + "b") for s in _slices([0, 1, 2])]
+  plans, rejected = plan_volumes(a + b)
+  assert not rejected and sorted(p.stack for p in plans) == ["acq=1", "acq=2"]
+  assert len({p.key for p in plans}) == 2
+
+
+def test_repeated_positions_without_labels_become_duplicates():
+  s = _slices([0, 1, 2])
+  copy = dataclasses.replace(s[1], path="copy")
+  plan = _plan(s + [copy])
+  assert len(plan.slices) == 3 and len(plan.duplicates) == 1
+  assert {plan.slices[1].path, plan.duplicates[0][1].path} == {"f001", "copy"}  # ties broken by path
+
+
+def test_missing_positions_reject_those_files_only():
+  s = _slices([0, 1, 2, 3])
+  s.append(dataclasses.replace(_slices([4])[0], path="nopos", position=None))
+  plans, rejected = plan_volumes(s)
+  assert rejected == [("nopos", "missing mandatory tag ImagePositionPatient")]
+  assert len(plans[0].slices) == 4
+
+
+def test_instance_number_fallback_says_so():
+  s = [dataclasses.replace(x, position=None, spacing_between_slices=-2.5) for x in _slices([0, 1, 2])]
+  s = list(reversed(s))
+  plan = _plan(s)
+  assert plan.sorted_by == "instance_number" and plan.spacing[0] == 2.5
+  assert [x.instance_number for x in plan.slices] == [1, 2, 3] and all(math.isnan(v) for v in plan.origin)
+  plans, rejected = plan_volumes([dataclasses.replace(x, spacing_between_slices=None) for x in s])
+  assert not plans and "SpacingBetweenSlices" in rejected[0][1]
+
+
+def test_several_patients_in_one_series_are_rejected():
+  s = _slices([0, 1, 2])
+  s[1] = dataclasses.replace(s[1], patient_id="other")
+  plans, rejected = plan_volumes(s)
+  assert not plans and "several patients" in rejected[0][1]
+
+
+def test_stored_values_respect_bits_stored_and_sign():
+  raw = np.array([0x0FFF, 0xF800, 0x0800, 0x07FF], dtype=np.uint16)
+  np.testing.assert_array_equal(stored_values(raw, 12, 0), [4095, 2048, 2048, 2047])
+  np.testing.assert_array_equal(stored_values(raw, 12, 1), [-1, -2048, -2048, 2047])
+
+
+def test_padding_is_masked_on_stored_values_before_rescale():
+  s = _slices([0])[0]
+  s = dataclasses.replace(s, padding=(-2000, -2000), intercept=-1024.0, slope=1.0)
+  stored = np.array([[-2000, 0, 1024]], np.int32)
+  np.testing.assert_array_equal(slice_hu(stored, s, np.dtype(np.int16)), [[PADDING_HU, -1024, 0]])
+  half = dataclasses.replace(s, slope=0.5, intercept=-1000.0, padding=None)
+  np.testing.assert_array_equal(slice_hu(np.array([[3, 2000]]), half, np.dtype(np.float32)), [[-998.5, 0.0]])
+
+
+def test_read_volume_drops_identical_and_rejects_conflicting_duplicates():
+  s = _slices([0, 1, 2])
+  pixels = {f"f{i:03d}": np.full((4, 5), 1000 + i, np.int16) for i in range(3)}
+  pixels["copy"] = pixels["f001"].copy()
+  pixels["bad"] = pixels["f001"] + 1
+
+  class _Opened:
+    def __init__(self, path): self.path = path
+    def __enter__(self): return self
+    def __exit__(self, *a): pass
+
+  import pipelines._ct_assembly as asm
+
+  def fake_dcmread(f):
+    class DS: pixel_array = pixels[f.path]
+    return DS()
+
+  orig = asm.pydicom.dcmread
+  asm.pydicom.dcmread = fake_dcmread
+  try:
+    plan = _plan(s + [dataclasses.replace(s[1], path="copy")])
+    vol, dropped = read_volume(plan, _Opened, "int16")
+    assert vol.shape == (3, 4, 5) and vol[1, 0, 0] == 1001 - 1024
+    assert dropped == [("f001", "identical duplicate of another slice (dropped)")]  # "copy" sorts first
+    plan = _plan(s + [dataclasses.replace(s[1], path="bad")])
+    with pytest.raises(SeriesRejected, match="conflicting duplicate"):
+      read_volume(plan, _Opened, "int16")
+  finally:
+    asm.pydicom.dcmread = orig
+
+
+def test_salted_hash_depends_on_salt():
+  assert salted_hash("a", "patient", "123") != salted_hash("b", "patient", "123")
+  assert len(salted_hash("a", "x")) == 32

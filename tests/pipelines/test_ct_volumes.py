@@ -1,0 +1,236 @@
+"""End to end: `pipelines.ct_volumes` on a generated mixed DICOM tree with known truth."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pydicom
+import pytest
+
+import make_sample_ct as ct
+from formats import arrayrecord, files, inspect, tfrecord
+from formats.manifest import Manifest
+from pipelines import UsageError, ct_volumes
+from pipelines._ct_headers import salted_hash
+from tests.conftest import REPO, upload_tree
+
+pytestmark = pytest.mark.slow
+SALT = "test-salt"
+
+# What the errors/ reason says for each kind of broken input the generator makes.
+REASONS = {
+    ct.LOCALIZER: "localizer",
+    ct.MISSING_SLICE: "missing slice",
+    ct.IRREGULAR_SPACING: "irregular slice spacing",
+    ct.GANTRY_TILT: "gantry tilt",
+    ct.CONFLICTING_DUPLICATE: "conflicting duplicate",
+    ct.NO_PIXEL_DATA: "non-image object",
+    ct.SECONDARY_CAPTURE: "secondary capture",
+    ct.NOT_DICOM: "",  # not DICOM, or DICOM that is no CT image: either reason is right
+    ct.TRUNCATED: "pixel data",
+    ct.MISSING_TAG: "",  # the file itself: missing tag; the rest of its series: missing slice
+}
+
+
+def convert(src: str, out: str, *flags: str) -> Manifest:
+  ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", *flags])
+  return Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+
+
+def records(out: str, m: Manifest) -> list[tuple[str, dict]]:
+  rows = []
+  for split_name, split in m.splits.items():
+    for shard in split.shards:
+      with files.LocalCopy(files.join(out, shard.path)) as local:
+        it = arrayrecord.read_file(local) if m.file_format == "array_record" else tfrecord.read_file(local)
+        rows += [(split_name, m.features.decode(r)) for r in it]
+  return rows
+
+
+def errors(out: str) -> dict[str, list[str]]:
+  by_path = collections.defaultdict(list)
+  for line in files.read_bytes(files.join(out, "errors/rejected.jsonl")).splitlines():
+    e = json.loads(line)
+    by_path[e["input"]].append(e["reason"])
+  return by_path
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("ct") / "dicom")
+  return root, ct.make_mixed_tree(root, seed=3)
+
+
+@pytest.fixture(scope="module")
+def converted(tree, tmp_path_factory):
+  root, truths = tree
+  out = str(tmp_path_factory.mktemp("ct_out") / "out")
+  m = convert(root, out, "--splits=train=0.5,validation=0.25,test=0.25")
+  return out, m, records(out, m)
+
+
+def _match(truth, rows):
+  sid = salted_hash(SALT, "series", truth.study_uid, truth.series_uid)
+  candidates = [r for _, r in rows if r["series_id"] == sid and r["volume"].shape == truth.hu.shape]
+  return [r for r in candidates if np.array_equal(r["volume"].astype(np.float64), truth.hu.astype(np.float64))]
+
+
+def test_every_good_series_becomes_exactly_its_true_volume(tree, converted):
+  _, truths = tree
+  out, m, rows = converted
+  good = [t for t in truths if t.expected == ct.VOLUME]
+  assert len(rows) == len(good) == m.num_records
+  for t in good:
+    found = _match(t, rows)
+    assert len(found) == 1, t.name
+    r = found[0]
+    np.testing.assert_allclose(r["spacing"], t.spacing, rtol=1e-5, err_msg=t.name)
+    np.testing.assert_allclose(r["origin"], t.origin, atol=1e-3, err_msg=t.name)
+    # truth.direction has one axis per row; the record stores axes as columns (ITK's layout)
+    np.testing.assert_allclose(r["direction"], np.asarray(t.direction).T, atol=1e-6, err_msg=t.name)
+    assert int(r["num_slices"]) == t.hu.shape[0] and r["sorted_by"] == "position"
+
+
+def test_volume_dtype_is_float32_when_a_rescale_is_not_integral(converted):
+  _, m, rows = converted
+  assert m.features["volume"].dtype == "float32"  # the tree holds a series with slope 0.5
+  assert {r["volume"].dtype for _, r in rows} == {np.dtype(np.float32)}
+
+
+def test_every_other_file_is_in_errors_with_its_reason(tree, converted):
+  _, truths = tree
+  out, m, _ = converted
+  errs = errors(out)
+  assert m.rejected.count == sum(len(v) for v in errs.values())
+  used = {f for t in truths if t.expected == ct.VOLUME for f in t.files}
+  for t in truths:
+    if t.expected == ct.VOLUME:
+      continue
+    for f in t.files:
+      if f in used:
+        continue  # e.g. the good slices of a series whose localizer was left out
+      assert f in errs, (t.name, f)
+      assert any(REASONS[t.expected] in r for r in errs[f]), (t.name, errs[f])
+  # nothing is both used and rejected, apart from the identical duplicate dropped from a volume
+  both = [f for f in used if f in errs]
+  assert all(any("identical duplicate" in r for r in errs[f]) for f in both)
+  all_files = {os.path.abspath(p) for p in glob.glob(os.path.join(tree[0], "**", "*"), recursive=True)
+               if os.path.isfile(p)}
+  assert all_files == used | set(errs)
+
+
+def test_no_phi_in_any_output_file(tree, converted):
+  _, truths = tree
+  out, _, _ = converted
+  secrets = {v for t in truths for v in (t.phi or {}).values() if v and len(str(v)) >= 4}
+  secrets |= {t.study_uid for t in truths if t.study_uid} | {t.series_uid for t in truths if t.series_uid}
+  assert secrets
+  blob = b"".join(open(p, "rb").read() for p in glob.glob(os.path.join(out, "**", "*"), recursive=True)
+                  if os.path.isfile(p))
+  leaked = [s for s in secrets if str(s).encode() in blob]
+  assert not leaked
+
+
+def test_splits_are_per_patient(converted):
+  _, m, rows = converted
+  by_patient = collections.defaultdict(set)
+  for split, r in rows:
+    by_patient[r["patient_id"]].add(split)
+  assert len(by_patient) == 3 and all(len(s) == 1 for s in by_patient.values())
+  assert set(m.splits) == {"train", "validation", "test"}
+
+
+def test_split_assignment_follows_the_fractions():
+  splits = ct_volumes.parse_splits("train=0.8,validation=0.1,test=0.1")
+  counts = collections.Counter(ct_volumes.split_of(salted_hash("s", str(i)), splits) for i in range(5000))
+  assert abs(counts["train"] / 5000 - 0.8) < 0.03 and abs(counts["test"] / 5000 - 0.1) < 0.02
+
+
+def test_equal_to_simpleitk_on_regular_series(tree, converted):
+  """SimpleITK's ImageSeriesReader as an independent reference, where it is right: plain
+  single-frame series without padding, with the series' own files (it groups by series UID
+  only and would mix in scouts and phases; it ignores PixelPaddingValue)."""
+  sitk = pytest.importorskip("SimpleITK")
+  _, truths = tree
+  _, _, rows = converted
+  regular = [t for t in truths if t.expected == ct.VOLUME and t.pixel_padding_value is None
+             and len(t.files) == t.hu.shape[0] and t.hu.shape[0] > 1]
+  assert len(regular) >= 6  # ascending/descending, oblique, phases, J2K, JPEG-LS, JPEG Lossless, slopes
+  for t in regular:
+    reader = sitk.ImageSeriesReader()
+    # GDCM's own IPP sorting of exactly this series' files
+    names = [n for n in sitk.ImageSeriesReader.GetGDCMSeriesFileNames(os.path.dirname(t.files[0]), t.series_uid)
+             if os.path.abspath(n) in set(t.files)]
+    if len(names) != len(t.files):  # the series spans several folders of the tree
+      names = sorted(t.files, key=lambda f: float(
+          np.cross(*np.reshape(pydicom.dcmread(f, stop_before_pixels=True).ImageOrientationPatient, (2, 3)))
+          @ np.asarray(pydicom.dcmread(f, stop_before_pixels=True).ImagePositionPatient, float)))
+    reader.SetFileNames(names)
+    image = reader.Execute()
+    ref = sitk.GetArrayFromImage(image)
+    (r,) = _match(t, rows)
+    np.testing.assert_array_equal(r["volume"].astype(np.float64), ref.astype(np.float64), err_msg=t.name)
+    np.testing.assert_allclose(r["spacing"][::-1], image.GetSpacing(), rtol=1e-5)
+    np.testing.assert_allclose(r["origin"], image.GetOrigin(), atol=1e-3)
+    np.testing.assert_allclose(r["direction"].ravel(), image.GetDirection(), atol=1e-6)
+
+
+def test_int16_forced_rounds_and_tfds_loads_it(tree, tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  root, truths = tree
+  out = str(tmp_path / "out")
+  m = convert(root, out, "--volume_dtype=int16", "--format=tfrecord", "--splits=train=1.0")
+  assert m.features["volume"].dtype == "int16"
+  builder = tfds.builder_from_directory(out)
+  rows = list(tfds.as_numpy(builder.as_dataset(split="train")))
+  assert len(rows) == m.num_records
+  for r in rows:
+    assert r["volume"].dtype == np.int16 and r["volume"].shape[0] == r["num_slices"]
+    assert r["spacing"].shape == (3,) and r["direction"].shape == (3, 3)
+
+
+def test_reruns_are_byte_identical(tree, converted, tmp_path):
+  out, m, _ = converted
+  again = str(tmp_path / "again")
+  m2 = convert(tree[0], again, "--splits=train=0.5,validation=0.25,test=0.25")
+  assert [s.sha256 for sp in m.splits.values() for s in sp.shards] == [
+      s.sha256 for sp in m2.splits.values() for s in sp.shards]
+  assert inspect.verify(again, m2) == 0
+
+
+@pytest.mark.gcs
+def test_on_the_gcs_emulator(tree, converted, gcs_emulator):
+  root, _ = tree
+  out, m, _ = converted
+  src = f"gs://{gcs_emulator}/ct/dicom"  # the same folder name: the same dataset name
+  upload_tree(root, src)
+  gout = f"gs://{gcs_emulator}/ct/out"
+  gm = convert(src, gout, "--splits=train=0.5,validation=0.25,test=0.25")
+  assert {s.path: s.sha256 for sp in gm.splits.values() for s in sp.shards} == {
+      s.path: s.sha256 for sp in m.splits.values() for s in sp.shards}
+  assert gm.rejected.count == m.rejected.count
+  assert inspect.verify(gout, gm) == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--input={src}", "--output={out}"], "--id_salt is required"),
+    (["--input={src}", "--output={out}", "--id_salt=x", "--splits=train=0.5"], "sum to 1"),
+    (["--input={src}", "--output={out}", "--id_salt=x", "--splits=bogus"], "--splits must look like"),
+    (["--input={src}", "--output={out}", "--id_salt=x", "--volume_dtype=uint8"], "--volume_dtype must be"),
+    (["--input={src}/missing", "--output={out}", "--id_salt=x"], "does not exist"),
+])
+def test_bad_arguments_exit_2(tree, tmp_path, args, message):
+  out = str(tmp_path / "out")
+  r = subprocess.run([sys.executable, "-m", "pipelines.ct_volumes", *[a.format(src=tree[0], out=out) for a in args]],
+                     capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": REPO},
+                     timeout=300)
+  assert r.returncode == 2
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and message in lines[0], r.stderr
+  assert not os.path.exists(out)
