@@ -163,21 +163,26 @@ def _plan_by_instance_number(slices, stack, row, col, normal) -> VolumePlan:
       sorted_by="instance_number")
 
 
+def frames_per_file(slices: Sequence[SliceHeader]) -> dict[str, int]:
+  """{path: how many of `slices` come from it} (1 per classic file, frames for Enhanced CT)."""
+  return dict(collections.Counter(s.path for s in slices))
+
+
 def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE
-                 ) -> tuple[list[VolumePlan], list[tuple[str, str]]]:
-  """Volume plans of one candidate series, and (path, reason) for every file left out."""
+                 ) -> tuple[list[VolumePlan], list[tuple[str, str, int]]]:
+  """Volume plans of one candidate series, and (path, reason, frames) for what is left out."""
   plans, rejected = [], []
   with_pos = [s for s in slices if s.position is not None]
   if with_pos and len(with_pos) < len(slices):
-    for s in slices:
-      if s.position is None:
-        rejected.append((s.path, "missing mandatory tag ImagePositionPatient"))
+    missing = [s for s in slices if s.position is None]
+    rejected += [(path, "missing mandatory tag ImagePositionPatient", n)
+                 for path, n in sorted(frames_per_file(missing).items())]
     slices = with_pos
   for stack, members in sorted(_stacks(slices).items()):
     try:
       plans.append(_plan_stack(members, stack, tolerance))
     except SeriesRejected as e:
-      rejected += [(path, f"series rejected: {e}") for path in sorted({s.path for s in members})]
+      rejected += [(path, f"series rejected: {e}", n) for path, n in sorted(frames_per_file(members).items())]
   return plans, rejected
 
 

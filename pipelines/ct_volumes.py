@@ -34,7 +34,8 @@ import numpy as np
 from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines import _cli
-from pipelines._ct_assembly import DEFAULT_TOLERANCE, SeriesRejected, VolumePlan, plan_volumes, read_volume
+from pipelines._ct_assembly import (
+    DEFAULT_TOLERANCE, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
 from pipelines._ct_headers import Rejected, read_slices, salted_hash
 from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
 
@@ -139,13 +140,6 @@ class _ReadHeadersFn(beam.DoFn):
       yield s.series_key, s
 
 
-def _units(slices) -> dict[str, int]:
-  out: dict[str, int] = {}
-  for s in slices:
-    out[s.path] = out.get(s.path, 0) + 1
-  return out
-
-
 class _PlanFn(beam.DoFn):
   """(series key, headers) → VolumePlans; files left out → Rejects. No pixels read."""
 
@@ -156,16 +150,9 @@ class _PlanFn(beam.DoFn):
 
   def process(self, element):
     _, slices = element
-    slices = list(slices)
-    plans, rejected = plan_volumes(slices, self._tolerance)
-    frames = _units(slices)
-    planned = {}
-    for plan in plans:
-      for path, n in _units([*plan.slices, *(d for _, d in plan.duplicates)]).items():
-        planned[path] = planned.get(path, 0) + n
-    for path, reason in rejected:
-      # A file's frames that no plan uses are the units this reject accounts for.
-      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, units=frames[path] - planned.get(path, 0)))
+    plans, rejected = plan_volumes(list(slices), self._tolerance)
+    for path, reason, frames in rejected:
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, units=frames))
     yield from plans
 
 
@@ -189,7 +176,7 @@ class _ReadVolumeFn(beam.DoFn):
       volume, dropped = read_volume(plan, _open, dtype)
     except SeriesRejected as e:
       self._series_rejected.inc()
-      for path, n in _units([*plan.slices, *(d for _, d in plan.duplicates)]).items():
+      for path, n in frames_per_file([*plan.slices, *(d for _, d in plan.duplicates)]).items():
         reason = e.culprit_reason if path == e.culprit else f"series rejected: {e}"
         yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split, n))
       return

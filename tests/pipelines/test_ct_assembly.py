@@ -70,8 +70,8 @@ def test_oblique_geometry():
 def test_bad_stacks_are_rejected_with_reasons(zs, reason):
   plans, rejected = plan_volumes(_slices(zs))
   assert not plans
-  assert {p for p, _ in rejected} == {f"f{i:03d}" for i in range(len(zs))}
-  assert all(reason in r for _, r in rejected)
+  assert {p for p, _, _ in rejected} == {f"f{i:03d}" for i in range(len(zs))}
+  assert all(reason in r and n == 1 for _, r, n in rejected)
 
 
 def test_gantry_tilt_is_rejected():
@@ -104,7 +104,7 @@ def test_missing_positions_reject_those_files_only():
   s = _slices([0, 1, 2, 3])
   s.append(dataclasses.replace(_slices([4])[0], path="nopos", position=None))
   plans, rejected = plan_volumes(s)
-  assert rejected == [("nopos", "missing mandatory tag ImagePositionPatient")]
+  assert rejected == [("nopos", "missing mandatory tag ImagePositionPatient", 1)]
   assert len(plans[0].slices) == 4
 
 
