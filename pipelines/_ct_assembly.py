@@ -190,49 +190,90 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
 
 
 def stored_values(arr: np.ndarray, bits_stored: int, pixel_representation: int) -> np.ndarray:
-  """Stored pixel values limited to BitsStored (sign-extended when signed), as int32."""
-  a = arr.astype(np.int64)
-  mask = (1 << bits_stored) - 1
-  a &= mask
+  """Stored pixel values limited to BitsStored (sign-extended when signed), same width as `arr`."""
+  size = arr.dtype.itemsize
+  signed = np.dtype(f"<i{size}") if size > 1 else np.dtype(np.int8)
+  unsigned = np.dtype(f"<u{size}") if size > 1 else np.dtype(np.uint8)
+  bits = 8 * size
   if pixel_representation == 1:
-    sign = 1 << (bits_stored - 1)
-    a = (a ^ sign) - sign
-  return a.astype(np.int32)
+    a = arr.view(signed) if arr.dtype.kind in "iu" and arr.dtype.itemsize == size else arr.astype(signed)
+    if bits_stored < bits:
+      shift = bits - bits_stored
+      a = (a << shift) >> shift  # arithmetic shift: drops the bits above BitsStored, keeps the sign
+    return a
+  a = arr.view(unsigned) if arr.dtype.kind in "iu" else arr.astype(unsigned)
+  if bits_stored < bits:
+    a = a & unsigned.type((1 << bits_stored) - 1)
+  return a
 
 
-def slice_hu(stored: np.ndarray, s: SliceHeader, dtype: np.dtype) -> np.ndarray:
-  """One slice in HU: padding masked on stored values, then slope/intercept."""
-  if np.dtype(dtype) == np.int16 and float(s.slope).is_integer() and float(s.intercept).is_integer():
-    hu = stored.astype(np.int64) * int(s.slope) + int(s.intercept)
+def slice_hu(stored: np.ndarray, s: SliceHeader, out: np.ndarray) -> np.ndarray:
+  """Writes one slice in HU into `out`: slope/intercept, then padding (found on the
+  stored values) set to -1024. Integral rescales into int16 stay in integer arithmetic."""
+  slope, intercept = s.slope, s.intercept
+  if out.dtype == np.int16 and float(slope).is_integer() and float(intercept).is_integer():
+    hu = stored.astype(np.int32)
+    if slope != 1:
+      hu *= int(slope)
+    hu += int(intercept)
+    if hu.size and (hu.min() < -32768 or hu.max() > 32767):
+      np.clip(hu, -32768, 32767, out=hu)
+    out[...] = hu
   else:
-    hu = stored.astype(np.float64) * s.slope + s.intercept
+    hu = stored.astype(np.float64)
+    hu *= slope
+    hu += intercept
+    if out.dtype == np.int16:
+      np.rint(hu, out=hu)
+      np.clip(hu, -32768, 32767, out=hu)
+    out[...] = hu
   if s.padding is not None:
     lo, hi = s.padding
-    hu = np.where((stored >= lo) & (stored <= hi), PADDING_HU, hu)
-  if np.dtype(dtype) == np.int16:
-    return np.clip(np.rint(hu), -32768, 32767).astype(np.int16)
-  return hu.astype(np.float32)
+    mask = stored == lo if lo == hi else (stored >= lo) & (stored <= hi)
+    np.putmask(out, mask, PADDING_HU)
+  return out
 
 
 class _Decoded:
-  """Decoded stored values per (path, frame), one file open at a time."""
+  """Decoded stored values per (path, frame), one file open at a time.
+
+  Native little-endian single-frame files are read straight from the pixel data
+  offset found while reading the header; everything else goes through pydicom.
+  """
 
   def __init__(self, open_file: Callable[[str], BinaryIO]):
     self._open = open_file
     self._path: str | None = None
     self._array: np.ndarray | None = None
 
+  def _fail(self, s: SliceHeader, e: Exception) -> SeriesRejected:
+    return SeriesRejected(
+        f"a slice's pixel data could not be decoded ({s.path})", culprit=s.path,
+        culprit_reason=f"truncated or undecodable pixel data: {type(e).__name__}: {e}")
+
+  def _read_native(self, s: SliceHeader) -> np.ndarray:
+    size = s.bits_allocated // 8
+    dtype = np.dtype(f"<{'i' if s.pixel_representation == 1 else 'u'}{size}") if size > 1 else np.dtype(
+        np.int8 if s.pixel_representation == 1 else np.uint8)
+    nbytes = s.rows * s.columns * size
+    with self._open(s.path) as f:
+      f.seek(s.pixel_offset)
+      data = f.read(nbytes)
+    if len(data) != nbytes:
+      raise ValueError(f"the pixel data holds {len(data)} of {nbytes} bytes (truncated file)")
+    return np.frombuffer(data, dtype=dtype).reshape(s.rows, s.columns)
+
   def get(self, s: SliceHeader) -> np.ndarray:
     if s.path != self._path:
       self._path, self._array = s.path, None
       try:
-        with self._open(s.path) as f:
-          ds = pydicom.dcmread(f)
-          self._array = ds.pixel_array
+        if s.pixel_offset is not None and s.frame is None:
+          self._array = self._read_native(s)
+        else:
+          with self._open(s.path) as f:
+            self._array = pydicom.dcmread(f).pixel_array
       except Exception as e:  # a truncated file, a codec without a plugin, corrupt data
-        raise SeriesRejected(
-            f"a slice's pixel data could not be decoded ({s.path})", culprit=s.path,
-            culprit_reason=f"truncated or undecodable pixel data: {type(e).__name__}: {e}") from None
+        raise self._fail(s, e) from None
     arr = self._array if s.frame is None else self._array[s.frame]
     if arr.shape != (s.rows, s.columns):
       raise SeriesRejected(f"pixel data of {s.path} has shape {arr.shape}, header says {(s.rows, s.columns)}")
@@ -256,7 +297,7 @@ def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: s
   reference: dict[int, np.ndarray] = {}
   for i in order:
     stored = decoded.get(plan.slices[i])
-    out[i] = slice_hu(stored, plan.slices[i], np.dtype(dtype))
+    slice_hu(stored, plan.slices[i], out[i])
     if i in dups:
       reference[i] = stored
   dropped = []

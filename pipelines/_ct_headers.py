@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import struct
 from typing import BinaryIO
 
 import numpy as np
@@ -62,6 +63,10 @@ class SliceHeader:
   pixel_representation: int
   instance_number: int | None
   spacing_between_slices: float | None
+  bits_allocated: int = 16
+  # Byte offset of native (uncompressed little-endian) single-frame pixel data in the
+  # file, so the pixels can be read directly; None: decode with pydicom.
+  pixel_offset: int | None = None
 
 
 def salted_hash(salt: str, *parts: str) -> str:
@@ -87,12 +92,31 @@ def _require(ds, keyword: str):
   return value
 
 
-def _has_pixel_data(fileobj: BinaryIO) -> bool:
-  """After dcmread(stop_before_pixels=True) the stream sits at the pixel data tag, if any."""
+_NATIVE_LE = {"1.2.840.10008.1.2": False, "1.2.840.10008.1.2.1": True}  # syntax -> explicit VR
+
+
+def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int) -> tuple[bool, int | None]:
+  """(has pixel data, offset of native pixel bytes or None), reading just past the element header.
+
+  After dcmread(stop_before_pixels=True) the stream sits at the pixel data tag, if any.
+  """
   try:
-    return fileobj.read(4) in _PIXEL_DATA_TAGS
-  except (OSError, ValueError):
-    return False
+    start = fileobj.tell()
+    tag = fileobj.read(4)
+    if tag not in _PIXEL_DATA_TAGS:
+      return False, None
+    if transfer_syntax not in _NATIVE_LE or tag != _PIXEL_DATA_TAGS[0]:
+      return True, None
+    if _NATIVE_LE[transfer_syntax]:
+      vr_and_length = fileobj.read(8)  # VR, 2 reserved bytes, 4-byte length
+      length, header = struct.unpack_from("<I", vr_and_length, 4)[0], 12
+    else:
+      length, header = struct.unpack("<I", fileobj.read(4))[0], 8
+    if length != expected_bytes:  # undefined length, odd padding, multi-frame: let pydicom decide
+      return True, None
+    return True, start + header
+  except (OSError, ValueError, struct.error):
+    return True, None
 
 
 def _is_localizer(image_type) -> bool:
@@ -130,7 +154,12 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
   modality = str(ds.get("Modality", ""))
   if sop_class not in CT_SOP_CLASSES:
     raise Rejected(f"not a CT image (modality {modality or '?'}, SOP class {sop_class or '?'})")
-  if not _has_pixel_data(fileobj):
+  rows, columns = int(_require(ds, "Rows")), int(_require(ds, "Columns"))
+  bits_allocated = int(_require(ds, "BitsAllocated"))
+  transfer_syntax = str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or "")
+  has_pixels, pixel_offset = _pixel_data(
+      fileobj, transfer_syntax, rows * columns * bits_allocated // 8 if bits_allocated in (8, 16, 32) else -1)
+  if not has_pixels:
     raise Rejected("no pixel data")
   if _is_localizer(ds.get("ImageType")):
     raise Rejected("localizer (scout) image")
@@ -139,8 +168,6 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
   study = str(_require(ds, "StudyInstanceUID"))
   series = str(_require(ds, "SeriesInstanceUID"))
   frame_of_ref = str(ds.get("FrameOfReferenceUID", ""))
-  rows, columns = int(_require(ds, "Rows")), int(_require(ds, "Columns"))
-  bits_allocated = int(_require(ds, "BitsAllocated"))
   bits_stored = int(ds.get("BitsStored", bits_allocated))
   pixel_representation = int(_require(ds, "PixelRepresentation"))
   patient = salted_hash(salt, "patient", str(ds.get("PatientID", "")))
@@ -149,7 +176,7 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
   number_of_frames = int(ds.get("NumberOfFrames", 1) or 1)
   is_enhanced = "PerFrameFunctionalGroupsSequence" in ds
 
-  common = dict(rows=rows, columns=columns, bits_stored=bits_stored,
+  common = dict(rows=rows, columns=columns, bits_stored=bits_stored, bits_allocated=bits_allocated,
                 pixel_representation=pixel_representation, padding=padding, patient_id=patient,
                 series_id=series_id)
 
@@ -178,7 +205,8 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
         path=path, frame=None, series_key=key(orientation, pixel_spacing), acquisition=acquisition,
         position=position, orientation=orientation, pixel_spacing=pixel_spacing, slope=slope,
         intercept=intercept, instance_number=int(instance) if instance not in (None, "") else None,
-        spacing_between_slices=float(sbs) if sbs not in (None, "") else None, **common)]
+        spacing_between_slices=float(sbs) if sbs not in (None, "") else None, pixel_offset=pixel_offset,
+        **common)]
 
   # Enhanced / legacy-converted enhanced CT: geometry and rescale per frame.
   shared = ds.get("SharedFunctionalGroupsSequence")

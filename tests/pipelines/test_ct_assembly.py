@@ -129,15 +129,22 @@ def test_stored_values_respect_bits_stored_and_sign():
   raw = np.array([0x0FFF, 0xF800, 0x0800, 0x07FF], dtype=np.uint16)
   np.testing.assert_array_equal(stored_values(raw, 12, 0), [4095, 2048, 2048, 2047])
   np.testing.assert_array_equal(stored_values(raw, 12, 1), [-1, -2048, -2048, 2047])
+  np.testing.assert_array_equal(stored_values(raw.view(np.int16), 16, 1), raw.view(np.int16))
+  np.testing.assert_array_equal(stored_values(raw, 16, 0), raw)
 
 
 def test_padding_is_masked_on_stored_values_before_rescale():
   s = _slices([0])[0]
   s = dataclasses.replace(s, padding=(-2000, -2000), intercept=-1024.0, slope=1.0)
   stored = np.array([[-2000, 0, 1024]], np.int32)
-  np.testing.assert_array_equal(slice_hu(stored, s, np.dtype(np.int16)), [[PADDING_HU, -1024, 0]])
+  np.testing.assert_array_equal(slice_hu(stored, s, np.empty((1, 3), np.int16)), [[PADDING_HU, -1024, 0]])
   half = dataclasses.replace(s, slope=0.5, intercept=-1000.0, padding=None)
-  np.testing.assert_array_equal(slice_hu(np.array([[3, 2000]]), half, np.dtype(np.float32)), [[-998.5, 0.0]])
+  np.testing.assert_array_equal(slice_hu(np.array([[3, 2000]]), half, np.empty((1, 2), np.float32)), [[-998.5, 0.0]])
+  rounded = slice_hu(np.array([[3, 2000]]), half, np.empty((1, 2), np.int16))
+  np.testing.assert_array_equal(rounded, [[-998, 0]])  # forced int16 rounds half to even
+  big = dataclasses.replace(s, slope=10.0, intercept=0.0, padding=None)
+  np.testing.assert_array_equal(slice_hu(np.array([[5000, -5000]]), big, np.empty((1, 2), np.int16)),
+                                [[32767, -32768]])  # clipped, not wrapped
 
 
 def test_read_volume_drops_identical_and_rejects_conflicting_duplicates():
