@@ -54,14 +54,20 @@ def _len_field(field: int, payload: bytes) -> bytes:
   return _varint((field << 3) | _WT_LEN) + _varint(len(payload)) + payload
 
 
+def _len_header(field: int, length: int) -> bytes:
+  return _varint((field << 3) | _WT_LEN) + _varint(length)
+
+
 def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
-  """A serialized `Feature` holding a BytesList."""
+  """A serialized `Feature` holding a BytesList (one copy of the payload, however large)."""
   if isinstance(values, (bytes, bytearray, memoryview, str)):
     values = [values]
-  items = b"".join(
-      _len_field(1, v.encode("utf-8") if isinstance(v, str) else bytes(v)) for v in values
-  )
-  return _len_field(1, items)
+  parts = []
+  for v in values:
+    v = v.encode("utf-8") if isinstance(v, str) else v
+    parts += [_len_header(1, len(v)), v]
+  size = sum(len(p) for p in parts)
+  return b"".join([_len_header(1, size), *parts])
 
 
 def int64_feature(values: int | Iterable[int] | np.ndarray) -> bytes:
@@ -87,11 +93,14 @@ def encode_example(features: Mapping[str, bytes]) -> bytes:
   >>> encode_example({"label": int64_feature(3), "name": bytes_feature("a.jpg")})[:4]
   b'\\n\\x1f\\n\\x0e'
   """
-  entries = b"".join(
-      _len_field(1, _len_field(1, key.encode("utf-8")) + _len_field(2, features[key]))
-      for key in sorted(features)
-  )
-  return _len_field(1, entries)
+  parts = []
+  for key in sorted(features):
+    k = _len_field(1, key.encode("utf-8"))
+    value = features[key]
+    value_header = _len_header(2, len(value))
+    parts += [_len_header(1, len(k) + len(value_header) + len(value)), k, value_header, value]
+  size = sum(len(p) for p in parts)
+  return b"".join([_len_header(1, size), *parts])  # the payloads are copied once
 
 
 # --------------------------------------------------------------------------- decode
