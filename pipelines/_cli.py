@@ -32,29 +32,46 @@ class _RaisingParser(argparse.ArgumentParser):
     raise UsageError(message)
 
 
+class ConverterOptions(PipelineOptions):
+  """Flags every converter shares. Pipeline-specific flags live in their own
+  classes: Beam registers every options class in one parser, so two pipelines
+  defining the same flag could not be imported into one process."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--input", help="Input folder, local or gs://.")
+    parser.add_argument("--output", help="Output folder, local or gs://.")
+    parser.add_argument("--format", dest="file_format", default="array_record",
+                        help="array_record (default; random access) or tfrecord.")
+    parser.add_argument("--num_shards", default="0", help="Shards per split; 0 (default) picks ~128 MB shards.")
+    parser.add_argument("--name", default=None, help="Dataset name in shard names; default: the input folder's name.")
+    parser.add_argument("--seed", default="0", help="Seed of the record order.")
+    parser.add_argument("--overwrite", default="false",
+                        help="true: replace an output folder that already holds a complete output.")
+
+
 def _all_option_classes(cls=PipelineOptions):
   for sub in cls.__subclasses__():
     yield sub
     yield from _all_option_classes(sub)
 
 
-def parse_options(argv: Sequence[str] | None, options_cls: type[PipelineOptions]) -> PipelineOptions:
-  """Beam options from `argv`, rejecting flags no options class knows."""
+def parse_options(argv: Sequence[str] | None, own: Sequence[type[PipelineOptions]]) -> PipelineOptions:
+  """Beam options from `argv`, rejecting flags that neither Beam nor this pipeline
+  (`own` options classes and ConverterOptions) defines."""
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = _RaisingParser(allow_abbrev=False, add_help=False)
-  seen = set()
-  for cls in [options_cls, *_all_option_classes()]:
-    if cls in seen:
-      continue
-    seen.add(cls)
+  allowed = [ConverterOptions, *own]
+  beam_classes = [c for c in _all_option_classes() if c.__module__.startswith("apache_beam.")]
+  for cls in dict.fromkeys([*allowed, *beam_classes]):
     try:
       cls._add_argparse_args(parser)
     except argparse.ArgumentError:
-      pass  # a flag defined by two classes; the first definition wins
+      pass  # a flag Beam defines in two classes; the first definition wins
   _, unknown = parser.parse_known_args(argv)
   if unknown:
     raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-  return options_cls(argv)
+  return PipelineOptions(argv)
 
 
 def int_flag(name: str, value, minimum: int) -> int:

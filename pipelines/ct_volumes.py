@@ -45,23 +45,16 @@ _log = logging.getLogger(PIPELINE)
 
 
 class CtVolumesOptions(PipelineOptions):
-  """Flags of `pipelines.ct_volumes` (every other Beam flag is accepted too)."""
+  """Flags of `pipelines.ct_volumes` beyond the shared ones (`_cli.ConverterOptions`)."""
 
   @classmethod
   def _add_argparse_args(cls, parser):
-    parser.add_argument("--input", help="Tree of DICOM files, local or gs://.")
-    parser.add_argument("--output", help="Output folder, local or gs://.")
     parser.add_argument("--id_salt", help="Secret salt for the patient/series hashes (required).")
-    parser.add_argument("--format", dest="file_format", default="array_record", help="array_record or tfrecord.")
-    parser.add_argument("--num_shards", default="0", help="Shards per split; 0 picks ~128 MB shards.")
     parser.add_argument("--splits", default=DEFAULT_SPLITS, help="name=fraction,...; assigned per patient.")
-    parser.add_argument("--name", default=None, help="Dataset name; default: the input folder's name.")
     parser.add_argument("--volume_dtype", default="auto",
                         help="auto (int16, float32 if a rescale is not integral), int16 or float32.")
     parser.add_argument("--slice_tolerance", default=str(DEFAULT_TOLERANCE),
                         help="Largest relative deviation of a slice gap from the mean spacing.")
-    parser.add_argument("--seed", default="0", help="Seed of the record order.")
-    parser.add_argument("--overwrite", default="false", help="true: replace a complete output.")
 
 
 def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
@@ -205,15 +198,15 @@ def _summarize(_, num_files: int, warnings: list[str]) -> InputSummary:
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
-  options = _cli.parse_options(argv, CtVolumesOptions)
-  o = options.view_as(CtVolumesOptions)
-  if not o.input:
+  options = _cli.parse_options(argv, [CtVolumesOptions])
+  c, o = options.view_as(_cli.ConverterOptions), options.view_as(CtVolumesOptions)
+  if not c.input:
     raise _cli.UsageError("--input is required (a tree of DICOM files, local or gs://)")
-  if not o.output:
+  if not c.output:
     raise _cli.UsageError("--output is required (local or gs://)")
   if not o.id_salt:
     raise _cli.UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
-  _cli.check_file_format(o.file_format)
+  _cli.check_file_format(c.file_format)
   splits = parse_splits(o.splits)
   for split, _ in splits:
     naming.check_split_name(split)
@@ -225,11 +218,11 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
     tolerance = -1.0
   if not 0 < tolerance < 0.5:
     raise _cli.UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
-  root, output, overwrite = _cli.check_input_output(o.input, o.output, o.overwrite)
+  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite)
   return options, dict(
-      root=root, output=output, overwrite=overwrite, name=_cli.dataset_name(o.name, root),
-      file_format=o.file_format, num_shards=_cli.int_flag("num_shards", o.num_shards, 0),
-      seed=_cli.int_flag("seed", o.seed, 0), salt=o.id_salt, splits=splits,
+      root=root, output=output, overwrite=overwrite, name=_cli.dataset_name(c.name, root),
+      file_format=c.file_format, num_shards=_cli.int_flag("num_shards", c.num_shards, 0),
+      seed=_cli.int_flag("seed", c.seed, 0), salt=o.id_salt, splits=splits,
       volume_dtype=o.volume_dtype, tolerance=tolerance,
   )
 

@@ -41,24 +41,15 @@ _log = logging.getLogger(PIPELINE)
 
 
 class ImageFolderOptions(PipelineOptions):
-  """Flags of `pipelines.image_folder` (every other Beam flag is accepted too)."""
+  """Flags of `pipelines.image_folder` beyond the shared ones (`_cli.ConverterOptions`)."""
 
   @classmethod
   def _add_argparse_args(cls, parser):
-    parser.add_argument("--input", help="Folder of class folders (or of split folders), local or gs://.")
-    parser.add_argument("--output", help="Output folder, local or gs://.")
-    parser.add_argument("--format", dest="file_format", default="array_record",
-                        help="array_record (default) or tfrecord.")
-    parser.add_argument("--num_shards", default="0", help="Shards per split; 0 (default) picks ~128 MB shards.")
     parser.add_argument("--image_size", default=None, help="H,W: resize (keep aspect) and center-crop to this size.")
     parser.add_argument("--encoding", default="jpeg", help="jpeg (default) or raw (uint8 HxWx3; needs --image_size).")
     parser.add_argument("--jpeg_quality", default="95", help="JPEG quality when images are re-encoded.")
-    parser.add_argument("--name", default=None, help="Dataset name in shard names; default: the input folder's name.")
-    parser.add_argument("--seed", default="0", help="Seed of the record shuffle.")
     parser.add_argument("--layout", default="auto",
                         help="auto, classes (<class>/<files>) or splits (<split>/<class>/<files>).")
-    parser.add_argument("--overwrite", default="false",
-                        help="true: replace an output folder that already holds a complete output.")
 
 
 def split_and_class(rel: str, split_layout: bool) -> tuple[str, str]:
@@ -163,13 +154,13 @@ def _summarize_inputs(_, counts, folders, num_strays) -> InputSummary:
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   """Validates every flag before anything is read or written; raises UsageError."""
-  options = _cli.parse_options(argv, ImageFolderOptions)
-  o = options.view_as(ImageFolderOptions)
-  if not o.input:
+  options = _cli.parse_options(argv, [ImageFolderOptions])
+  c, o = options.view_as(_cli.ConverterOptions), options.view_as(ImageFolderOptions)
+  if not c.input:
     raise _cli.UsageError("--input is required (a folder of class folders, local or gs://)")
-  if not o.output:
+  if not c.output:
     raise _cli.UsageError("--output is required (local or gs://)")
-  _cli.check_file_format(o.file_format)
+  _cli.check_file_format(c.file_format)
   if o.layout not in ("auto", "classes", "splits"):
     raise _cli.UsageError(f"--layout must be auto, classes or splits, got {o.layout!r}")
   size = None
@@ -185,11 +176,11 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   quality = _cli.int_flag("jpeg_quality", o.jpeg_quality, 1)
   if quality > 100:
     raise _cli.UsageError(f"--jpeg_quality must be in [1, 100], got {quality}")
-  root, output, overwrite = _cli.check_input_output(o.input, o.output, o.overwrite)
-  name = _cli.dataset_name(o.name, root)
+  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite)
+  name = _cli.dataset_name(c.name, root)
   args = dict(
-      root=root, output=output, name=name, file_format=o.file_format,
-      num_shards=_cli.int_flag("num_shards", o.num_shards, 0), seed=_cli.int_flag("seed", o.seed, 0),
+      root=root, output=output, name=name, file_format=c.file_format,
+      num_shards=_cli.int_flag("num_shards", c.num_shards, 0), seed=_cli.int_flag("seed", c.seed, 0),
       image_options=_imaging.ImageOptions(size=size, encoding=o.encoding, jpeg_quality=quality),
       layout=o.layout, overwrite=overwrite,
   )

@@ -234,3 +234,14 @@ def test_bad_arguments_exit_2(tree, tmp_path, args, message):
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and message in lines[0], r.stderr
   assert not os.path.exists(out)
+
+
+def test_both_pipelines_live_in_one_process_and_keep_their_own_flags(tree, tmp_path):
+  """Beam registers every options class in one parser: flags must not clash, and one
+  pipeline must not accept the other's flags."""
+  from pipelines import image_folder
+
+  with pytest.raises(UsageError, match="unrecognized arguments: --id_salt=x"):
+    image_folder.run([f"--input={tree[0]}", f"--output={tmp_path}/o", "--id_salt=x"])
+  with pytest.raises(UsageError, match="unrecognized arguments: --image_size=4,4"):
+    ct_volumes.run([f"--input={tree[0]}", f"--output={tmp_path}/o", "--id_salt=x", "--image_size=4,4"])
