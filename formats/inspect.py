@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Iterator
 import dataclasses
 import io
+import json
 import os
 import sys
 
@@ -20,7 +21,8 @@ import numpy as np
 
 from formats import arrayrecord, files, tfrecord
 from formats.features import ClassLabel, Features, Image, Tensor
-from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo, sha256_file
+from formats.graphbin import GraphBin
+from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, sha256_file
 
 
 def load_manifest(output: str) -> Manifest:
@@ -81,9 +83,34 @@ def verify(output: str, manifest: Manifest, out=None) -> int:
       if problems:
         bad += 1
         print(f"BAD {shard.path}: {'; '.join(problems)}", file=out)
-  total = sum(len(s.shards) for s in manifest.splits.values())
-  print(f"verify: {total - bad}/{total} shards OK", file=out)
+  for info in manifest.files:
+    problems = verify_file(output, info)
+    if problems:
+      bad += 1
+      print(f"BAD {info.path}: {'; '.join(problems)}", file=out)
+  total = sum(len(s.shards) for s in manifest.splits.values()) + len(manifest.files)
+  print(f"verify: {total - bad}/{total} {'files' if manifest.files else 'shards'} OK", file=out)
   return bad
+
+
+def verify_file(output: str, info: FileInfo) -> list[str]:
+  """Problems of a non-shard data file (a .graphbin): size, SHA-256, section checksums."""
+  src = files.join(output, info.path)
+  if not files.exists(src):
+    return ["missing"]
+  problems = []
+  with files.LocalCopy(src) as local:
+    if os.path.getsize(local) != info.num_bytes:
+      problems.append(f"size {os.path.getsize(local)} != manifest {info.num_bytes}")
+    digest = sha256_file(local)
+    if digest != info.sha256:
+      problems.append(f"sha256 {digest[:12]}... != manifest {info.sha256[:12]}...")
+    if info.kind == "graphbin":
+      try:
+        GraphBin(local, verify=True)
+      except ValueError as e:
+        problems.append(str(e))
+  return problems
 
 
 def summary(manifest: Manifest) -> str:
@@ -105,6 +132,10 @@ def summary(manifest: Manifest) -> str:
   rej = manifest.rejected
   reasons = ", ".join(f"{k}: {v}" for k, v in rej.by_reason.items())
   lines.append(f"rejected: {rej.count}" + (f" ({reasons}) listed in {rej.path}" if rej.count else ""))
+  for f in manifest.files:
+    lines.append(f"file: {f.path} ({f.kind}, {f.num_bytes / 1e6:.1f} MB)")
+  if manifest.graph:
+    lines.append(f"graph: {json.dumps(manifest.graph, sort_keys=True)}")
   for w in manifest.warnings:
     lines.append(f"warning: {w}")
   return "\n".join(lines)

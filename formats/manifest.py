@@ -29,6 +29,8 @@ MANIFEST_FILENAME = "manifest.json"
 MANIFEST_VERSION = 1
 ERRORS_DIR = "errors"
 REJECTED_FILENAME = "errors/rejected.jsonl"
+# Sharded record outputs, plus the single-file graph blob.
+OUTPUT_FORMATS = (*naming.FILE_FORMATS, "graphbin")
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:
@@ -45,6 +47,19 @@ class ShardInfo:
   num_records: int
   num_bytes: int
   sha256: str
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+  """A data file that is not a shard (e.g. the .graphbin of a graph output)."""
+
+  path: str  # relative to the output root
+  num_bytes: int
+  sha256: str
+  kind: str  # "graphbin"
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -93,11 +108,13 @@ class Manifest:
   rejected: Rejected = Rejected()
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   warnings: tuple[str, ...] = ()
+  files: tuple[FileInfo, ...] = ()  # non-shard data files
+  graph: Mapping[str, Any] | None = None  # graph outputs: layout, node and edge counts
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
-    if self.file_format not in naming.FILE_FORMATS:
-      raise ValueError(f"format must be one of {naming.FILE_FORMATS}, got {self.file_format!r}")
+    if self.file_format not in OUTPUT_FORMATS:
+      raise ValueError(f"format must be one of {OUTPUT_FORMATS}, got {self.file_format!r}")
     for split in self.splits:
       naming.check_split_name(split)
 
@@ -115,6 +132,8 @@ class Manifest:
         "rejected": self.rejected.to_json(),
         "warnings": list(self.warnings),
         "source": dict(self.source),
+        **({"files": [f.to_json() for f in self.files]} if self.files else {}),
+        **({"graph": dict(self.graph)} if self.graph is not None else {}),
     }
 
   def dumps(self) -> bytes:
@@ -141,6 +160,8 @@ class Manifest:
         rejected=Rejected(rej.get("count", 0), rej.get("by_reason", {}), rej.get("path", REJECTED_FILENAME)),
         source=d.get("source", {}),
         warnings=tuple(d.get("warnings", ())),
+        files=tuple(FileInfo(**f) for f in d.get("files", ())),
+        graph=d.get("graph"),
     )
 
   @classmethod

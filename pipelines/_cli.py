@@ -146,6 +146,10 @@ def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pip
   result.wait_until_finish()
   if fs.exists(manifest_path):
     m = Manifest.loads(fs.read_bytes(manifest_path))
+    if m.files:
+      print(f"{prog}: {', '.join(f'{f.path} ({f.num_bytes / 1e6:.1f} MB)' for f in m.files)} "
+            f"-> {args['output']} in {time.monotonic() - t0:.1f}s", flush=True)
+      return result
     shards = sum(len(s.shards) for s in m.splits.values())
     size = sum(s.num_bytes for s in m.splits.values())
     print(

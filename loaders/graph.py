@@ -1,0 +1,311 @@
+"""Graphs for training: a memory-mapped `.graphbin` and a static-shape neighbour sampler.
+
+    graph = loaders.graph.load("gs://bucket/graphs/ogbn_products")   # fetched once, verified
+    sampler = loaders.graph.NeighborSampler(graph, fanouts=[15, 10, 5], batch_size=1024,
+                                            seed=0, shard_index=rank, shard_count=world)
+    for batch in loaders.graph.grain_dataset(sampler, num_epochs=1):   # dicts of numpy arrays
+      ...
+
+Sampling is uniform with replacement and a fixed fanout per hop, vectorised
+over the whole frontier (no Python loop per node). Nodes found at each hop
+are de-duplicated and relabelled to local ids: the seeds are local ids
+0..B-1, then each hop's new nodes. Every batch has the same shapes: each hop
+has a fixed budget of frontier nodes and edges (padded, with masks), so XLA
+compiles once. A node without neighbours yields masked padding edges.
+Threads only: `grain_dataset` prefetches with grain's thread pool; `xla_loader`
+wraps torch_xla's `MpDeviceLoader`. This module never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import threading
+
+import numpy as np
+
+from formats import files
+from formats.graphbin import GraphBin
+from formats.manifest import MANIFEST_FILENAME, Manifest
+
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "graphs")
+
+
+class Graph:
+  """A .graphbin opened for reading: arrays are read-only views of the mapped file."""
+
+  def __init__(self, path: str, verify: bool = True):
+    self.path = path
+    self.bin = GraphBin(path, verify=verify)
+    self.meta = self.bin.meta
+    self.num_nodes: int = int(sum(self.meta.get("num_nodes", {}).values()))
+    self.indptr = self.bin["indptr"] if "indptr" in self.bin else None
+    self.indices = self.bin["indices"] if "indices" in self.bin else None
+    self.node_features = self.bin["node/feat"] if "node/feat" in self.bin else None
+    self.labels = self.bin["node/label"] if "node/label" in self.bin else None
+
+  @property
+  def num_edges(self) -> int:
+    return 0 if self.indices is None else len(self.indices)
+
+  @property
+  def splits(self) -> dict[str, np.ndarray]:
+    """{"<split name>/<train|valid|test>[/<key>]": ids}, e.g. {"time/train": ...}."""
+    return {n[len("split/"):]: self.bin[n] for n in self.bin.names("split/")}
+
+  def split(self, part: str = "train") -> np.ndarray:
+    """The ids of `part` ("train", "valid", "test"); the data set's split name may be omitted."""
+    matches = [v for k, v in self.splits.items() if k == part or k.endswith("/" + part)]
+    if len(matches) != 1:
+      raise KeyError(f"{self.path}: split {part!r} matches {len(matches)} of {sorted(self.splits)}")
+    return matches[0]
+
+  def relation(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, indices) of one relation of a heterogeneous graph ("paper___cites___paper")."""
+    return self.bin[f"rel/{name}/indptr"], self.bin[f"rel/{name}/indices"]
+
+  @property
+  def node_type_offsets(self) -> dict[str, int]:
+    """Heterogeneous graphs: global id = offset of the type + id within the type."""
+    counts = self.meta.get("num_nodes", {})
+    out, acc = {}, 0
+    for t in sorted(counts):
+      out[t], acc = acc, acc + counts[t]
+    return out
+
+
+def load(path: str, cache_dir: str | None = None, verify: bool = True) -> Graph:
+  """Opens a graph output (its folder, or the .graphbin itself), local or gs://.
+
+  A gs:// graph is downloaded once into `cache_dir` (default ~/.cache/tpu_shards/graphs)
+  and its SHA-256 checked against the manifest; later loads reuse the verified copy.
+  """
+  folder, file_name = path, None
+  if path.endswith(".graphbin"):
+    folder, file_name = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path), os.path.basename(path)
+  manifest_path = files.join(folder, MANIFEST_FILENAME)
+  manifest = Manifest.loads(files.read_bytes(manifest_path)) if files.exists(manifest_path) else None
+  if manifest is None and files.is_gcs(path):
+    raise FileNotFoundError(f"{manifest_path} not found: {folder} is not a complete graph output")
+  info = None
+  if manifest is not None:
+    blobs = [f for f in manifest.files if f.kind == "graphbin" and (file_name is None or f.path == file_name)]
+    if len(blobs) != 1:
+      raise FileNotFoundError(f"{manifest_path} lists no graph {file_name or ''}".rstrip())
+    info = blobs[0]
+    file_name = info.path
+  if not files.is_gcs(folder):
+    local = os.path.join(folder, file_name)
+    if info is not None and verify and os.path.getsize(local) != info.num_bytes:
+      raise ValueError(f"{local}: {os.path.getsize(local)} bytes, the manifest says {info.num_bytes}")
+    return Graph(local, verify=verify)
+  cache = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16])
+  local = os.path.join(cache, file_name)
+  marker = local + ".verified"
+  if not os.path.exists(marker):
+    files.download(files.join(folder, file_name), local)
+    from formats.manifest import sha256_file
+
+    digest = sha256_file(local)
+    if digest != info.sha256:
+      os.remove(local)
+      raise ValueError(f"{folder}/{file_name}: sha256 {digest[:12]}... differs from the manifest's "
+                       f"{info.sha256[:12]}... (corrupt download?)")
+    Graph(local, verify=True)  # every section's CRC, once
+    open(marker, "w").close()
+  return Graph(local, verify=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgets:
+  """Static sizes of a batch: frontier nodes and edges per hop."""
+
+  frontier: tuple[int, ...]  # nodes whose neighbours are sampled at hop i (hop 0: the seeds)
+  edges: tuple[int, ...]  # frontier[i] * fanouts[i]
+  nodes: int  # all local nodes: seeds + every hop's new nodes
+
+
+def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int) -> Budgets:
+  frontier = [batch_size]
+  for k in fanouts[:-1]:
+    frontier.append(min(num_nodes, frontier[-1] * k))
+  edges = tuple(f * k for f, k in zip(frontier, fanouts))
+  new_last = min(num_nodes, frontier[-1] * fanouts[-1])
+  return Budgets(tuple(frontier), edges, min(num_nodes + batch_size, sum(frontier) + new_last))
+
+
+class NeighborSampler:
+  """Fixed-fanout uniform neighbour sampling over the seed nodes of a split.
+
+  `sampler[i]` (or `sampler.batch(i, epoch)`) is batch i of an epoch: a dict of
+  numpy arrays with the same shapes for every i:
+
+    seeds [B] int64, seed_mask [B] bool            the batch's seed nodes (padding masked)
+    node_ids [Nb] int64, node_mask [Nb] bool       global id of each local node
+    x [Nb, F], y [B, ...]                          features of all local nodes, labels of the seeds
+    edge_index_<h> [2, E_h] int32, edge_mask_<h>   hop h: row 0 the sampled neighbour, row 1 the
+                                                   frontier node it was sampled for (local ids)
+  Deterministic for (seed, epoch, i); seeds are reshuffled every epoch and split
+  disjointly over `shard_count` shards, each with the same number of batches.
+  """
+
+  def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024,
+               seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
+               seed_nodes: np.ndarray | None = None):
+    if not fanouts or any(int(k) < 1 for k in fanouts):
+      raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
+    if graph.indptr is None:
+      raise ValueError(f"{graph.path} has no homogeneous CSR (indptr/indices) to sample from")
+    self.graph = graph
+    self.fanouts = tuple(int(k) for k in fanouts)
+    self.batch_size = batch_size
+    self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
+    self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
+    self.per_shard = len(self.seed_nodes) // shard_count  # equal on every shard: XLA needs it
+    self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
+    self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes)
+    self._indptr = np.asarray(graph.indptr)
+    self._indices = graph.indices
+    self._epoch_cache: tuple[int, np.ndarray] | None = None
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self.batch(index)
+
+  def shard_seeds(self, epoch: int) -> np.ndarray:
+    """This shard's seeds for `epoch`: a seeded permutation, every shard a disjoint slice."""
+    with self._lock:
+      if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+        perm = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(len(self.seed_nodes))
+        mine = perm[self.shard_index:self.shard_count * self.per_shard:self.shard_count]
+        self._epoch_cache = (epoch, self.seed_nodes[mine])
+      return self._epoch_cache[1]
+
+  def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
+    if not 0 <= index < self.num_batches:
+      raise IndexError(f"batch {index} outside [0, {self.num_batches})")
+    seeds = self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+    rng = np.random.default_rng([self.seed, epoch, index, self.shard_index])
+    b = self.budgets
+    out: dict[str, np.ndarray] = {}
+    node_ids = np.zeros(b.nodes, np.int64)
+    node_ids[:len(seeds)] = seeds
+    num_local = self.batch_size  # seeds own local ids 0..B-1 (padding included)
+    frontier_ids = np.arange(len(seeds), dtype=np.int64)  # local ids of the frontier
+    known = seeds  # global ids with a local id, in local-id order (excluding seed padding)
+    known_local = np.arange(len(seeds), dtype=np.int64)
+    for hop, k in enumerate(self.fanouts):
+      f_budget, e_budget = b.frontier[hop], b.edges[hop]
+      fglobal = node_ids[frontier_ids]
+      start = self._indptr[fglobal]
+      deg = self._indptr[fglobal + 1] - start
+      offs = (rng.random((len(fglobal), k)) * deg[:, None]).astype(np.int64)
+      valid = np.repeat(deg > 0, k)
+      nbr = np.asarray(self._indices[np.where(deg[:, None] > 0, start[:, None] + offs, 0).reshape(-1)], np.int64)
+      nbr = np.where(valid, nbr, 0)
+      # relabel: neighbours already known keep their local id, new ones get the next ids
+      order = np.argsort(known, kind="stable")
+      sorted_known = known[order]
+      pos = np.searchsorted(sorted_known, nbr)
+      pos_c = np.minimum(pos, max(len(sorted_known) - 1, 0))
+      is_known = (len(sorted_known) > 0) & (sorted_known[pos_c] == nbr) if len(sorted_known) else np.zeros(len(nbr), bool)
+      local = np.zeros(len(nbr), np.int64)
+      local[is_known] = known_local[order][pos_c[is_known]]
+      new_global, inverse = np.unique(nbr[~is_known & valid], return_inverse=True)
+      room = b.nodes - num_local
+      if len(new_global) > room:  # cannot happen with the default budgets
+        raise RuntimeError(f"hop {hop}: {len(new_global)} new nodes exceed the budget {room}")
+      new_local = num_local + np.arange(len(new_global), dtype=np.int64)
+      local[~is_known & valid] = new_local[inverse]
+      node_ids[num_local:num_local + len(new_global)] = new_global
+      num_local += len(new_global)
+      known = np.concatenate([known, new_global])
+      known_local = np.concatenate([known_local, new_local])
+      edge_index = np.zeros((2, e_budget), np.int32)
+      edge_mask = np.zeros(e_budget, bool)
+      n_e = len(nbr)
+      edge_index[0, :n_e] = local
+      edge_index[1, :n_e] = np.repeat(frontier_ids, k)
+      edge_mask[:n_e] = valid
+      out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
+      frontier_ids = new_local[:b.frontier[hop + 1]] if hop + 1 < len(self.fanouts) else new_local
+    node_mask = np.zeros(b.nodes, bool)
+    node_mask[:len(seeds)] = True
+    node_mask[self.batch_size:num_local] = True
+    seed_mask = np.zeros(self.batch_size, bool)
+    seed_mask[:len(seeds)] = True
+    out["seeds"] = np.where(seed_mask, node_ids[:self.batch_size], 0)
+    out["seed_mask"] = seed_mask
+    out["node_ids"] = np.where(node_mask, node_ids, 0)
+    out["node_mask"] = node_mask
+    if self.graph.node_features is not None:
+      x = np.zeros((b.nodes, self.graph.node_features.shape[1]), self.graph.node_features.dtype)
+      live = np.nonzero(node_mask)[0]
+      x[live] = self.graph.node_features[node_ids[live]]
+      out["x"] = x
+    if self.graph.labels is not None:
+      labels = self.graph.labels
+      y = np.zeros((self.batch_size, *labels.shape[1:]), labels.dtype)
+      y[:len(seeds)] = labels[seeds]
+      out["y"] = y
+    return out
+
+  def epoch(self, epoch: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    for i in range(self.num_batches):
+      yield self.batch(i, epoch)
+
+
+class _EpochSource:
+  """grain RandomAccessDataSource over `num_epochs` epochs of a sampler (index → (epoch, batch))."""
+
+  def __init__(self, sampler: NeighborSampler, num_epochs: int):
+    self._sampler, self._epochs = sampler, num_epochs
+
+  def __len__(self) -> int:
+    return len(self._sampler) * self._epochs
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    n = len(self._sampler)
+    return self._sampler.batch(index % n, index // n)
+
+  def __repr__(self) -> str:
+    return f"NeighborSamplerSource(batches={len(self._sampler)}, epochs={self._epochs})"
+
+
+def grain_dataset(sampler: NeighborSampler, num_epochs: int = 1, num_threads: int = 4,
+                  prefetch_buffer_size: int = 8):
+  """A grain IterDataset of batches, built by a pool of threads (never processes).
+
+  Its iterator supports get_state()/set_state() for resuming.
+  """
+  import grain
+
+  return grain.MapDataset.source(_EpochSource(sampler, num_epochs)).to_iter_dataset(
+      grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size))
+
+
+def xla_loader(sampler: NeighborSampler, device=None, num_epochs: int = 1, num_threads: int = 4, **kwargs):
+  """A torch_xla MpDeviceLoader yielding dicts of tensors on the XLA device."""
+  import torch
+  import torch_xla
+  from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+  device = device or torch_xla.device()
+
+  class _Tensors:
+    def __iter__(self):
+      for batch in grain_dataset(sampler, num_epochs, num_threads):
+        yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+
+  return MpDeviceLoader(_Tensors(), device, **kwargs)
