@@ -123,7 +123,8 @@ def check_node_homogeneous(t: mso.OgbTruth, tmp: Path) -> None:
   check(len(g) == 1 and g[0]["num_nodes"] == t.num_nodes, f"{t.name}: one graph, {t.num_nodes} nodes")
   want = inverse_interleaved(t.edge_index) if t.add_inverse_edge else t.edge_index
   check(same(g[0]["edge_index"], want), f"{t.name}: edge_index (add_inverse_edge={t.add_inverse_edge})")
-  check(g[0]["node_feat"].dtype == np.float32 and same(g[0]["node_feat"], t.node_feat), f"{t.name}: node_feat float32 exact")
+  check(g[0]["node_feat"].dtype == np.float32 and same(g[0]["node_feat"], t.node_feat),
+        f"{t.name}: node_feat float32 exact")
   for key, value in t.node_extra.items():
     check(same(g[0][key], value), f"{t.name}: {key}")
   check(set(k for k in g[0] if k.startswith("node_") and k != "node_feat") == set(t.node_extra),
@@ -163,7 +164,8 @@ def check_hetero(t: mso.OgbTruth, tmp: Path) -> None:
   check(all(same(g["edge_reltype"][k], v) for k, v in t.edge_extra_dict["edge_reltype"].items()),
         f"{t.name}: edge_reltype per relation")
   labels = read_node_label_hetero(str(raw))
-  check(set(labels) == {"paper"} and same(labels["paper"], t.node_label_dict["paper"]), f"{t.name}: read_node_label_hetero")
+  check(set(labels) == {"paper"} and same(labels["paper"], t.node_label_dict["paper"]),
+        f"{t.name}: read_node_label_hetero")
   tr, va, te = read_nodesplitidx_split_hetero(str(t.folder / "split" / "time"))
   want = t.split["time"]
   check(same(tr["paper"], want["train"]["paper"]) and same(va["paper"], want["valid"]["paper"])
@@ -182,7 +184,8 @@ def check_binary(t: mso.OgbTruth, tmp: Path) -> None:
   check(same(g["node_feat"], t.node_feat) and same(g["node_year"], t.node_extra["node_year"]),
         f"{t.name}: node_feat, node_year")
   label = np.load(raw / "node-label.npz")["node_label"]
-  check(same(label, t.node_label) and np.isnan(label).any(), f"{t.name}: node_label with NaN ({np.isnan(label).mean():.0%})")
+  check(same(label, t.node_label) and np.isnan(label).any(),
+        f"{t.name}: node_label with NaN ({np.isnan(label).mean():.0%})")
   ds = ogb_class(nds.NodePropPredDataset, t.name, t.folder, tmp)
   split = ds.get_idx_split()
   check(all(same(split[k], t.split["time"][k]) for k in split)
@@ -222,7 +225,8 @@ def check_link(t: mso.OgbTruth, tmp: Path) -> None:
   ok = set(split) == set(want)
   for part in want:
     ok = ok and set(split[part]) == set(want[part])
-    ok = ok and all(split[part][k].dtype == torch.int64 and same(split[part][k].numpy(), v) for k, v in want[part].items())
+    ok = ok and all(split[part][k].dtype == torch.int64 and same(split[part][k].numpy(), v)
+                    for k, v in want[part].items())
   check(ok, f"{t.name}: get_edge_split keys {{{', '.join(f'{p}: {sorted(split[p])}' for p in split)}}}")
   loaded = torch.load(t.folder / "split" / meta.split / "valid.pt", weights_only=True)
   check(isinstance(loaded, dict), f"{t.name}: split .pt loads with weights_only=True")
@@ -295,7 +299,8 @@ def run_big(spec: str, tmp: Path) -> None:
   took = time.perf_counter() - start
   sizes = {f: (t.folder / f).stat().st_size for f in t.files}
   print(f"big: {nodes} nodes, {edges} edges, {feat} features written in {took:.1f}s, "
-        f"{sum(sizes.values()) / 1e9:.2f} GB: " + ", ".join(f"{f} {s / 1e6:.0f} MB" for f, s in sizes.items() if s > 1e6))
+        f"{sum(sizes.values()) / 1e9:.2f} GB: "
+        + ", ".join(f"{f} {s / 1e6:.0f} MB" for f, s in sizes.items() if s > 1e6))
   start = time.perf_counter()
   g = quiet(read_csv_graph_raw, str(t.folder / "raw"), add_inverse_edge=False)[0]
   print(f"big: OGB read_csv_graph_raw took {time.perf_counter() - start:.1f}s")
