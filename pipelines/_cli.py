@@ -21,6 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from formats import files as fs
 from formats import naming
 from formats.manifest import MANIFEST_FILENAME, Manifest
+from pipelines._errors import InputDataError
 
 
 class UsageError(ValueError):
@@ -173,3 +174,6 @@ def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:
   except UsageError as e:
     print(f"{prog}: error: {e}", file=sys.stderr)
     sys.exit(2)
+  except InputDataError as e:  # the whole input is unusable: no output was marked complete
+    print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)
+    sys.exit(1)

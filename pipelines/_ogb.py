@@ -20,10 +20,12 @@ from typing import BinaryIO
 import numpy as np
 import pandas as pd
 
+from pipelines._errors import InputDataError
+
 DEFAULT_CHUNK_ROWS = 1 << 20
 
 
-class OgbFormatError(ValueError):
+class OgbFormatError(InputDataError):
   """The folder does not hold what OGB's layout says; the message names file and line."""
 
 
@@ -195,7 +197,8 @@ class NpzMember:
       with self._zf.open(self._member) as m:
         arr = np.lib.format.read_array(m)
       flat = arr.reshape(-1)
-      return flat[(base + start) * inner:(base + start) * inner + count]
+      out = flat[(base + start) * inner:(base + start) * inner + count]
+      return out if row is not None else out.reshape((stop - start, *self.shape[1:]))
     self._f.seek(self._data_start + (base + start * inner) * self.dtype.itemsize)
     data = self._f.read(count * self.dtype.itemsize)
     if len(data) != count * self.dtype.itemsize:

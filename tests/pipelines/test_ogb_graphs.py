@@ -1,0 +1,235 @@
+"""`pipelines.ogb_graphs` against the `ogb` package's own readers, on generated OGB folders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import make_sample_ogb as mo
+from formats import arrayrecord, files, inspect
+from formats.graphbin import GraphBin, GraphBinError
+from formats.manifest import Manifest
+from loaders import graph as lg
+from pipelines import ogb_graphs
+from pipelines._ogb import OgbFormatError
+from tests.conftest import REPO, upload_tree
+
+read_graph_raw = pytest.importorskip("ogb.io.read_graph_raw")
+pytestmark = pytest.mark.slow
+
+
+def _expected_csr(src, dst, n):
+  order = np.argsort(src, kind="stable")
+  indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
+  return indptr, dst[order], order
+
+
+def convert(folder: str, out: str, *flags: str) -> Manifest:
+  ogb_graphs.run([f"--input={folder}", f"--output={out}", *flags])
+  return Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  root = tmp_path_factory.mktemp("ogb")
+  return {t.name: t for t in mo.write_all(str(root / "in"), seed=0)}
+
+
+@pytest.fixture(scope="module")
+def outputs(data, tmp_path_factory):
+  root = tmp_path_factory.mktemp("ogb_out")
+  out = {}
+  for name, t in data.items():
+    dest = str(root / name.replace("-", "_"))
+    # small partitions: the multi-partition path runs even on small graphs
+    out[name] = (dest, convert(t.folder, dest, "--edges_per_partition=700", "--csc=true"))
+  return out
+
+
+@pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-products", "ogbl-collab"])
+def test_homogeneous_matches_ogb_reader(data, outputs, name):
+  t = data[name]
+  g = lg.load(outputs[name][0])
+  raw = os.path.join(t.folder, "raw")
+  ref = read_graph_raw.read_csv_graph_raw(
+      raw, t.add_inverse_edge, additional_node_files=list(t.node_extra),
+      additional_edge_files=list(t.edge_extra))[0]
+  n = ref["num_nodes"]
+  indptr, indices, order = _expected_csr(ref["edge_index"][0], ref["edge_index"][1], n)
+  assert g.num_nodes == n and g.meta["add_inverse_edges"] == t.add_inverse_edge
+  np.testing.assert_array_equal(g.indptr, indptr)
+  np.testing.assert_array_equal(g.indices, indices)
+  assert g.indices.dtype == np.int32
+  np.testing.assert_array_equal(g.node_features, ref["node_feat"])
+  if t.node_label is not None:
+    np.testing.assert_array_equal(g.labels, t.node_label)
+  for extra, values in t.node_extra.items():
+    np.testing.assert_array_equal(g.bin[f"node/{extra[5:]}"], ref[extra])
+  for extra in t.edge_extra:
+    np.testing.assert_array_equal(g.bin[f"edge/{extra[5:]}"], ref[extra][order])
+  # reverse CSC: in-neighbours
+  cindptr, cindices, _ = _expected_csr(ref["edge_index"][1], ref["edge_index"][0], n)
+  np.testing.assert_array_equal(g.bin["csc/indptr"], cindptr)
+  np.testing.assert_array_equal(g.bin["csc/indices"], cindices)
+
+
+def test_node_splits_match(data, outputs):
+  t = data["ogbn-arxiv"]
+  g = lg.load(outputs["ogbn-arxiv"][0])
+  for part in ("train", "valid", "test"):
+    np.testing.assert_array_equal(g.split(part), t.split["time"][part])
+
+
+def test_link_splits_from_pt_files(data, outputs):
+  t = data["ogbl-collab"]
+  g = lg.load(outputs["ogbl-collab"][0])
+  for part, arrays in t.split[t.split_name].items():
+    for key, value in arrays.items():
+      np.testing.assert_array_equal(g.splits[f"{t.split_name}/{part}/{key}"], value)
+
+
+def test_heterogeneous_matches_ogb_reader(data, outputs):
+  t = data["ogbn-mag"]
+  g = lg.load(outputs["ogbn-mag"][0])
+  raw = os.path.join(t.folder, "raw")
+  ref = read_graph_raw.read_csv_heterograph_raw(raw, False, ["node_year"], ["edge_reltype"])[0]
+  assert g.meta["num_nodes"] == ref["num_nodes_dict"]
+  for (h, r, tt), ei in ref["edge_index_dict"].items():
+    indptr, indices, order = _expected_csr(ei[0], ei[1], ref["num_nodes_dict"][h])
+    got_indptr, got_indices = g.relation(f"{h}___{r}___{tt}")
+    np.testing.assert_array_equal(got_indptr, indptr)
+    np.testing.assert_array_equal(got_indices, indices)
+    np.testing.assert_array_equal(g.bin[f"rel/{h}___{r}___{tt}/edge/reltype"],
+                                  ref["edge_reltype"][(h, r, tt)][order])
+  np.testing.assert_array_equal(g.bin["node/paper/feat"], ref["node_feat_dict"]["paper"])
+  np.testing.assert_array_equal(g.bin["node/paper/year"], ref["node_year"]["paper"])
+  np.testing.assert_array_equal(g.bin["node/paper/label"], read_graph_raw.read_node_label_hetero(raw)["paper"])
+  counts = [ref["num_nodes_dict"][k] for k in sorted(ref["num_nodes_dict"])]
+  np.testing.assert_array_equal(g.bin["node_type_offsets"], np.concatenate([[0], np.cumsum(counts)]))
+  for part in ("train", "valid", "test"):  # the generator's truth, checked against OGB's classes
+    np.testing.assert_array_equal(g.splits[f"time/paper/{part}"], t.split["time"][part]["paper"])
+
+
+def test_binary_matches_ogb_reader(data, outputs):
+  t = data["ogbn-papers100M"]
+  g = lg.load(outputs["ogbn-papers100M"][0])
+  ref = read_graph_raw.read_binary_graph_raw(os.path.join(t.folder, "raw"), False)[0]
+  indptr, indices, _ = _expected_csr(ref["edge_index"][0], ref["edge_index"][1], ref["num_nodes"])
+  np.testing.assert_array_equal(g.indptr, indptr)
+  np.testing.assert_array_equal(g.indices, indices)
+  np.testing.assert_array_equal(g.node_features, ref["node_feat"])
+  np.testing.assert_array_equal(g.bin["node/year"], ref["node_year"])
+  np.testing.assert_array_equal(g.labels, t.node_label)  # NaN where unlabelled
+
+
+@pytest.mark.parametrize("name", ["ogbg-molhiv", "ogbg-molpcba"])
+def test_graph_property_records_match_ogb_reader(data, outputs, name):
+  t = data[name]
+  out, m = outputs[name]
+  ref = read_graph_raw.read_csv_graph_raw(os.path.join(t.folder, "raw"), t.add_inverse_edge)
+  split_of = {int(g): part for part, ids in t.split[t.split_name].items() for g in ids}
+  seen = {}
+  for split_name, split in m.splits.items():
+    for shard in split.shards:
+      for rec in arrayrecord.read_file(os.path.join(out, shard.path)):
+        v = m.features.decode(rec)
+        key = (int(v["num_nodes"]), v["edge_index"].tobytes(), v["node_feat"].tobytes())
+        seen[key] = (split_name, v)
+  assert len(seen) == len(ref) == m.num_records
+  for i, r in enumerate(ref):
+    split_name, v = seen[(r["num_nodes"], r["edge_index"].tobytes(), r["node_feat"].tobytes())]
+    assert split_name == split_of[i]
+    np.testing.assert_array_equal(v["edge_feat"], r["edge_feat"])
+    np.testing.assert_array_equal(v["label"], t.graph_label[i])
+
+
+def test_inspect_verifies_and_catches_a_corrupted_section(outputs, tmp_path):
+  out, _ = outputs["ogbn-arxiv"]
+  assert inspect.main([out, "--verify"]) == 0
+  broken = str(tmp_path / "broken")
+  shutil.copytree(out, broken)
+  blob = os.path.join(broken, "ogbn_arxiv.graphbin")
+  g = GraphBin(blob)
+  offset = g.sections["indices"].offset
+  del g
+  with open(blob, "r+b") as f:
+    f.seek(offset + 4)
+    f.write(b"\x7f\x7f")
+  with pytest.raises(GraphBinError, match=rf"section 'indices' at offset {offset} fails its checksum"):
+    GraphBin(blob)
+  assert inspect.main([broken, "--verify"]) == 1
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "pipelines.ogb_graphs", *args], capture_output=True, text=True,
+                        env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+
+
+@pytest.mark.parametrize("kind", ["non_numeric", "extra_column"])
+def test_bad_csv_row_names_file_and_line(data, tmp_path, kind):
+  folder = str(tmp_path / "ogbn_arxiv")
+  line = mo.corrupt_bad_row(data["ogbn-arxiv"].folder, line=7, kind=kind, dst=folder)
+  r = _cli(f"--input={folder}", f"--output={tmp_path}/out")
+  assert r.returncode == 1
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("pipelines.ogb_graphs: error: ") and f"edge.csv.gz: line {line}" in last, last
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_node_id_out_of_range_names_the_line(data, tmp_path):
+  folder = str(tmp_path / "ogbn_arxiv")
+  line = mo.corrupt_out_of_range(data["ogbn-arxiv"].folder, dst=folder)
+  with pytest.raises(OgbFormatError, match=rf"edge.csv.gz: line {line}: node id outside"):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_missing_file_is_a_clear_error(data, tmp_path):
+  folder = str(tmp_path / "ogbn_arxiv")
+  mo.remove_file(data["ogbn-arxiv"].folder, "raw/num-edge-list.csv.gz", dst=folder)
+  r = _cli(f"--input={folder}", f"--output={tmp_path}/out")
+  assert r.returncode == 2 and "num-edge-list.csv.gz: missing file" in r.stderr
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_pickled_code_in_a_split_is_refused_and_not_run(data, tmp_path):
+  folder = str(tmp_path / "ogbl_collab")
+  shutil.copytree(data["ogbl-collab"].folder, folder)
+  pt = os.path.join(folder, "split", "time", "valid.pt")
+  marker = mo.write_malicious_pt(pt)
+  with pytest.raises(OgbFormatError, match="valid.pt: not a plain tensor file"):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(marker)
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_bad_arguments_exit_2(data, tmp_path):
+  r = _cli(f"--input={data['ogbn-arxiv'].folder}", f"--output={tmp_path}/o", "--add_inverse_edges=maybe")
+  assert r.returncode == 2 and "--add_inverse_edges must be auto, true or false" in r.stderr
+  r = _cli(f"--input={data['ogbn-arxiv'].folder}", f"--output={tmp_path}/o", "--name=ogbn-unknown")
+  assert r.returncode == 2 and "pass --add_inverse_edges" in r.stderr
+
+
+# --------------------------------------------------------------------------- gs://
+
+
+@pytest.mark.gcs
+def test_gcs_round_trip_and_cached_load(data, outputs, gcs_emulator, tmp_path):
+  t = data["ogbn-arxiv"]
+  src = f"gs://{gcs_emulator}/ogb/ogbn_arxiv"
+  upload_tree(t.folder, src)
+  out = f"gs://{gcs_emulator}/ogb/out_arxiv"
+  m = convert(src, out, "--edges_per_partition=700", "--csc=true")
+  local_m = outputs["ogbn-arxiv"][1]
+  assert m.files[0].sha256 == local_m.files[0].sha256  # same bytes as the local conversion
+  g = lg.load(out, cache_dir=str(tmp_path / "cache"))
+  np.testing.assert_array_equal(g.indices, lg.load(outputs["ogbn-arxiv"][0]).indices)
+  assert lg.load(out, cache_dir=str(tmp_path / "cache")).path == g.path  # fetched once
