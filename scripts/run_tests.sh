@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
-toolkit_env "pipelines,tf,grain,test"
+toolkit_env "pipelines,tf,grain,xla,test"
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

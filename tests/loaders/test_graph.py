@@ -1,0 +1,153 @@
+"""loaders.graph: sampler properties, grain feeding, and torch_xla's MpDeviceLoader on an XLA CPU device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from formats.graphbin import GraphBinWriter
+from loaders import graph as lg
+from tests.conftest import REPO
+
+N = 300
+
+
+@pytest.fixture(scope="module")
+def graph_path(tmp_path_factory) -> str:
+  """A random graph with a few nodes that have no neighbours, as a .graphbin."""
+  rng = np.random.default_rng(0)
+  src = rng.integers(0, N, 3000)
+  dst = rng.integers(0, N, 3000)
+  keep = src % 17 != 0  # nodes 0, 17, 34, ... have no out-neighbours
+  src, dst = src[keep], dst[keep]
+  order = np.argsort(src, kind="stable")
+  path = str(tmp_path_factory.mktemp("g") / "g.graphbin")
+  with GraphBinWriter(path) as w:
+    w.add_meta({"num_nodes": {"": N}})
+    w.add("indptr", np.concatenate([[0], np.cumsum(np.bincount(src, minlength=N))]).astype(np.int64))
+    w.add("indices", dst[order].astype(np.int32))
+    w.add("node/feat", rng.normal(size=(N, 4)).astype(np.float32))
+    w.add("node/label", (np.arange(N) % 7)[:, None].astype(np.int64))
+    w.add("split/random/train", np.arange(0, N, 2, dtype=np.int64))
+  return path
+
+
+@pytest.fixture(scope="module")
+def graph(graph_path):
+  return lg.Graph(graph_path)
+
+
+def _sampler(graph, **kw):
+  kw = {"fanouts": [4, 3], "batch_size": 16, "seed": 3, **kw}
+  return lg.NeighborSampler(graph, **kw)
+
+
+def test_every_sampled_edge_exists_and_features_match(graph):
+  s = _sampler(graph)
+  for i in range(len(s)):
+    b = s[i]
+    for h in range(2):
+      ei, m = b[f"edge_index_{h}"], b[f"edge_mask_{h}"]
+      assert b["node_mask"][ei[:, m]].all()  # masked-in edges join live nodes
+      nbr, node = b["node_ids"][ei[0, m]], b["node_ids"][ei[1, m]]
+      for a, v in zip(nbr, node):
+        assert a in graph.indices[graph.indptr[v]:graph.indptr[v + 1]]
+    live = b["node_mask"]
+    np.testing.assert_array_equal(b["x"][live], graph.node_features[b["node_ids"][live]])
+    np.testing.assert_array_equal(b["y"][b["seed_mask"]], graph.labels[b["seeds"][b["seed_mask"]]])
+
+
+def test_shapes_are_static_including_the_last_partial_batch(graph):
+  s = _sampler(graph)
+  assert len(graph.split("train")) % 16 != 0  # the last batch is partial
+  shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(s[i].items())) for i in range(len(s))}
+  assert len(shapes) == 1
+  last = s[len(s) - 1]
+  assert not last["seed_mask"].all() and last["seed_mask"].any()
+
+
+def test_nodes_without_neighbours_give_masked_edges(graph):
+  s = lg.NeighborSampler(graph, fanouts=[3], batch_size=4, seed=0, seed_nodes=np.array([0, 17, 1, 2]))
+  b = s[0]
+  order = list(b["seeds"])
+  for node in (0, 17):
+    local = order.index(node)
+    assert not b["edge_mask_0"][local * 3:(local + 1) * 3].any()
+
+
+def test_deterministic_and_reshuffled_each_epoch(graph):
+  a, b = _sampler(graph), _sampler(graph)
+  for k, v in a.batch(2, epoch=0).items():
+    np.testing.assert_array_equal(v, b.batch(2, epoch=0)[k])
+  assert not np.array_equal(a.batch(0, epoch=0)["seeds"], a.batch(0, epoch=1)["seeds"])
+  assert not np.array_equal(a.batch(0)["seeds"], _sampler(graph, seed=4).batch(0)["seeds"])
+
+
+def test_shards_are_disjoint_equal_and_cover_the_split(graph):
+  shards = [_sampler(graph, shard_index=i, shard_count=3) for i in range(3)]
+  assert len({len(s) for s in shards}) == 1
+  seen = [np.concatenate([s[i]["seeds"][s[i]["seed_mask"]] for i in range(len(s))]) for s in shards]
+  allseeds = np.concatenate(seen)
+  assert len(allseeds) == len(set(allseeds.tolist()))  # disjoint
+  train = graph.split("train")
+  assert len(allseeds) == len(train) - len(train) % 3  # everything but the remainder dropped for equal shards
+  assert set(allseeds.tolist()) <= set(train.tolist())
+
+
+def test_grain_dataset_threads_and_resume(graph):
+  s = _sampler(graph)
+  ds = lg.grain_dataset(s, num_epochs=2, num_threads=2)
+  it = iter(ds)
+  first = [next(it) for _ in range(3)]
+  state = it.get_state()
+  rest = [b["seeds"] for b in it]
+  assert len(first) + len(rest) == 2 * len(s)
+  np.testing.assert_array_equal(first[1]["seeds"], s.batch(1)["seeds"])
+  it2 = iter(ds)
+  it2.set_state(state)
+  resumed = [b["seeds"] for b in it2]
+  assert all(np.array_equal(a, b) for a, b in zip(rest, resumed)) and len(rest) == len(resumed)
+
+
+def test_rejects_bad_arguments(graph):
+  with pytest.raises(ValueError, match="fanouts"):
+    lg.NeighborSampler(graph, fanouts=[0])
+  with pytest.raises(ValueError, match="shard_index"):
+    lg.NeighborSampler(graph, shard_index=2, shard_count=2)
+
+
+_XLA_SCRIPT = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from loaders import graph as lg
+assert "tensorflow" not in sys.modules
+import torch_xla
+g = lg.Graph(sys.argv[2])
+s = lg.NeighborSampler(g, fanouts=[4, 3], batch_size=16, seed=3)
+shapes, devices, n = set(), set(), 0
+for batch in lg.xla_loader(s, num_epochs=1, num_threads=2):
+  shapes.add(tuple((k, tuple(v.shape)) for k, v in sorted(batch.items())))
+  devices.add(str(batch["x"].device))
+  edges = int(sum(batch[f"edge_mask_{h}"].sum().item() for h in range(2)))
+  n += 1
+print(json.dumps({"batches": n, "expected": len(s), "shapes": len(shapes), "devices": sorted(devices),
+                  "tf": "tensorflow" in sys.modules}))
+"""
+
+
+def test_mp_device_loader_on_an_xla_cpu_device(graph_path):
+  """torch_xla runs in its own process: TensorFlow (imported by other tests) cannot share it."""
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, graph_path], capture_output=True, text=True,
+                     env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["batches"] == got["expected"] > 0
+  assert got["shapes"] == 1 and got["devices"] and all(d.startswith("xla") for d in got["devices"])
+  assert not got["tf"]
