@@ -1,0 +1,158 @@
+"""Random access to the records of one split of an output, local or gs://. No framework.
+
+`ShardedRecords(path, split)` reads the manifest, makes every shard local (a
+gs:// shard is downloaded once into a cache and its SHA-256 checked against
+the manifest), and serves record i as decoded numpy values. ArrayRecord shards
+are read with array_record's reader (random access, GIL released); TFRecord
+shards get an offset index built once by walking their framing, and records
+are read with `os.pread` and CRC-checked. A damaged record raises
+`CorruptRecordError` naming the shard and the record index.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+
+import numpy as np
+
+from formats import arrayrecord, files, tfrecord
+from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo, sha256_file
+
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "shards")
+
+
+class CorruptRecordError(ValueError):
+  """A record or shard whose bytes are wrong; the message names the shard and record."""
+
+
+def load_manifest(path: str) -> Manifest:
+  manifest_path = files.join(path, MANIFEST_FILENAME)
+  if not files.exists(manifest_path):
+    raise FileNotFoundError(f"{manifest_path} not found: {path} is not a complete output")
+  return Manifest.loads(files.read_bytes(manifest_path))
+
+
+def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: bool) -> str:
+  """A local path of `shard`: itself when local, else a verified cached download."""
+  src = files.join(output, shard.path)
+  if not files.is_gcs(output):
+    if verify and os.path.getsize(src) != shard.num_bytes:
+      raise CorruptRecordError(f"{src}: {os.path.getsize(src)} bytes, the manifest says {shard.num_bytes}")
+    return src
+  local = os.path.join(cache_dir or DEFAULT_CACHE, shard.sha256[:16], shard.path)
+  if not os.path.exists(local + ".verified"):
+    files.download(src, local)
+    digest = sha256_file(local)
+    if digest != shard.sha256:
+      os.remove(local)
+      raise CorruptRecordError(f"{src}: sha256 {digest[:12]}... differs from the manifest's {shard.sha256[:12]}...")
+    open(local + ".verified", "w").close()
+  return local
+
+
+class _TFRecordShard:
+  """Random access to a TFRecord file through an index of record offsets."""
+
+  def __init__(self, path: str):
+    self.path = path
+    offsets, lengths = [], []
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+      pos = 0
+      while pos < size:
+        header = f.read(12)
+        if len(header) < 12:
+          raise CorruptRecordError(f"{path}: record {len(offsets)}: truncated header at byte {pos}")
+        length = int.from_bytes(header[:8], "little")
+        if tfrecord.masked_crc32c(header[:8]) != int.from_bytes(header[8:12], "little"):
+          raise CorruptRecordError(f"{path}: record {len(offsets)}: bad length checksum at byte {pos}")
+        offsets.append(pos + 12)
+        lengths.append(length)
+        pos += 16 + length
+        f.seek(pos)
+      if pos != size:
+        raise CorruptRecordError(f"{path}: record {len(offsets) - 1}: truncated data")
+    self._offsets, self._lengths = offsets, lengths
+    self._fd = os.open(path, os.O_RDONLY)
+
+  def __len__(self) -> int:
+    return len(self._offsets)
+
+  def read(self, i: int) -> bytes:
+    n = self._lengths[i]
+    data = os.pread(self._fd, n + 4, self._offsets[i])
+    if len(data) != n + 4 or tfrecord.masked_crc32c(data[:n]) != int.from_bytes(data[n:], "little"):
+      raise CorruptRecordError(f"{self.path}: record {i}: bad data checksum")
+    return data[:n]
+
+
+class _ArrayRecordShard:
+  def __init__(self, path: str):
+    self.path = path
+    self._reader = arrayrecord.open_reader(path)
+    self._n = self._reader.num_records()
+
+  def __len__(self) -> int:
+    return self._n
+
+  def read(self, i: int) -> bytes:
+    return self._reader.read([i])[0]
+
+
+class ShardedRecords:
+  """Records of one split, addressed 0..len-1 across its shards in order."""
+
+  def __init__(self, path: str, split: str = "train", cache_dir: str | None = None, verify: bool = True):
+    self.path = path
+    self.manifest = load_manifest(path)
+    if self.manifest.file_format not in ("array_record", "tfrecord"):
+      raise ValueError(f"{path} holds a {self.manifest.file_format} output, not record shards")
+    if split not in self.manifest.splits:
+      raise KeyError(f"{path} has no split {split!r} (it has {sorted(self.manifest.splits)})")
+    self.split = split
+    self.features = self.manifest.features
+    self._shards_info = self.manifest.splits[split].shards
+    self._paths = [local_shard(path, s, cache_dir, verify) for s in self._shards_info]
+    self._starts = list(np.cumsum([0] + [s.num_records for s in self._shards_info]))
+    self._open: dict[int, object] = {}
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return int(self._starts[-1])
+
+  def _shard(self, k: int):
+    with self._lock:
+      if k not in self._open:
+        reader = (_ArrayRecordShard if self.manifest.file_format == "array_record" else _TFRecordShard)(self._paths[k])
+        if len(reader) != self._shards_info[k].num_records:
+          raise CorruptRecordError(f"{self._paths[k]}: {len(reader)} records, the manifest says "
+                                   f"{self._shards_info[k].num_records}")
+        self._open[k] = reader
+      return self._open[k]
+
+  def raw(self, index: int) -> bytes:
+    if not 0 <= index < len(self):
+      raise IndexError(f"record {index} outside [0, {len(self)})")
+    k = bisect.bisect_right(self._starts, index) - 1
+    local = index - int(self._starts[k])
+    shard = self._shard(k)
+    try:
+      return shard.read(local)
+    except CorruptRecordError:
+      raise
+    except Exception as e:  # the C++ reader's own error: name the shard and record
+      raise CorruptRecordError(f"{self._paths[k]}: record {local}: {type(e).__name__}: {e}") from None
+
+  def __getitem__(self, index: int) -> dict:
+    """The decoded record, plus `record_index` (its position in the split)."""
+    data = self.raw(index)
+    try:
+      return {**self.features.decode(data), "record_index": np.int64(index)}
+    except ValueError as e:
+      k = bisect.bisect_right(self._starts, index) - 1
+      raise CorruptRecordError(f"{self._paths[k]}: record {index - int(self._starts[k])}: {e}") from None
+
+  def __repr__(self) -> str:
+    return f"ShardedRecords({self.path!r}, split={self.split!r}, records={len(self)})"

@@ -1,0 +1,169 @@
+"""Records → fixed-shape numpy examples, for every record kind the pipelines write. No framework.
+
+`example_transform(features, options)` picks the transform from the schema:
+images (decoded to uint8 [H, W, 3], resized when the shards are not already
+fixed-size), CT volumes (fixed-size patches, HU clipped and normalised,
+padding -1024) and graph-property records (padded to node/edge budgets, with
+masks). Each transform takes (record, rng): randomness (patch positions) comes
+from the loader's per-element generator, so a seed fixes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import dataclasses
+import io
+
+import numpy as np
+from PIL import Image as PILImage, ImageOps
+
+from formats.features import ClassLabel, Features, Image, Tensor
+
+PADDING_HU = -1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleOptions:
+  """How records become fixed-shape examples.
+
+  image_size: (H, W) for images stored at their own size (required then).
+  patch_size: (D, H, W) of CT patches; patch: "random" or "center".
+  hu_window: HU range kept (clipped); normalize: map it to [0, 1] float32.
+  max_nodes / max_edges: budgets of graph records.
+  """
+
+  image_size: tuple[int, int] | None = None
+  patch_size: tuple[int, int, int] | None = None
+  patch: str = "random"
+  hu_window: tuple[float, float] = (-1024.0, 3071.0)
+  normalize: bool = True
+  max_nodes: int | None = None
+  max_edges: int | None = None
+
+  def __post_init__(self):
+    if self.patch not in ("random", "center"):
+      raise ValueError(f"patch must be random or center, got {self.patch!r}")
+    if self.hu_window[0] >= self.hu_window[1]:
+      raise ValueError(f"hu_window must be (low, high) with low < high, got {self.hu_window}")
+
+
+def record_kind(features: Features) -> str:
+  if "image" in features:
+    return "image"
+  if "volume" in features:
+    return "volume"
+  if "edge_index" in features and "num_nodes" in features:
+    return "graph"
+  raise ValueError(f"no loader transform for features {sorted(features)}")
+
+
+def _decode_image(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
+  im = PILImage.open(io.BytesIO(data))
+  if size is not None and im.format == "JPEG":
+    im.draft("RGB", (size[1], size[0]))  # let libjpeg decode at a reduced scale
+  im = im.convert("RGB")
+  if size is not None and im.size != (size[1], size[0]):
+    im = ImageOps.fit(im, (size[1], size[0]), method=PILImage.Resampling.BILINEAR)
+  return np.asarray(im, dtype=np.uint8)
+
+
+def _image_transform(features: Features, o: ExampleOptions) -> Callable:
+  spec = features["image"]
+  label = "label" if isinstance(features.get("label"), ClassLabel) else None
+  if isinstance(spec, Tensor):
+    def raw(rec, rng=None):
+      out = {"image": np.asarray(rec["image"], np.uint8)}
+      if label:
+        out["label"] = np.int64(rec[label])
+      return out
+    return raw
+  fixed = None if None in spec.shape[:2] else tuple(spec.shape[:2])
+  size = o.image_size or fixed
+  if size is None:
+    raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")
+
+  def decode(rec, rng=None):
+    out = {"image": _decode_image(rec["image"], size)}
+    if label:
+      out["label"] = np.int64(rec[label])
+    return out
+  return decode
+
+
+def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
+  if o.patch_size is None:
+    raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
+  patch = np.asarray(o.patch_size)
+  lo, hi = o.hu_window
+
+  def crop(rec, rng=None):
+    vol = rec["volume"]
+    shape = np.asarray(vol.shape)
+    room = np.maximum(shape - patch, 0)
+    if o.patch == "random":
+      rng = rng or np.random.default_rng(0)
+      start = np.array([rng.integers(0, r + 1) for r in room])
+    else:
+      start = room // 2
+    sl = tuple(slice(s, s + p) for s, p in zip(start, patch))
+    part = vol[sl]
+    out = np.full(o.patch_size, PADDING_HU, np.float32)
+    out[tuple(slice(0, n) for n in part.shape)] = part
+    np.clip(out, lo, hi, out=out)
+    if o.normalize:
+      out = (out - lo) / (hi - lo)
+    return {"volume": out.astype(np.float32), "spacing": np.asarray(rec["spacing"], np.float32),
+            "patch_start": start.astype(np.int64)}
+  return crop
+
+
+def _graph_transform(features: Features, o: ExampleOptions) -> Callable:
+  if o.max_nodes is None or o.max_edges is None:
+    raise ValueError("graph records differ in size: pass max_nodes and max_edges for static shapes")
+
+  def pad(rec, rng=None):
+    n = int(rec["num_nodes"])
+    ei = rec["edge_index"]
+    e = ei.shape[1]
+    if n > o.max_nodes or e > o.max_edges:
+      raise ValueError(f"a graph with {n} nodes and {e} edges exceeds max_nodes={o.max_nodes}, "
+                       f"max_edges={o.max_edges}")
+    out = {"num_nodes": np.int64(n), "label": np.asarray(rec["label"])}
+    edge_index = np.zeros((2, o.max_edges), np.int64)
+    edge_index[:, :e] = ei
+    out["edge_index"], out["edge_mask"] = edge_index, np.arange(o.max_edges) < e
+    out["node_mask"] = np.arange(o.max_nodes) < n
+    for key, budget in (("node_feat", o.max_nodes), ("edge_feat", o.max_edges)):
+      if key in rec:
+        v = rec[key]
+        padded = np.zeros((budget, *v.shape[1:]), v.dtype)
+        padded[:len(v)] = v
+        out[key] = padded
+    return out
+  return pad
+
+
+def example_transform(features: Features, options: ExampleOptions) -> Callable:
+  """(record dict, rng) → dict of fixed-shape numpy arrays for this schema (`record_index` kept)."""
+  kind = record_kind(features)
+  inner = {"image": _image_transform, "volume": _volume_transform, "graph": _graph_transform}[kind](features, options)
+
+  def transform(rec, rng=None):
+    out = inner(rec, rng)
+    if "record_index" in rec:
+      out["record_index"] = np.int64(rec["record_index"])
+    return out
+  return transform
+
+
+def pad_batch(examples: Sequence[dict], batch_size: int) -> dict:
+  """Stacks examples and pads to `batch_size` with zeros; `mask` marks the real ones."""
+  out = {}
+  for key in examples[0]:
+    stacked = np.stack([np.asarray(e[key]) for e in examples])
+    if len(examples) < batch_size:
+      pad = np.zeros((batch_size - len(examples), *stacked.shape[1:]), stacked.dtype)
+      stacked = np.concatenate([stacked, pad])
+    out[key] = stacked
+  out["mask"] = np.arange(batch_size) < len(examples)
+  return out

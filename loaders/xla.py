@@ -1,0 +1,73 @@
+"""Shards → torch_xla's `MpDeviceLoader`: dicts of tensors on the XLA device.
+
+    loader = loaders.xla.device_loader("gs://bucket/imagenet", "train", batch_size=128,
+                                       image_size=(224, 224))
+    for batch in loader:          # batch["image"]: uint8 [128, 224, 224, 3] on xla:0
+      ...
+    state = loader.get_state()    # resume: device_loader(..., state=state)
+
+Host-side reading is loaders.grain's thread pool; torch_xla's loader moves
+batches to the device in its own background thread. Shard index and count
+default to `torch_xla.runtime.global_ordinal()` / `world_size()`. This module
+never imports TensorFlow (it cannot share a process with torch_xla).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loaders import grain as grain_loader
+
+
+class DeviceLoader:
+  """Iterable of device batches over one pass of the host dataset; resumable by state."""
+
+  def __init__(self, iter_dataset, device, state: dict | None, **loader_kwargs):
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    self._iter = iter(iter_dataset)
+    if state is not None:
+      self._iter.set_state(state)
+    self._loader = MpDeviceLoader(_TorchBatches(self._iter), device, **loader_kwargs)
+
+  def __iter__(self):
+    return iter(self._loader)
+
+  def __len__(self) -> int:
+    return len(self._loader)
+
+  def get_state(self) -> dict[str, Any]:
+    """The host iterator's state: batches already handed to the device loader are
+    consumed, including those prefetched onto the device and not yet yielded."""
+    return self._iter.get_state()
+
+
+class _TorchBatches:
+  def __init__(self, it):
+    self._it = it
+
+  def __iter__(self):
+    import torch
+
+    for batch in self._it:
+      yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+
+
+def device_loader(path: str, split: str = "train", *, batch_size: int, device=None, shuffle: bool = True,
+                  seed: int = 0, shard_index: int | None = None, shard_count: int | None = None,
+                  num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
+                  loader_prefetch_size: int = 8, device_prefetch_size: int = 4, **example_options) -> DeviceLoader:
+  """A torch_xla MpDeviceLoader over `path`'s `split`, static shapes, drop_remainder."""
+  import torch_xla
+  import torch_xla.runtime as xr
+
+  device = device or torch_xla.device()
+  shard_index = xr.global_ordinal() if shard_index is None else shard_index
+  shard_count = xr.world_size() if shard_count is None else shard_count
+  ds = grain_loader.dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                            shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
+                            drop_remainder=True, num_threads=num_threads, **example_options)
+  return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
+                      device_prefetch_size=device_prefetch_size)

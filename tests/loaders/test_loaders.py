@@ -1,0 +1,208 @@
+"""loaders.grain, loaders.tfdata and loaders.xla on outputs the pipelines produce in the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import make_sample_ct as ct
+import make_sample_ogb as mo
+from formats import files
+from loaders import grain as grain_loader
+from loaders._shards import CorruptRecordError, ShardedRecords
+from pipelines import ct_volumes, image_folder, ogb_graphs
+from tests.conftest import CLASSES, PER_CLASS, REPO, upload_tree
+
+pytestmark = pytest.mark.slow
+N_IMAGES = len(CLASSES) * PER_CLASS
+
+
+@pytest.fixture(scope="module")
+def outputs(class_folder, tmp_path_factory):
+  base = tmp_path_factory.mktemp("loader_outputs")
+  out = {}
+  for key, flags in {
+      "jpeg": ["--num_shards=3"],
+      "raw": ["--num_shards=2", "--encoding=raw", "--image_size=32,32"],
+      "tfrecord": ["--num_shards=2", "--format=tfrecord"],
+  }.items():
+    image_folder.run([f"--input={class_folder}", f"--output={base / key}", *flags])
+    out[key] = str(base / key)
+  dicom = str(base / "dicom")
+  ct.make_mixed_tree(dicom, seed=5)
+  for fmt in ("array_record", "tfrecord"):
+    ct_volumes.run([f"--input={dicom}", f"--output={base / ('ct_' + fmt)}", "--id_salt=s", "--splits=train=1.0",
+                    f"--format={fmt}"])
+    out["ct_" + fmt] = str(base / ("ct_" + fmt))
+  mol = mo.write_graph_property(str(base / "ogbg_molhiv"), 0, num_graphs=60)
+  ogb_graphs.run([f"--input={mol.folder}", f"--output={base / 'mol'}"])
+  out["mol"] = str(base / "mol")
+  return out
+
+
+def _all(ds):
+  return list(iter(ds))
+
+
+def test_grain_images_static_shapes_and_labels(outputs):
+  batches = _all(grain_loader.dataset(outputs["jpeg"], batch_size=4, image_size=(24, 24), num_threads=4))
+  assert len(batches) == N_IMAGES // 4
+  assert {(b["image"].shape, b["image"].dtype, b["label"].shape) for b in batches} == {
+      ((4, 24, 24, 3), np.dtype(np.uint8), (4,))}
+  records = ShardedRecords(outputs["jpeg"])
+  for b in batches:
+    for idx, label in zip(b["record_index"], b["label"]):
+      assert records[int(idx)]["label"] == label
+
+
+def test_grain_raw_needs_no_size_and_pads_the_remainder(outputs):
+  batches = _all(grain_loader.dataset(outputs["raw"], batch_size=5, drop_remainder=False, shuffle=False))
+  assert len(batches) == -(-N_IMAGES // 5)
+  assert {b["image"].shape for b in batches} == {(5, 32, 32, 3)}
+  assert sum(int(b["mask"].sum()) for b in batches) == N_IMAGES
+  assert [int(i) for b in batches for i, m in zip(b["record_index"], b["mask"]) if m] == list(range(N_IMAGES))
+
+
+def test_images_without_fixed_size_need_image_size(outputs):
+  with pytest.raises(ValueError, match="image_size"):
+    grain_loader.dataset(outputs["jpeg"], batch_size=4)
+
+
+def test_shards_are_disjoint_complete_and_equal(outputs):
+  seen = []
+  counts = set()
+  for i in range(4):
+    batches = _all(grain_loader.dataset(outputs["raw"], batch_size=2, shard_index=i, shard_count=4, seed=1))
+    counts.add(len(batches))
+    seen += [int(x) for b in batches for x in b["record_index"]]
+  assert len(counts) == 1  # every replica gets the same number of batches
+  assert len(seen) == len(set(seen)) == (N_IMAGES // 4 // 2) * 2 * 4
+
+
+def test_seeded_order_and_reshuffle_per_epoch(outputs):
+  def order(seed, epochs=2):
+    return [int(x) for b in _all(grain_loader.dataset(outputs["raw"], batch_size=3, seed=seed, num_epochs=epochs))
+            for x in b["record_index"]]
+  a = order(7)
+  assert a == order(7)
+  assert a != order(8)
+  first, second = a[:len(a) // 2], a[len(a) // 2:]
+  assert first != second and sorted(first) == sorted(second)
+
+
+def test_resume_continues_exactly(outputs):
+  ds = grain_loader.dataset(outputs["raw"], batch_size=3, seed=2, num_epochs=2, num_threads=4)
+  it = iter(ds)
+  for _ in range(4):
+    next(it)
+  state = it.get_state()
+  rest = [b["record_index"].tolist() for b in it]
+  it2 = iter(ds)
+  it2.set_state(json.loads(json.dumps(state)))  # a state survives serialisation
+  assert [b["record_index"].tolist() for b in it2] == rest
+
+
+def test_ct_patches_static_and_padded(outputs):
+  batches = _all(grain_loader.dataset(outputs["ct_array_record"], batch_size=2, patch_size=(8, 80, 80),
+                                      hu_window=(-1000.0, 1000.0)))
+  assert batches and {b["volume"].shape for b in batches} == {(2, 8, 80, 80)}
+  records = ShardedRecords(outputs["ct_array_record"])
+  padded = 0
+  for b in batches:
+    assert b["volume"].min() >= 0.0 and b["volume"].max() <= 1.0
+    for v, idx in zip(b["volume"], b["record_index"]):
+      width = records[int(idx)]["volume"].shape[2]
+      if width < 80:  # beyond the volume: padding, -1024 HU, clipped to the window's low end → 0
+        assert np.all(v[..., width:] == 0.0)
+        padded += 1
+  assert padded
+
+
+def test_graph_records_padded_to_budgets(outputs):
+  batches = _all(grain_loader.dataset(outputs["mol"], "train", batch_size=4, max_nodes=64, max_edges=160))
+  assert {(b["node_feat"].shape, b["edge_index"].shape, b["edge_mask"].shape) for b in batches} == {
+      ((4, 64, 9), (4, 2, 160), (4, 160))}
+  for b in batches:
+    for i in range(4):
+      e = int(b["edge_mask"][i].sum())
+      assert b["node_mask"][i].sum() == b["num_nodes"][i]
+      assert (b["edge_index"][i][:, :e] < b["num_nodes"][i]).all()
+
+
+def test_corrupt_shard_names_shard_and_record(outputs, tmp_path):
+  for key in ("jpeg", "tfrecord"):
+    broken = str(tmp_path / key)
+    shutil.copytree(outputs[key], broken)
+    records = ShardedRecords(broken, verify=False)
+    shard = os.path.join(broken, records.manifest.splits["train"].shards[0].path)
+    data = bytearray(open(shard, "rb").read())
+    for i in range(400, 464):  # inside the first records (an ArrayRecord file ends in block padding)
+      data[i] ^= 0x5A
+    open(shard, "wb").write(bytes(data))
+    with pytest.raises(CorruptRecordError, match=rf"{os.path.basename(shard)}: record \d+"):
+      for i in range(records.manifest.splits["train"].shards[0].num_records):
+        ShardedRecords(broken, verify=False)[i]
+
+
+@pytest.mark.gcs
+def test_grain_over_gcs(outputs, gcs_emulator, tmp_path):
+  gs = f"gs://{gcs_emulator}/loaders/raw"
+  upload_tree(outputs["raw"], gs)
+  local = [b["record_index"].tolist() for b in _all(grain_loader.dataset(outputs["raw"], batch_size=3, seed=4))]
+  remote = [b["record_index"].tolist() for b in _all(
+      grain_loader.dataset(gs, batch_size=3, seed=4, cache_dir=str(tmp_path / "cache")))]
+  assert local == remote
+  assert any(f.endswith(".verified") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
+
+
+def test_tfdata_images_and_volumes(outputs):
+  tfdata = pytest.importorskip("loaders.tfdata")
+  batches = list(tfdata.dataset(outputs["tfrecord"], batch_size=4, image_size=(20, 20)).as_numpy_iterator())
+  assert len(batches) == N_IMAGES // 4
+  assert {b["image"].shape for b in batches} == {(4, 20, 20, 3)}
+  idx = sorted(int(i) for b in batches for i in b["record_index"])
+  assert len(idx) == N_IMAGES - N_IMAGES % 4 and len(set(idx)) == len(idx) and set(idx) <= set(range(N_IMAGES))
+  records = ShardedRecords(outputs["tfrecord"])
+  for b in batches:
+    for i, label in zip(b["record_index"], b["label"]):
+      assert records[int(i)]["label"] == label
+  shards = [sorted(int(i) for b in tfdata.dataset(outputs["tfrecord"], batch_size=1, shard_index=k, shard_count=2,
+                                                   image_size=(8, 8)).as_numpy_iterator() for i in b["record_index"])
+            for k in range(2)]
+  assert not set(shards[0]) & set(shards[1]) and len(shards[0]) == len(shards[1])
+  vols = list(tfdata.dataset(outputs["ct_tfrecord"], batch_size=1, patch_size=(4, 32, 32)).as_numpy_iterator())
+  assert vols and {v["volume"].shape for v in vols} == {(1, 4, 32, 32)}
+
+
+_XLA_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from loaders import xla
+assert "tensorflow" not in sys.modules
+loader = xla.device_loader(sys.argv[2], batch_size=4, seed=1, num_threads=2)
+shapes, devices, n, ids = set(), set(), 0, []
+for batch in loader:
+  shapes.add(tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(batch.items())))
+  devices.add(str(batch["image"].device))
+  ids += batch["record_index"].cpu().tolist()
+  n += 1
+print(json.dumps({"batches": n, "shapes": len(shapes), "devices": sorted(devices), "ids": ids,
+                  "tf": "tensorflow" in sys.modules}))
+"""
+
+
+def test_xla_device_loader_on_cpu(outputs):
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, outputs["raw"]], capture_output=True, text=True,
+                     env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["batches"] == N_IMAGES // 4 and got["shapes"] == 1 and not got["tf"]
+  assert all(d.startswith("xla") for d in got["devices"])
+  assert len(set(got["ids"])) == len(got["ids"]) == got["batches"] * 4
