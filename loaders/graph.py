@@ -151,11 +151,13 @@ class NeighborSampler:
                                                    frontier node it was sampled for (local ids)
   Deterministic for (seed, epoch, i); seeds are reshuffled every epoch and split
   disjointly over `shard_count` shards, each with the same number of batches.
+  With gather_features=False the batch has no `x`: gather on the accelerator from
+  a feature table kept there (the host then moves ids, not features).
   """
 
   def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024,
                seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
-               seed_nodes: np.ndarray | None = None):
+               seed_nodes: np.ndarray | None = None, gather_features: bool = True):
     if not fanouts or any(int(k) < 1 for k in fanouts):
       raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
     if batch_size < 1:
@@ -168,12 +170,19 @@ class NeighborSampler:
     self.fanouts = tuple(int(k) for k in fanouts)
     self.batch_size = batch_size
     self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
+    self.gather_features = gather_features and graph.node_features is not None
     self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
     self.per_shard = len(self.seed_nodes) // shard_count  # equal on every shard: XLA needs it
     self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
     self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes)
+    # plain ndarray views of the mapping: fancy indexing skips memmap.__getitem__
     self._indptr = np.asarray(graph.indptr)
-    self._indices = graph.indices
+    self._indices = np.asarray(graph.indices)
+    self._features = np.asarray(graph.node_features) if graph.node_features is not None else None
+    self._labels = np.asarray(graph.labels) if graph.labels is not None else None
+    self._id = np.dtype(np.int32) if graph.num_nodes < 2**31 - 1 else np.dtype(np.int64)
+    self._unknown = np.iinfo(self._id).max
+    self._local = threading.local()  # per thread: global id -> local id table, reset after each batch
     self._epoch_cache: tuple[int, np.ndarray] | None = None
     self._lock = threading.Lock()
 
@@ -192,72 +201,85 @@ class NeighborSampler:
         self._epoch_cache = (epoch, self.seed_nodes[mine])
       return self._epoch_cache[1]
 
+  def _table(self) -> np.ndarray:
+    table = getattr(self._local, "table", None)
+    if table is None:
+      table = self._local.table = np.full(self.graph.num_nodes, self._unknown, self._id)
+    return table
+
   def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
     if not 0 <= index < self.num_batches:
       raise IndexError(f"batch {index} outside [0, {self.num_batches})")
     seeds = self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
     rng = np.random.default_rng([self.seed, epoch, index, self.shard_index])
-    b = self.budgets
+    b, B, idt = self.budgets, self.batch_size, self._id
+    table = self._table()
+    indptr, indices = self._indptr, self._indices
     out: dict[str, np.ndarray] = {}
-    node_ids = np.zeros(b.nodes, np.int64)
+    node_ids = np.zeros(b.nodes, idt)
     node_ids[:len(seeds)] = seeds
-    num_local = self.batch_size  # seeds own local ids 0..B-1 (padding included)
-    frontier_ids = np.arange(len(seeds), dtype=np.int64)  # local ids of the frontier
-    known = seeds  # global ids with a local id, in local-id order (excluding seed padding)
-    known_local = np.arange(len(seeds), dtype=np.int64)
-    for hop, k in enumerate(self.fanouts):
-      f_budget, e_budget = b.frontier[hop], b.edges[hop]
-      fglobal = node_ids[frontier_ids]
-      start = self._indptr[fglobal]
-      deg = self._indptr[fglobal + 1] - start
-      offs = (rng.random((len(fglobal), k)) * deg[:, None]).astype(np.int64)
-      valid = np.repeat(deg > 0, k)
-      nbr = np.asarray(self._indices[np.where(deg[:, None] > 0, start[:, None] + offs, 0).reshape(-1)], np.int64)
-      nbr = np.where(valid, nbr, 0)
-      # relabel: neighbours already known keep their local id, new ones get the next ids
-      order = np.argsort(known, kind="stable")
-      sorted_known = known[order]
-      pos = np.searchsorted(sorted_known, nbr)
-      pos_c = np.minimum(pos, max(len(sorted_known) - 1, 0))
-      is_known = (len(sorted_known) > 0) & (sorted_known[pos_c] == nbr) if len(sorted_known) else np.zeros(len(nbr), bool)
-      local = np.zeros(len(nbr), np.int64)
-      local[is_known] = known_local[order][pos_c[is_known]]
-      new_global, inverse = np.unique(nbr[~is_known & valid], return_inverse=True)
-      room = b.nodes - num_local
-      if len(new_global) > room:  # cannot happen with the default budgets
-        raise RuntimeError(f"hop {hop}: {len(new_global)} new nodes exceed the budget {room}")
-      new_local = num_local + np.arange(len(new_global), dtype=np.int64)
-      local[~is_known & valid] = new_local[inverse]
-      node_ids[num_local:num_local + len(new_global)] = new_global
-      num_local += len(new_global)
-      known = np.concatenate([known, new_global])
-      known_local = np.concatenate([known_local, new_local])
-      edge_index = np.zeros((2, e_budget), np.int32)
-      edge_mask = np.zeros(e_budget, bool)
-      n_e = len(nbr)
-      edge_index[0, :n_e] = local
-      edge_index[1, :n_e] = np.repeat(frontier_ids, k)
-      edge_mask[:n_e] = valid
-      out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
-      frontier_ids = new_local[:b.frontier[hop + 1]] if hop + 1 < len(self.fanouts) else new_local
+    table[seeds] = np.arange(len(seeds), dtype=idt)
+    num_local = B  # seeds own local ids 0..B-1 (padding included)
+    f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
+    try:
+      for hop, k in enumerate(self.fanouts):
+        fglobal = node_ids[f_lo:f_hi]
+        start = indptr[fglobal]
+        deg = indptr[fglobal + 1] - start
+        pos = (start[:, None] + (rng.random((len(fglobal), k), dtype=np.float32) * deg[:, None]).astype(np.int64))
+        pos = pos.reshape(-1)
+        has = deg > 0
+        valid = None if has.all() else np.repeat(has, k)
+        if valid is not None:
+          np.minimum(pos, max(len(indices) - 1, 0), out=pos)
+        nbr = indices[pos].astype(idt, copy=False) if len(indices) else np.zeros(len(pos), idt)
+        loc = table[nbr]
+        new = loc == self._unknown
+        if valid is not None:
+          new &= valid
+        cand = nbr[new]
+        order = np.arange(len(cand), dtype=idt)
+        np.minimum.at(table, cand, order)  # the first occurrence of each new node wins
+        new_global = cand[table[cand] == order]
+        n_new = len(new_global)
+        if num_local + n_new > b.nodes:  # cannot happen with the default budgets
+          raise RuntimeError(f"hop {hop}: {n_new} new nodes exceed the node budget {b.nodes}")
+        table[new_global] = np.arange(num_local, num_local + n_new, dtype=idt)
+        loc[new] = table[cand]
+        node_ids[num_local:num_local + n_new] = new_global
+        e_budget, n_e = b.edges[hop], len(nbr)
+        edge_index = np.zeros((2, e_budget), np.int32)
+        edge_index[0, :n_e] = loc if valid is None else np.where(valid, loc, 0)
+        edge_index[1, :n_e] = np.repeat(np.arange(f_lo, f_hi, dtype=np.int32), k)
+        edge_mask = np.zeros(e_budget, bool)
+        edge_mask[:n_e] = True if valid is None else valid
+        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
+        next_budget = b.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
+        f_lo, f_hi = num_local, num_local + min(n_new, next_budget)
+        num_local += n_new
+    finally:
+      table[node_ids[:len(seeds)]] = self._unknown
+      table[node_ids[B:num_local]] = self._unknown
     node_mask = np.zeros(b.nodes, bool)
     node_mask[:len(seeds)] = True
-    node_mask[self.batch_size:num_local] = True
-    seed_mask = np.zeros(self.batch_size, bool)
-    seed_mask[:len(seeds)] = True
-    out["seeds"] = np.where(seed_mask, node_ids[:self.batch_size], 0)
-    out["seed_mask"] = seed_mask
-    out["node_ids"] = np.where(node_mask, node_ids, 0)
-    out["node_mask"] = node_mask
-    if self.graph.node_features is not None:
-      x = np.zeros((b.nodes, self.graph.node_features.shape[1]), self.graph.node_features.dtype)
-      live = np.nonzero(node_mask)[0]
-      x[live] = self.graph.node_features[node_ids[live]]
+    node_mask[B:num_local] = True
+    ids = np.zeros(b.nodes, np.int64)
+    ids[:len(seeds)] = node_ids[:len(seeds)]
+    ids[B:num_local] = node_ids[B:num_local]
+    out["seeds"] = ids[:B].copy()
+    out["seed_mask"] = node_mask[:B].copy()
+    out["node_ids"], out["node_mask"] = ids, node_mask
+    if self.gather_features:
+      feats = self._features
+      x = np.empty((b.nodes, feats.shape[1]), feats.dtype)
+      x[len(seeds):B] = 0
+      x[num_local:] = 0
+      np.take(feats, node_ids[:len(seeds)], axis=0, out=x[:len(seeds)], mode="clip")
+      np.take(feats, node_ids[B:num_local], axis=0, out=x[B:num_local], mode="clip")
       out["x"] = x
-    if self.graph.labels is not None:
-      labels = self.graph.labels
-      y = np.zeros((self.batch_size, *labels.shape[1:]), labels.dtype)
-      y[:len(seeds)] = labels[seeds]
+    if self._labels is not None:
+      y = np.zeros((B, *self._labels.shape[1:]), self._labels.dtype)
+      y[:len(seeds)] = self._labels[seeds]
       out["y"] = y
     return out
 

@@ -114,6 +114,15 @@ def test_grain_dataset_threads_and_resume(graph):
   assert all(np.array_equal(a, b) for a, b in zip(rest, resumed)) and len(rest) == len(resumed)
 
 
+def test_each_live_node_has_one_local_id_and_ids_can_stay_on_device(graph):
+  s = _sampler(graph)
+  b = s[1]
+  live = b["node_ids"][b["node_mask"]]
+  assert len(np.unique(live)) == len(live)
+  lean = _sampler(graph, gather_features=False)[1]
+  assert "x" not in lean and all(np.array_equal(lean[k], b[k]) for k in lean)
+
+
 def test_rejects_bad_arguments(graph):
   with pytest.raises(ValueError, match="fanouts"):
     lg.NeighborSampler(graph, fanouts=[0])
