@@ -129,13 +129,19 @@ class Budgets:
   nodes: int  # all local nodes: seeds + every hop's new nodes
 
 
-def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int) -> Budgets:
+def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget: int | None = None) -> Budgets:
+  """Worst-case static sizes; `node_budget` caps the local nodes (a batch that needs more raises)."""
   frontier = [batch_size]
   for k in fanouts[:-1]:
     frontier.append(min(num_nodes, frontier[-1] * k))
   edges = tuple(f * k for f, k in zip(frontier, fanouts))
   new_last = min(num_nodes, frontier[-1] * fanouts[-1])
-  return Budgets(tuple(frontier), edges, min(num_nodes + batch_size, sum(frontier) + new_last))
+  nodes = min(num_nodes + batch_size, sum(frontier) + new_last)
+  if node_budget is not None:
+    if node_budget < batch_size:
+      raise ValueError(f"node_budget {node_budget} is smaller than batch_size {batch_size}")
+    nodes = min(nodes, node_budget)
+  return Budgets(tuple(frontier), edges, nodes)
 
 
 class NeighborSampler:
@@ -153,11 +159,14 @@ class NeighborSampler:
   disjointly over `shard_count` shards, each with the same number of batches.
   With gather_features=False the batch has no `x`: gather on the accelerator from
   a feature table kept there (the host then moves ids, not features).
+  `node_budget` shrinks the node dimension below the worst case (x is
+  node_budget x F); a batch that would need more raises instead of truncating.
   """
 
   def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024,
                seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
-               seed_nodes: np.ndarray | None = None, gather_features: bool = True):
+               seed_nodes: np.ndarray | None = None, gather_features: bool = True,
+               node_budget: int | None = None):
     if not fanouts or any(int(k) < 1 for k in fanouts):
       raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
     if batch_size < 1:
@@ -174,7 +183,7 @@ class NeighborSampler:
     self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
     self.per_shard = len(self.seed_nodes) // shard_count  # equal on every shard: XLA needs it
     self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
-    self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes)
+    self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes, node_budget)
     # plain ndarray views of the mapping: fancy indexing skips memmap.__getitem__
     self._indptr = np.asarray(graph.indptr)
     self._indices = np.asarray(graph.indices)
@@ -242,8 +251,10 @@ class NeighborSampler:
         np.minimum.at(table, cand, order)  # the first occurrence of each new node wins
         new_global = cand[table[cand] == order]
         n_new = len(new_global)
-        if num_local + n_new > b.nodes:  # cannot happen with the default budgets
-          raise RuntimeError(f"hop {hop}: {n_new} new nodes exceed the node budget {b.nodes}")
+        if num_local + n_new > b.nodes:  # only with a node_budget below the worst case
+          raise RuntimeError(f"batch {index}, hop {hop}: {num_local + n_new} local nodes exceed "
+                             f"node_budget={b.nodes}; raise it (the worst case is "
+                             f"{budgets(B, self.fanouts, self.graph.num_nodes).nodes})")
         table[new_global] = np.arange(num_local, num_local + n_new, dtype=idt)
         loc[new] = table[cand]
         node_ids[num_local:num_local + n_new] = new_global

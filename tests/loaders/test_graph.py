@@ -123,6 +123,15 @@ def test_each_live_node_has_one_local_id_and_ids_can_stay_on_device(graph):
   assert "x" not in lean and all(np.array_equal(lean[k], b[k]) for k in lean)
 
 
+def test_node_budget_shrinks_batches_and_overflow_is_loud(graph):
+  full = _sampler(graph)
+  small = _sampler(graph, node_budget=200)  # the worst case is 272; these batches need ~150
+  assert full.budgets.nodes == 272 and small[0]["x"].shape[0] == 200
+  tiny = _sampler(graph, node_budget=16)
+  with pytest.raises(RuntimeError, match="raise it"):
+    tiny[0]
+
+
 def test_rejects_bad_arguments(graph):
   with pytest.raises(ValueError, match="fanouts"):
     lg.NeighborSampler(graph, fanouts=[0])
