@@ -192,8 +192,15 @@ for batch in loader:
   devices.add(str(batch["image"].device))
   ids += batch["record_index"].cpu().tolist()
   n += 1
+# resume: stop after 2 batches, restore in a new loader, get exactly the rest
+first = xla.device_loader(sys.argv[2], batch_size=4, seed=1, num_threads=2)
+it = iter(first)
+head = [next(it)["record_index"].cpu().tolist() for _ in range(2)]
+state = first.get_state()
+resumed = [b["record_index"].cpu().tolist() for b in xla.device_loader(sys.argv[2], batch_size=4, seed=1,
+                                                                        num_threads=2, state=state)]
 print(json.dumps({"batches": n, "shapes": len(shapes), "devices": sorted(devices), "ids": ids,
-                  "tf": "tensorflow" in sys.modules}))
+                  "tf": "tensorflow" in sys.modules, "head": sum(head, []), "resumed": sum(resumed, [])}))
 """
 
 
@@ -206,3 +213,4 @@ def test_xla_device_loader_on_cpu(outputs):
   assert got["batches"] == N_IMAGES // 4 and got["shapes"] == 1 and not got["tf"]
   assert all(d.startswith("xla") for d in got["devices"])
   assert len(set(got["ids"])) == len(got["ids"]) == got["batches"] * 4
+  assert got["head"] + got["resumed"] == got["ids"]  # same seed: same order; resume continues exactly
