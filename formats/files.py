@@ -14,6 +14,8 @@ import shutil
 import tempfile
 import uuid
 
+from formats.manifest import sha256_file
+
 
 def is_gcs(path: str) -> bool:
   return path.startswith("gs://")
@@ -118,6 +120,25 @@ def download(path: str, local_path: str) -> None:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+def cached_copy(path: str, sha256: str, cache_root: str) -> str:
+  """A local, verified copy of `path` under `cache_root`, downloaded once.
+
+  The copy lives in `<cache_root>/<sha256[:16]>/<basename>`; a `.verified`
+  marker beside it records that its SHA-256 matched, so later calls reuse it.
+  A mismatch deletes the download and raises ValueError naming the file.
+  """
+  local = os.path.join(cache_root, sha256[:16], os.path.basename(path))
+  if not os.path.exists(local + ".verified"):
+    download(path, local)
+    digest = sha256_file(local)
+    if digest != sha256:
+      os.remove(local)
+      raise ValueError(f"{path}: sha256 {digest[:12]}... differs from the manifest's {sha256[:12]}... "
+                       "(corrupt or changed)")
+    open(local + ".verified", "w").close()
+  return local
 
 
 class LocalCopy:

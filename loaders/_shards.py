@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from formats import arrayrecord, files, tfrecord
-from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo, sha256_file
+from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "shards")
 
@@ -41,15 +41,10 @@ def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: bo
     if verify and os.path.getsize(src) != shard.num_bytes:
       raise CorruptRecordError(f"{src}: {os.path.getsize(src)} bytes, the manifest says {shard.num_bytes}")
     return src
-  local = os.path.join(cache_dir or DEFAULT_CACHE, shard.sha256[:16], shard.path)
-  if not os.path.exists(local + ".verified"):
-    files.download(src, local)
-    digest = sha256_file(local)
-    if digest != shard.sha256:
-      os.remove(local)
-      raise CorruptRecordError(f"{src}: sha256 {digest[:12]}... differs from the manifest's {shard.sha256[:12]}...")
-    open(local + ".verified", "w").close()
-  return local
+  try:
+    return files.cached_copy(src, shard.sha256, cache_dir or DEFAULT_CACHE)
+  except ValueError as e:
+    raise CorruptRecordError(str(e)) from None
 
 
 class _TFRecordShard:

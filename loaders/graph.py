@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import threading
@@ -103,18 +101,9 @@ def load(path: str, cache_dir: str | None = None, verify: bool = True) -> Graph:
     if info is not None and verify and os.path.getsize(local) != info.num_bytes:
       raise ValueError(f"{local}: {os.path.getsize(local)} bytes, the manifest says {info.num_bytes}")
     return Graph(local, verify=verify)
-  cache = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16])
-  local = os.path.join(cache, file_name)
-  marker = local + ".verified"
+  marker = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16], file_name + ".sections-verified")
+  local = files.cached_copy(files.join(folder, file_name), info.sha256, cache_dir or DEFAULT_CACHE)
   if not os.path.exists(marker):
-    files.download(files.join(folder, file_name), local)
-    from formats.manifest import sha256_file
-
-    digest = sha256_file(local)
-    if digest != info.sha256:
-      os.remove(local)
-      raise ValueError(f"{folder}/{file_name}: sha256 {digest[:12]}... differs from the manifest's "
-                       f"{info.sha256[:12]}... (corrupt download?)")
     Graph(local, verify=True)  # every section's CRC, once
     open(marker, "w").close()
   return Graph(local, verify=False)

@@ -12,8 +12,9 @@ import csv
 from collections.abc import Iterator
 import dataclasses
 import gzip
-import importlib.resources
+import importlib.util
 import io
+import os
 import zipfile
 from typing import BinaryIO
 
@@ -47,10 +48,16 @@ class DatasetInfo:
 
 
 def _master_tables() -> Iterator[tuple[str, dict[str, dict[str, str]]]]:
+  # Found without importing ogb: its __init__ checks PyPI for a newer version over the network.
+  spec = importlib.util.find_spec("ogb")
+  if spec is None or not spec.submodule_search_locations:
+    return
+  root = list(spec.submodule_search_locations)[0]
   for task, folder in (("node", "nodeproppred"), ("link", "linkproppred"), ("graph", "graphproppred")):
     try:
-      text = (importlib.resources.files("ogb") / folder / "master.csv").read_text()
-    except (ModuleNotFoundError, FileNotFoundError):
+      with open(os.path.join(root, folder, "master.csv")) as f:
+        text = f.read()
+    except FileNotFoundError:
       continue
     rows = list(csv.reader(io.StringIO(text)))
     names = rows[0][1:]

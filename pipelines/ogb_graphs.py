@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 import dataclasses
-import json
+import gzip
 import logging
 import math
 import os
@@ -36,6 +36,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
+import pandas as pd
 
 from formats import files as fs
 from formats.features import Features, Tensor
@@ -43,7 +44,8 @@ from formats.graphbin import GraphBin, GraphBinWriter
 from formats.manifest import MANIFEST_FILENAME, REJECTED_FILENAME, FileInfo, Manifest, sha256_file
 from pipelines import _cli, _fileio
 from pipelines._csr import csr_from_coo, index_dtype, interleave_inverse
-from pipelines._ogb import DatasetInfo, NpzMember, OgbFormatError, check_ids, dataset_info, load_pt_split, read_csv_all, read_csv_chunks
+from pipelines._ogb import (
+    NpzMember, OgbFormatError, check_ids, dataset_info, load_pt_split, read_csv_all, read_csv_chunks)
 from pipelines._sink import InputSummary, OutputSpec, Record, WriteOutput
 
 PIPELINE = "pipelines.ogb_graphs"
@@ -197,7 +199,6 @@ def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition:
 def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
   raw = _csv(root, "raw")
   with _open(_csv(raw, "num-node-dict.csv.gz")) as f:
-    import pandas as pd
     df = pd.read_csv(f, compression="gzip")
   num_nodes = {t: int(df[t].astype(np.int64).sum()) for t in sorted(df.columns)}
   triplets = _read_small_str(_csv(raw, "triplet-type-list.csv.gz"))
@@ -230,7 +231,6 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
 
 
 def _read_small_str(path: str) -> list[tuple[str, ...]]:
-  import gzip
   if not fs.exists(path):
     raise OgbFormatError(f"{path}: missing file")
   with _open(path) as f:
