@@ -142,10 +142,15 @@ def summary(manifest: Manifest) -> str:
 
 
 def _to_pixels(feature, value) -> np.ndarray:
+  """uint8 pixels to draw: an image, or the middle slice of a CT volume (window -1000..1000 HU)."""
   from PIL import Image as PILImage
 
   if isinstance(feature, Tensor):
-    return np.asarray(value)
+    arr = np.asarray(value)
+    if arr.ndim == 3 and arr.shape[-1] != 3:  # a volume [depth, rows, columns] in HU
+      mid = arr[arr.shape[0] // 2].astype(np.float32)
+      return (np.clip((mid + 1000.0) / 2000.0, 0, 1) * 255).astype(np.uint8)
+    return arr
   return np.asarray(PILImage.open(io.BytesIO(value)).convert("RGB"))
 
 
@@ -154,10 +159,10 @@ def render_grid(output: str, manifest: Manifest, png_path: str, split: str | Non
   """Writes a PNG grid of the first `num` records of `split`; returns how many were drawn."""
   from PIL import Image as PILImage, ImageDraw
 
-  split = split or sorted(manifest.splits)[0]
+  split = split or next((k for k, v in sorted(manifest.splits.items()) if v.num_records), sorted(manifest.splits)[0])
   if split not in manifest.splits:
     raise ValueError(f"split {split!r} not in {sorted(manifest.splits)}")
-  image_key = next((k for k, f in manifest.features.items() if isinstance(f, (Image, Tensor))), None)
+  image_key = next((k for k in ("image", "volume") if k in manifest.features), None)
   if image_key is None:
     raise ValueError("no image feature to draw")
   label_key = next((k for k, f in manifest.features.items() if isinstance(f, ClassLabel)), None)
@@ -182,6 +187,8 @@ def render_grid(output: str, manifest: Manifest, png_path: str, split: str | Non
     if label_key:
       label = s[label_key]
       draw.text((x + 2, y + cell), f"{label}: {manifest.features[label_key].names[label]}", fill="black")
+    elif "num_slices" in s:
+      draw.text((x + 2, y + cell), f"{int(s['num_slices'])} slices", fill="black")
   grid.save(png_path)
   return len(samples)
 

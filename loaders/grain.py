@@ -22,6 +22,32 @@ from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform, pad_batch
 
 
+def data_source(path: str, split: str = "train", cache_dir: str | None = None) -> ShardedRecords:
+  """The split as a grain RandomAccessDataSource (records decoded, plus `record_index`)."""
+  return ShardedRecords(path, split, cache_dir=cache_dir)
+
+
+class _ToExample(grain.transforms.RandomMap):
+  def __init__(self, transform):
+    self._transform = transform
+
+  def random_map(self, element, rng):
+    return self._transform(element, rng)
+
+
+def operations(source: ShardedRecords, *, batch_size: int, drop_remainder: bool = True,
+               **example_options) -> list:
+  """grain.DataLoader operations: records → fixed-shape examples → batches.
+
+      loader = grain.DataLoader(data_source=source, operations=operations(source, batch_size=32, ...),
+                                sampler=grain.samplers.IndexSampler(len(source), shuffle=True, seed=0,
+                                    shard_options=grain.sharding.ShardOptions(i, n, drop_remainder=True)),
+                                worker_count=0)   # threads only
+  """
+  transform = example_transform(source.features, ExampleOptions(**example_options))
+  return [_ToExample(transform), grain.transforms.Batch(batch_size=batch_size, drop_remainder=drop_remainder)]
+
+
 def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
                 shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
                 cache_dir: str | None = None, **example_options) -> grain.MapDataset:

@@ -114,7 +114,7 @@ def _plan_stack(slices: list[SliceHeader], stack: str, tolerance: float) -> Volu
     else:
       kept.append(i)
   if len(kept) < 2:
-    raise SeriesRejected(f"a single slice position ({len(slices)} file(s)): not a volume")
+    raise SeriesRejected(f"single slice: {len(slices)} file(s) at one position, not a volume")
   z = d[kept]
   gaps = np.diff(z)
   mean = (z[-1] - z[0]) / (len(kept) - 1)
@@ -182,7 +182,7 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
     try:
       plans.append(_plan_stack(members, stack, tolerance))
     except SeriesRejected as e:
-      rejected += [(path, f"series rejected: {e}", n) for path, n in sorted(frames_per_file(members).items())]
+      rejected += [(path, f"series rejected, {e}", n) for path, n in sorted(frames_per_file(members).items())]
   return plans, rejected
 
 
@@ -248,7 +248,7 @@ class _Decoded:
 
   def _fail(self, s: SliceHeader, e: Exception) -> SeriesRejected:
     return SeriesRejected(
-        f"a slice's pixel data could not be decoded ({s.path})", culprit=s.path,
+        f"undecodable slice: {s.path}", culprit=s.path,
         culprit_reason=f"truncated or undecodable pixel data: {type(e).__name__}: {e}")
 
   def _read_native(self, s: SliceHeader) -> np.ndarray:
@@ -276,7 +276,8 @@ class _Decoded:
         raise self._fail(s, e) from None
     arr = self._array if s.frame is None else self._array[s.frame]
     if arr.shape != (s.rows, s.columns):
-      raise SeriesRejected(f"pixel data of {s.path} has shape {arr.shape}, header says {(s.rows, s.columns)}")
+      raise SeriesRejected(f"pixel data shape differs from the header: {s.path} has {arr.shape}, "
+                           f"header says {(s.rows, s.columns)}")
     return stored_values(arr, s.bits_stored, s.pixel_representation)
 
 
@@ -305,6 +306,6 @@ def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: s
     for copy in copies:
       if not np.array_equal(decoded.get(copy), reference[i]):
         z = float(np.asarray(copy.position) @ np.asarray(plan.direction).reshape(3, 3)[:, 2])
-        raise SeriesRejected(f"conflicting duplicate slices at position {z:.3f} mm (different pixels)")
+        raise SeriesRejected(f"conflicting duplicate slices: different pixels at position {z:.3f} mm")
       dropped.append((copy.path, "identical duplicate of another slice (dropped)"))
   return out, dropped

@@ -170,7 +170,7 @@ class _ReadVolumeFn(beam.DoFn):
     except SeriesRejected as e:
       self._series_rejected.inc()
       for path, n in frames_per_file([*plan.slices, *(d for _, d in plan.duplicates)]).items():
-        reason = e.culprit_reason if path == e.culprit else f"series rejected: {e}"
+        reason = e.culprit_reason if path == e.culprit else f"series rejected, {e}"
         yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split, n))
       return
     for path, reason in dropped:

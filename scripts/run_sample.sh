@@ -20,4 +20,4 @@ if [ ! -d sample_data/dicom ]; then
 fi
 .venv/bin/python -m pipelines.ct_volumes --input=sample_data/dicom --output=sample_output/ct_volumes \
   --id_salt=sample-salt --runner=DirectRunner --overwrite=true
-.venv/bin/python -m formats.inspect sample_output/ct_volumes --verify
+.venv/bin/python -m formats.inspect sample_output/ct_volumes --verify --grid sample_output/ct_volumes-grid.png

@@ -108,6 +108,21 @@ def test_resume_continues_exactly(outputs):
   assert [b["record_index"].tolist() for b in it2] == rest
 
 
+def test_usable_from_grain_dataloader(outputs):
+  import grain
+
+  source = grain_loader.data_source(outputs["raw"])
+  loader = grain.DataLoader(
+      data_source=source, operations=grain_loader.operations(source, batch_size=4),
+      sampler=grain.samplers.IndexSampler(len(source), shuffle=True, seed=0, num_epochs=1,
+                                          shard_options=grain.sharding.ShardOptions(0, 2, drop_remainder=True)),
+      worker_count=0)
+  batches = list(loader)
+  assert batches and {b["image"].shape for b in batches} == {(4, 32, 32, 3)}
+  ids = [int(i) for b in batches for i in b["record_index"]]
+  assert len(ids) == len(set(ids)) and len(ids) <= N_IMAGES // 2
+
+
 def test_ct_patches_static_and_padded(outputs):
   batches = _all(grain_loader.dataset(outputs["ct_array_record"], batch_size=2, patch_size=(8, 80, 80),
                                       hu_window=(-1000.0, 1000.0)))
