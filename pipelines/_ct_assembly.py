@@ -248,7 +248,7 @@ class _Decoded:
 
   def _fail(self, s: SliceHeader, e: Exception) -> SeriesRejected:
     return SeriesRejected(
-        f"undecodable slice: {s.path}", culprit=s.path,
+        f"undecodable pixel data in a slice: {s.path}", culprit=s.path,
         culprit_reason=f"truncated or undecodable pixel data: {type(e).__name__}: {e}")
 
   def _read_native(self, s: SliceHeader) -> np.ndarray:
