@@ -161,7 +161,7 @@ def _signed64(n: int) -> int:
   return n - (1 << 64) if n >= 1 << 63 else n
 
 
-def _decode_feature(buf: memoryview, start: int, stop: int) -> list[bytes] | np.ndarray:
+def _decode_feature(buf: memoryview, start: int, stop: int, copy: bool = True) -> list[bytes] | np.ndarray:
   r = _Reader(buf, start, stop)
   result: list[bytes] | np.ndarray = []
   for kind, wt, span in r.fields():
@@ -169,7 +169,7 @@ def _decode_feature(buf: memoryview, start: int, stop: int) -> list[bytes] | np.
       raise ExampleDecodeError(f"Feature field {kind} has wire type {wt}")
     inner = _Reader(buf, *span)
     if kind == 1:  # BytesList
-      result = [bytes(buf[a:b]) for f, w, (a, b) in inner.fields() if f == 1]
+      result = [bytes(buf[a:b]) if copy else buf[a:b] for f, w, (a, b) in inner.fields() if f == 1]
     elif kind == 2:  # FloatList
       chunks = []
       for f, w, v in inner.fields():
@@ -198,10 +198,11 @@ def _decode_feature(buf: memoryview, start: int, stop: int) -> list[bytes] | np.
   return result
 
 
-def decode_example(data: bytes | memoryview) -> dict[str, list[bytes] | np.ndarray]:
+def decode_example(data: bytes | memoryview, copy: bool = True) -> dict[str, list[bytes] | np.ndarray]:
   """Parses a serialized Example into {key: list of bytes | int64 array | float32 array}.
 
-  Raises ExampleDecodeError (a ValueError) on malformed bytes.
+  copy=False returns bytes values as memoryviews into `data` (no copy of large
+  payloads). Raises ExampleDecodeError (a ValueError) on malformed bytes.
   """
   buf = memoryview(data)
   out: dict[str, list[bytes] | np.ndarray] = {}
@@ -217,7 +218,7 @@ def decode_example(data: bytes | memoryview) -> dict[str, list[bytes] | np.ndarr
           if f3 == 1 and w3 == _WT_LEN:
             key = bytes(buf[v[0]:v[1]]).decode("utf-8")
           elif f3 == 2 and w3 == _WT_LEN:
-            value = _decode_feature(buf, *v)
+            value = _decode_feature(buf, *v, copy=copy)
         if key is None:
           raise ExampleDecodeError("feature map entry without a key")
         out[key] = value

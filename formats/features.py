@@ -190,7 +190,7 @@ class Text:
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> str:
-    return value[0].decode("utf-8")
+    return bytes(value[0]).decode("utf-8")
 
   def to_json(self) -> dict:
     return {"kind": self.kind, "dtype": "string"}
@@ -263,9 +263,13 @@ class Features(Mapping[str, Feature]):
       encoded.update(_encode_into(spec, k, values[k]))
     return example_lib.encode_example(encoded)
 
-  def decode(self, record: bytes) -> dict[str, Any]:
-    """The values of one serialized Example (raises ValueError on malformed bytes)."""
-    raw = example_lib.decode_example(record)
+  def decode(self, record: bytes, copy: bool = True) -> dict[str, Any]:
+    """The values of one serialized Example (raises ValueError on malformed bytes).
+
+    copy=False: bytes values (encoded images) are memoryviews and tensors are
+    read-only arrays over `record`, without copying the payload.
+    """
+    raw = example_lib.decode_example(record, copy=copy)
     missing = {key for k, spec in self._specs.items() for key in _keys(spec, k)} - set(raw)
     if missing:
       raise ValueError(f"record lacks features {sorted(missing)}")

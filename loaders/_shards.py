@@ -141,10 +141,16 @@ class ShardedRecords:
       raise CorruptRecordError(f"{self._paths[k]}: record {local}: {type(e).__name__}: {e}") from None
 
   def __getitem__(self, index: int) -> dict:
-    """The decoded record, plus `record_index` (its position in the split)."""
+    return self.get(index)
+
+  def get(self, index: int, copy: bool = True) -> dict:
+    """The decoded record, plus `record_index` (its position in the split).
+
+    copy=False: payloads are views into the record's bytes (see Features.decode).
+    """
     data = self.raw(index)
     try:
-      return {**self.features.decode(data), "record_index": np.int64(index)}
+      return {**self.features.decode(data, copy=copy), "record_index": np.int64(index)}
     except ValueError as e:
       k = bisect.bisect_right(self._starts, index) - 1
       raise CorruptRecordError(f"{self._paths[k]}: record {index - int(self._starts[k])}: {e}") from None

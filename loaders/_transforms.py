@@ -61,7 +61,8 @@ def _decode_image(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
   im = PILImage.open(io.BytesIO(data))
   if size is not None and im.format == "JPEG":
     im.draft("RGB", (size[1], size[0]))  # let libjpeg decode at a reduced scale
-  im = im.convert("RGB")
+  if im.mode != "RGB":
+    im = im.convert("RGB")
   if size is not None and im.size != (size[1], size[0]):
     im = ImageOps.fit(im, (size[1], size[0]), method=PILImage.Resampling.BILINEAR)
   return np.asarray(im, dtype=np.uint8)
@@ -72,7 +73,7 @@ def _image_transform(features: Features, o: ExampleOptions) -> Callable:
   label = "label" if isinstance(features.get("label"), ClassLabel) else None
   if isinstance(spec, Tensor):
     def raw(rec, rng=None):
-      out = {"image": np.asarray(rec["image"], np.uint8)}
+      out = {"image": rec["image"]}  # already uint8 [H, W, 3], possibly a view into the record
       if label:
         out["label"] = np.int64(rec[label])
       return out
@@ -153,17 +154,23 @@ def example_transform(features: Features, options: ExampleOptions) -> Callable:
     if "record_index" in rec:
       out["record_index"] = np.int64(rec["record_index"])
     return out
+  transform.needs_rng = kind == "volume" and options.patch == "random"  # only random patches draw
   return transform
 
 
-def pad_batch(examples: Sequence[dict], batch_size: int) -> dict:
-  """Stacks examples and pads to `batch_size` with zeros; `mask` marks the real ones."""
-  out = {}
-  for key in examples[0]:
-    stacked = np.stack([np.asarray(e[key]) for e in examples])
-    if len(examples) < batch_size:
-      pad = np.zeros((batch_size - len(examples), *stacked.shape[1:]), stacked.dtype)
-      stacked = np.concatenate([stacked, pad])
-    out[key] = stacked
-  out["mask"] = np.arange(batch_size) < len(examples)
+def fill_batch(examples, batch_size: int, with_mask: bool) -> dict:
+  """Copies examples (an iterable of dicts) once into [batch_size, ...] arrays.
+
+  Missing trailing examples are zero padding; `mask` marks the real ones when asked.
+  """
+  out: dict[str, np.ndarray] = {}
+  n = 0
+  for i, ex in enumerate(examples):
+    if not out:
+      out = {k: np.zeros((batch_size, *np.shape(v)), np.asarray(v).dtype) for k, v in ex.items()}
+    for k, v in ex.items():
+      out[k][i] = v
+    n = i + 1
+  if with_mask:
+    out["mask"] = np.arange(batch_size) < n
   return out

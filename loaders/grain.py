@@ -16,10 +16,14 @@ processes; ArrayRecord reads and JPEG decodes release the GIL.
 
 from __future__ import annotations
 
+import os
+import threading
+
 import grain
+import numpy as np
 
 from loaders._shards import ShardedRecords
-from loaders._transforms import ExampleOptions, example_transform, pad_batch
+from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
 
 def data_source(path: str, split: str = "train", cache_dir: str | None = None) -> ShardedRecords:
@@ -48,6 +52,49 @@ def operations(source: ShardedRecords, *, batch_size: int, drop_remainder: bool 
   return [_ToExample(transform), grain.transforms.Batch(batch_size=batch_size, drop_remainder=drop_remainder)]
 
 
+class _ReadBatch:
+  """Batch position → one batch of examples, each payload copied once into place.
+
+  The position gives the epoch and the batch within it; the epoch's order is a
+  seeded permutation of this shard's records (computed once per epoch,
+  vectorised), so every epoch is shuffled differently and the sequence is a
+  pure function of (seed, shard, position): grain's iterator state (the next
+  position) is all a resume needs.
+  """
+
+  def __init__(self, source: ShardedRecords, transform, batch_size: int, seed: int, shuffle: bool,
+               shard_index: int, shard_count: int, per_shard: int, drop_remainder: bool):
+    self._source, self._transform = source, transform
+    self._batch_size, self._seed, self._shuffle = batch_size, seed, shuffle
+    self._shard_index, self._shard_count, self._per_shard = shard_index, shard_count, per_shard
+    self._drop = drop_remainder
+    self.batches_per_epoch = per_shard // batch_size if drop_remainder else -(-per_shard // batch_size)
+    self._orders: dict[int, np.ndarray] = {}
+    self._lock = threading.Lock()
+    self._needs_rng = getattr(transform, "needs_rng", True)
+
+  def _order(self, epoch: int) -> np.ndarray:
+    with self._lock:
+      order = self._orders.get(epoch)
+      if order is None:
+        local = (np.random.default_rng([self._seed, epoch]).permutation(self._per_shard) if self._shuffle
+                 else np.arange(self._per_shard))
+        order = self._shard_index + self._shard_count * local  # this shard's records: strided
+        self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+        self._orders[epoch] = order
+      return order
+
+  def __call__(self, position: int, _) -> dict:
+    epoch, k = divmod(position, self.batches_per_epoch)
+    indices = self._order(epoch)[k * self._batch_size:(k + 1) * self._batch_size]
+
+    def examples():
+      for j, i in enumerate(indices):
+        rng = np.random.default_rng([self._seed, position, j]) if self._needs_rng else None
+        yield self._transform(self._source.get(int(i), copy=False), rng)
+    return fill_batch(examples(), self._batch_size, with_mask=not self._drop)
+
+
 def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
                 shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
                 cache_dir: str | None = None, **example_options) -> grain.MapDataset:
@@ -60,22 +107,17 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bo
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
   source = ShardedRecords(path, split, cache_dir=cache_dir)
   transform = example_transform(source.features, ExampleOptions(**example_options))
-  per_shard = len(source) // shard_count
-  ds = grain.MapDataset.source(source)[: per_shard * shard_count][shard_index::shard_count]
-  if shuffle:
-    ds = ds.shuffle(seed=seed)
-  ds = ds.repeat(num_epochs)
-  ds = ds.random_map(lambda rec, rng: transform(rec, rng), seed=seed)
-  if drop_remainder:
-    return ds.batch(batch_size, drop_remainder=True)
-  return ds.batch(batch_size, batch_fn=lambda examples: pad_batch(examples, batch_size))
+  read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
+                    len(source) // shard_count, drop_remainder)
+  return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
 
 
 def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
             **example_options) -> grain.IterDataset:
-  """A grain IterDataset of batches (dicts of numpy arrays) read by `num_threads` threads.
+  """A grain IterDataset of batches (dicts of numpy arrays) read by up to `num_threads` threads
+  (capped at the CPUs this process may use).
 
   `example_options`: image_size, patch_size, patch, hu_window, normalize,
   max_nodes, max_edges (see loaders._transforms.ExampleOptions). With
@@ -84,4 +126,6 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
                    cache_dir=cache_dir, **example_options)
-  return ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size))
+  # More threads than cores only adds GIL contention for the Python parts of a batch.
+  threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
+  return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))
