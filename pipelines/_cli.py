@@ -21,11 +21,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from formats import files as fs
 from formats import naming
 from formats.manifest import MANIFEST_FILENAME, Manifest
-from pipelines._errors import InputDataError
-
-
-class UsageError(ValueError):
-  """A bad command-line argument; the message names the flag and the value."""
+from pipelines import _dataflow
+from pipelines._errors import InputDataError, UsageError
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -138,6 +135,7 @@ def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pip
                  prog: str) -> beam.runners.runner.PipelineResult:
   """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
   t0 = time.monotonic()
+  _dataflow.prepare(options, args)
   p = beam.Pipeline(options=options)
   build(p, args)
   manifest_path = fs.join(args["output"], MANIFEST_FILENAME)

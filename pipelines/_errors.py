@@ -1,4 +1,8 @@
-"""Errors shared by the pipelines' pure modules (no Beam)."""
+"""Errors shared by the pipelines' modules (no Beam)."""
+
+
+class UsageError(ValueError):
+  """A bad command-line argument; the message names the flag and the value."""
 
 
 class InputDataError(ValueError):

@@ -1,0 +1,129 @@
+"""Getting a job ready for Dataflow: checks first, then the toolkit and its worker dependencies.
+
+A pipeline that runs on the DirectRunner but whose Dataflow workers lack the
+toolkit, pydicom's decoders or array_record fails only after the job started.
+`prepare(options, args)` runs on the launcher before anything is submitted:
+
+- one-line UsageErrors for what Dataflow cannot work with: no --project or
+  --region, a --temp_location / --input / --output that is not gs://;
+- unless the user chose how workers get their code (--setup_file,
+  --extra_package(s), --requirements_file or --sdk_container_image), it builds
+  a wheel of this project (staged with --extra_package) and a requirements file
+  pinning the worker-side dependencies to the launcher's installed versions
+  (--requirements_file, installed by the workers from PyPI at start-up). For
+  workers without internet access, or for fast start-up, use the container of
+  the Dockerfile (docs/dataflow.md).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, WorkerOptions)
+
+from pipelines._errors import UsageError
+
+DISTRIBUTION = "tpu-shards"
+WORKER_EXTRAS = ("pipelines",)
+_NOT_ON_WORKERS = {"apache-beam"}  # the SDK container has it
+_log = logging.getLogger(__name__)
+
+
+def is_dataflow(options: PipelineOptions) -> bool:
+  runner = options.view_as(StandardOptions).runner or ""
+  return "dataflow" in str(runner).lower()
+
+
+def check(options: PipelineOptions, args: dict) -> None:
+  """UsageError for the Dataflow flags that are missing or point at local files."""
+  gcp = options.view_as(GoogleCloudOptions)
+  if not gcp.project:
+    raise UsageError("--project is required with --runner=DataflowRunner")
+  if not gcp.region:
+    raise UsageError("--region is required with --runner=DataflowRunner")
+  if not (gcp.temp_location or "").startswith("gs://"):
+    raise UsageError(f"--temp_location must be a gs:// path on Dataflow, got {gcp.temp_location!r}")
+  if gcp.staging_location and not gcp.staging_location.startswith("gs://"):
+    raise UsageError(f"--staging_location must be a gs:// path on Dataflow, got {gcp.staging_location!r}")
+  for flag in ("root", "output"):
+    if not str(args[flag]).startswith("gs://"):
+      name = "--input" if flag == "root" else "--output"
+      raise UsageError(f"{name} must be a gs:// path on Dataflow (workers cannot read this machine's disk), "
+                       f"got {args[flag]!r}")
+
+
+def project_root() -> str | None:
+  """The source tree this toolkit runs from, when it runs from one (pyproject.toml beside the packages)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return root if os.path.exists(os.path.join(root, "pyproject.toml")) else None
+
+
+def build_wheel(out_dir: str) -> str:
+  """A wheel of this project (no dependencies inside) in `out_dir`; returns its path."""
+  root = project_root()
+  if root is None:
+    raise UsageError("cannot build the toolkit for the workers (not running from its source tree): "
+                     "pass --sdk_container_image (see the Dockerfile) or --extra_package")
+  result = subprocess.run(
+      [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out_dir, root],
+      capture_output=True, text=True)
+  wheels = [f for f in os.listdir(out_dir) if f.endswith(".whl")]
+  if result.returncode != 0 or len(wheels) != 1:
+    raise RuntimeError(f"building the toolkit's wheel failed: {result.stderr.strip()[-2000:]}")
+  return os.path.join(out_dir, wheels[0])
+
+
+def _name(requirement: str) -> str:
+  return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def worker_requirements() -> list[str]:
+  """`name==version` of every worker-side dependency (base + the pipelines extra), as installed here."""
+  try:
+    requires = importlib.metadata.requires(DISTRIBUTION) or []
+  except importlib.metadata.PackageNotFoundError:
+    raise UsageError(f"{DISTRIBUTION} is not installed (pip install -e .): its dependencies are unknown") from None
+  names = []
+  for req in requires:
+    marker = req.split(";", 1)[1] if ";" in req else ""
+    extras = re.findall(r'extra\s*==\s*"([^"]+)"', marker)
+    if extras and not set(extras) & set(WORKER_EXTRAS):
+      continue
+    name = _name(req)
+    if name not in _NOT_ON_WORKERS and name not in names:
+      names.append(name)
+  out = []
+  for name in names:
+    try:
+      out.append(f"{name}=={importlib.metadata.version(name)}")
+    except importlib.metadata.PackageNotFoundError:
+      raise UsageError(f"worker dependency {name} is not installed here; install the [pipelines] extra") from None
+  return sorted(out)
+
+
+def prepare(options: PipelineOptions, args: dict) -> None:
+  """Checks the Dataflow flags and, unless the user chose otherwise, stages the toolkit."""
+  if not is_dataflow(options):
+    return
+  check(options, args)
+  setup = options.view_as(SetupOptions)
+  if (setup.setup_file or setup.extra_packages or setup.requirements_file
+      or options.view_as(WorkerOptions).sdk_container_image):
+    return
+  staging = tempfile.mkdtemp(prefix="toolkit-dataflow-")
+  wheel = build_wheel(staging)
+  requirements = os.path.join(staging, "requirements.txt")
+  with open(requirements, "w") as f:
+    f.write("".join(r + "\n" for r in worker_requirements()))
+  setup.extra_packages = [wheel]
+  setup.requirements_file = requirements
+  if setup.requirements_cache is None:
+    setup.requirements_cache = "skip"  # workers install from PyPI; nothing is downloaded here
+  _log.info("staging %s and %s for the Dataflow workers", os.path.basename(wheel), requirements)
