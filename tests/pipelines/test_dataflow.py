@@ -64,7 +64,8 @@ def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, g
   steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
   assert EXPECTED_STEPS[pipeline] <= steps
   gcp = job.options.view_as(GoogleCloudOptions)
-  assert (gcp.project, gcp.region, gcp.temp_location) == ("toolkit-test", "europe-west4", f"gs://{gcs_emulator}/tmp")
+  assert (gcp.project, gcp.region) == ("toolkit-test", "europe-west4")
+  assert gcp.temp_location.startswith(f"gs://{gcs_emulator}/tmp")  # Beam appends the job's own folder
 
 
 def test_a_user_container_is_left_alone(gcs_inputs, gcs_emulator):
