@@ -12,7 +12,9 @@ without a custom template.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
+import uuid
 
 FILE_FORMATS = ("array_record", "tfrecord")
 
@@ -109,3 +111,21 @@ class ShardName:
   def all_of(cls, name: str, split: str, file_format: str, num_shards: int) -> list[ShardName]:
     """Every shard name of one split, in order."""
     return [cls(name, split, file_format, i, num_shards) for i in range(num_shards)]
+
+
+GENERATION_PREFIX = "gen-"
+
+
+def new_generation() -> str:
+  """A fresh folder name for one run's data files: `gen-<UTC time>-<random>`.
+
+  Every run writes its shards into its own generation folder and switches the
+  output over by writing manifest.json last, so a re-run never touches the files
+  the current manifest points at; older generations are removed afterwards.
+  """
+  now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+  return f"{GENERATION_PREFIX}{now}-{uuid.uuid4().hex[:8]}"
+
+
+def is_generation(name: str) -> bool:
+  return name.startswith(GENERATION_PREFIX)

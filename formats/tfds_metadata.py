@@ -8,6 +8,7 @@ from a `Manifest` without importing TensorFlow.
 from __future__ import annotations
 
 import json
+import posixpath
 
 from formats import naming
 from formats.features import ClassLabel
@@ -19,9 +20,14 @@ VERSION = "1.0.0"
 
 
 def _dataset_info(manifest: Manifest, description: str) -> dict:
+  folders = {posixpath.dirname(s.path) for split in manifest.splits.values() for s in split.shards}
+  if len(folders) > 1:
+    raise ValueError(f"shards of one output lie in several folders: {sorted(folders)}")
+  folder = folders.pop() if folders else ""
+  template = posixpath.join(folder, naming.TFDS_FILEPATH_TEMPLATE) if folder else naming.TFDS_FILEPATH_TEMPLATE
   splits = [
       {
-          "filepathTemplate": naming.TFDS_FILEPATH_TEMPLATE,
+          "filepathTemplate": template,
           "name": name,
           "numBytes": str(split.num_bytes),
           "shardLengths": [str(n) for n in split.shard_lengths],

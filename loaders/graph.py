@@ -91,7 +91,8 @@ def load(path: str, cache_dir: str | None = None, verify: bool = True) -> Graph:
     raise FileNotFoundError(f"{manifest_path} not found: {folder} is not a complete graph output")
   info = None
   if manifest is not None:
-    blobs = [f for f in manifest.files if f.kind == "graphbin" and (file_name is None or f.path == file_name)]
+    blobs = [f for f in manifest.files
+             if f.kind == "graphbin" and (file_name is None or os.path.basename(f.path) == file_name)]
     if len(blobs) != 1:
       raise FileNotFoundError(f"{manifest_path} lists no graph {file_name or ''}".rstrip())
     info = blobs[0]
@@ -101,7 +102,7 @@ def load(path: str, cache_dir: str | None = None, verify: bool = True) -> Graph:
     if info is not None and verify and os.path.getsize(local) != info.num_bytes:
       raise ValueError(f"{local}: {os.path.getsize(local)} bytes, the manifest says {info.num_bytes}")
     return Graph(local, verify=verify)
-  marker = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16], file_name + ".sections-verified")
+  marker = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16], os.path.basename(file_name) + ".sections-verified")
   local = files.cached_copy(files.join(folder, file_name), info.sha256, cache_dir or DEFAULT_CACHE)
   if not os.path.exists(marker):
     Graph(local, verify=True)  # every section's CRC, once

@@ -136,11 +136,12 @@ def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pip
   """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
   t0 = time.monotonic()
   _dataflow.prepare(options, args)
+  # This run's data files go to a fresh generation folder: a previous complete output
+  # stays readable until the new manifest.json replaces it (see naming.new_generation).
+  args = {**args, "generation": naming.new_generation()}
   p = beam.Pipeline(options=options)
   build(p, args)
   manifest_path = fs.join(args["output"], MANIFEST_FILENAME)
-  if args["overwrite"] and fs.exists(manifest_path):
-    fs.delete(manifest_path)  # the old output reads as incomplete until the new manifest lands
   result = p.run()
   result.wait_until_finish()
   if fs.exists(manifest_path):

@@ -54,7 +54,14 @@ def local_staging_path(dest: str, tmpdir: str) -> str:
 def publish(local_path: str, dest: str) -> None:
   """Moves a finished local file to `dest` in one atomic step (one upload when remote)."""
   if is_local(dest):
-    os.replace(local_path, dest)
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    try:
+      os.replace(local_path, dest)
+    except OSError:  # another file system: copy beside the destination, then rename
+      tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+      shutil.copyfile(local_path, tmp)
+      os.replace(tmp, dest)
+      os.remove(local_path)
     return
   try:
     with open(local_path, "rb") as src, FileSystems.create(dest, mime_type="application/octet-stream") as out:
@@ -92,3 +99,33 @@ def list_files(folder: str) -> list[str]:
   except Exception:  # an absent folder matches nothing
     return []
   return sorted(m.path for m in result.metadata_list)
+
+
+def list_dirs(folder: str) -> list[str]:
+  """Names of the sub-folders directly in `folder` (none when it does not exist)."""
+  from formats import files
+
+  try:
+    return files.list_dir(folder)[0]
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+
+
+def remove_other_generations(output: str, keep: str, dataset_name: str, current: set[str] = frozenset()) -> None:
+  """After the manifest switched to generation `keep` (files `current`, relative paths):
+  deletes older generations, shards of the dataset at the root that the manifest does
+  not list (an earlier run's), and temporary files left by failed attempts."""
+  from formats import naming
+
+  stale = [p for p in list_files(output)
+           if ".tmp-" in p or (naming.ShardName.is_shard_of(os.path.basename(p), dataset_name)
+                               and os.path.basename(p) not in current)]
+  for d in list_dirs(output):
+    if naming.is_generation(d) and d != keep:
+      try:
+        stale += [m.path for m in FileSystems.match([join(output, d, "**")])[0].metadata_list]
+      except Exception:  # nothing left to match
+        pass
+      if is_local(output):
+        stale.append(join(output, d))
+  delete(sorted(set(stale), key=lambda p: (-p.count("/"), p)))

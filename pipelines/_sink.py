@@ -209,6 +209,7 @@ class OutputSpec:
   description: str = ""
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   warnings: tuple[str, ...] = ()
+  generation: str = ""  # folder of this run's data files (naming.new_generation()); "" = the root
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
@@ -223,6 +224,10 @@ class OutputSpec:
 
   def shard_name(self, split: str, index: int, num_shards: int) -> naming.ShardName:
     return naming.ShardName(self.name, split, self.file_format, index, num_shards)
+
+  def relative(self, name: str) -> str:
+    """Path of a data file of this run, relative to the output root."""
+    return f"{self.generation}/{name}" if self.generation else name
 
 
 class _WriteShardFn(beam.DoFn):
@@ -246,7 +251,7 @@ class _WriteShardFn(beam.DoFn):
     (split, index), groups = element
     layout = layouts[split]
     shard = self._spec.shard_name(split, index, layout.num_shards)
-    dest = _fileio.join(self._spec.output, shard.filename)
+    dest = _fileio.join(self._spec.output, self._spec.relative(shard.filename))
     items = [item for group in groups for item in group]
     payloads = [p for _, p in sorted(items, key=lambda kv: kv[0])]
     local = _fileio.local_staging_path(dest, self._tmpdir)
@@ -265,7 +270,7 @@ class _WriteShardFn(beam.DoFn):
     self._records.inc(len(payloads))
     self._bytes.inc(size)
     self._shards.inc()
-    yield split, index, ShardInfo(shard.filename, len(payloads), size, digest)
+    yield split, index, ShardInfo(self._spec.relative(shard.filename), len(payloads), size, digest)
 
 
 class _FinalizeFn(beam.DoFn):
@@ -309,27 +314,22 @@ class _FinalizeFn(beam.DoFn):
         file_format=spec.file_format,
         features=spec.features,
         splits=splits,
-        rejected=Rejected(len(rejects), dict(by_reason)),
+        rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
         source=spec.source,
         warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())),
     )
 
     out = spec.output
     _fileio.write_bytes(
-        _fileio.join(out, REJECTED_FILENAME),
+        _fileio.join(out, manifest.rejected.path),
         b"".join(json.dumps(r.to_json(), sort_keys=True).encode() + b"\n" for r in rejects),
     )
-    keep = {s.path for split in splits.values() for s in split.shards}
-    stale = [
-        p for p in _fileio.list_files(out)
-        if (naming.ShardName.is_shard_of(os.path.basename(p), spec.name) or ".tmp-" in p)
-        and os.path.basename(p) not in keep
-    ]
-    _fileio.delete(stale)
     for rel, content in tfds_metadata.metadata_files(manifest, spec.description).items():
       _fileio.write_bytes(_fileio.join(out, rel), content)
-    _fileio.write_bytes(_fileio.join(out, MANIFEST_FILENAME), manifest.dumps())
+    _fileio.write_bytes(_fileio.join(out, MANIFEST_FILENAME), manifest.dumps())  # the switch
     logging.info("wrote %s", _fileio.join(out, MANIFEST_FILENAME))
+    _fileio.remove_other_generations(out, spec.generation, spec.name,
+                                     {s.path for split in splits.values() for s in split.shards})
     yield manifest.to_json()
 
 

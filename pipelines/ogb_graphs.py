@@ -41,7 +41,7 @@ import pandas as pd
 from formats import files as fs
 from formats.features import Features, Tensor
 from formats.graphbin import GraphBin, GraphBinWriter
-from formats.manifest import MANIFEST_FILENAME, REJECTED_FILENAME, FileInfo, Manifest, sha256_file
+from formats.manifest import MANIFEST_FILENAME, REJECTED_FILENAME, FileInfo, Manifest, Rejected, sha256_file
 from pipelines import _cli, _fileio
 from pipelines._csr import csr_from_coo, index_dtype, interleave_inverse
 from pipelines._ogb import (
@@ -390,8 +390,10 @@ def _cast(arr: np.ndarray, kind: str, feature_dtype: str) -> np.ndarray:
 class _AssembleFn(beam.DoFn):
   """Streams parts, node arrays and splits into the .graphbin, then writes the manifest."""
 
-  def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, source: dict):
+  def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, source: dict,
+               generation: str = ""):
     self._plan, self._output, self._file = plan, output, file_name
+    self._generation = generation
     self._feature_dtype, self._csc, self._source = feature_dtype, csc, source
 
   def process(self, _, parts):
@@ -429,20 +431,25 @@ class _AssembleFn(beam.DoFn):
           self._write_split(w, prefix, path)
       digest, size = sha256_file(local), os.path.getsize(local)
       GraphBin(local, verify=False)  # the file parses: header, table, shapes
-      _fileio.publish(local, _fileio.join(self._output, self._file))
+      _fileio.publish(local, _fileio.join(self._output, self._relative(self._file)))
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
     manifest = Manifest(
         name=_cli.dataset_name(plan.name.replace("-", "_"), plan.root), file_format="graphbin",
         features=Features({}), splits={}, source=self._source,
-        files=(FileInfo(self._file, size, digest, "graphbin"),),
+        files=(FileInfo(self._relative(self._file), size, digest, "graphbin"),),
+        rejected=Rejected(0, {}, self._relative(REJECTED_FILENAME)),
         graph={"layout": plan.layout, "task": plan.task, "num_nodes": plan.num_nodes,
                "num_edges": {k: v * (2 if plan.add_inverse else 1) for k, v in plan.num_edges.items()},
                "add_inverse_edges": plan.add_inverse, "csc": self._csc})
-    _fileio.write_bytes(_fileio.join(self._output, REJECTED_FILENAME), b"")
-    _fileio.write_bytes(_fileio.join(self._output, MANIFEST_FILENAME), manifest.dumps())
+    _fileio.write_bytes(_fileio.join(self._output, manifest.rejected.path), b"")
+    _fileio.write_bytes(_fileio.join(self._output, MANIFEST_FILENAME), manifest.dumps())  # the switch
     _fileio.delete(_fileio.list_files(_fileio.join(self._output, PARTS_DIR)))
+    _fileio.remove_other_generations(self._output, self._generation, manifest.name, {self._file})
     yield manifest.to_json()
+
+  def _relative(self, name: str) -> str:
+    return f"{self._generation}/{name}" if self._generation else name
 
   def _meta(self) -> dict:
     plan = self._plan
@@ -634,7 +641,7 @@ def build(p: beam.Pipeline, args: dict):
     spec = OutputSpec(
         output=args["output"], name=_cli.dataset_name(args["name"].replace("-", "_"), args["root"]),
         file_format=args["file_format"], features=spec_features, splits=split_names,
-        num_shards=args["num_shards"], seed=args["seed"], source=source,
+        num_shards=args["num_shards"], seed=args["seed"], source=source, generation=args.get("generation", ""),
         description=f"OGB graph-property data set {args['name']}, one record per graph ({PIPELINE}).")
     num_graphs = len(_read_small(_csv(plan.root, "raw", "num-node-list.csv.gz"), "int", 1))
     summary = p | "Summary" >> beam.Create([InputSummary(num_graphs)])
@@ -656,7 +663,8 @@ def build(p: beam.Pipeline, args: dict):
       p
       | "AssembleTrigger" >> beam.Create([None])
       | "Assemble" >> beam.ParDo(
-          _AssembleFn(plan, args["output"], file_name, args["feature_dtype"], args["csc"], source),
+          _AssembleFn(plan, args["output"], file_name, args["feature_dtype"], args["csc"], source,
+                      args.get("generation", "")),
           parts=beam.pvalue.AsList(parts))
   )
 

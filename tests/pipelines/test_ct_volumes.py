@@ -55,7 +55,8 @@ def records(out: str, m: Manifest) -> list[tuple[str, dict]]:
 
 def errors(out: str) -> dict[str, list[str]]:
   by_path = collections.defaultdict(list)
-  for line in files.read_bytes(files.join(out, "errors/rejected.jsonl")).splitlines():
+  m = Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+  for line in files.read_bytes(files.join(out, m.rejected.path)).splitlines():
     e = json.loads(line)
     by_path[e["input"]].append(e["reason"])
   return by_path
@@ -212,8 +213,8 @@ def test_on_the_gcs_emulator(tree, converted, gcs_emulator):
   upload_tree(root, src)
   gout = f"gs://{gcs_emulator}/ct/out"
   gm = convert(src, gout, "--splits=train=0.5,validation=0.25,test=0.25")
-  assert {s.path: s.sha256 for sp in gm.splits.values() for s in sp.shards} == {
-      s.path: s.sha256 for sp in m.splits.values() for s in sp.shards}
+  assert {os.path.basename(s.path): s.sha256 for sp in gm.splits.values() for s in sp.shards} == {
+      os.path.basename(s.path): s.sha256 for sp in m.splits.values() for s in sp.shards}
   assert gm.rejected.count == m.rejected.count
   assert inspect.verify(gout, gm) == 0
 

@@ -36,9 +36,11 @@ def read_split(output: str, m: Manifest, split: str) -> list[dict]:
 
 
 def shard_digests(output: str) -> dict[str, str]:
+  """{shard file name: sha256} of the shards the output's manifest lists."""
+  m = Manifest.loads(open(os.path.join(output, "manifest.json"), "rb").read())
   return {
-      os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
-      for p in glob.glob(os.path.join(output, "*-*.*-*-of-*"))
+      os.path.basename(s.path): hashlib.sha256(open(os.path.join(output, s.path), "rb").read()).hexdigest()
+      for split in m.splits.values() for s in split.shards
   }
 
 
@@ -61,11 +63,13 @@ def test_array_record_output_is_complete(array_record_output):
       os.path.relpath(p, m.source["input"]) for p in glob.glob(os.path.join(m.source["input"], "*", "*_000??.*")))
   assert {"dataset_info.json", "features.json", "label.labels.txt", "manifest.json"} <= set(os.listdir(out))
   assert not [f for f in os.listdir(out) if ".tmp-" in f]
+  (generation,) = [d for d in os.listdir(out) if d.startswith("gen-")]  # this run's data files
+  assert all(s.path.startswith(generation + "/") for s in m.splits["train"].shards)
 
 
 def test_corrupt_inputs_are_listed_in_errors_and_counted(array_record_output):
   out, m = array_record_output
-  errors = [json.loads(line) for line in open(os.path.join(out, "errors", "rejected.jsonl"))]
+  errors = [json.loads(line) for line in open(os.path.join(out, m.rejected.path))]
   assert m.rejected.count == len(errors) == CORRUPT
   names = sorted(os.path.basename(e["input"]) for e in errors)
   assert names == ["empty_2.png", "notes_1.jpg", "truncated_0.jpg"]
@@ -131,7 +135,7 @@ def test_files_outside_class_folders_are_rejected_not_dropped(class_folder, tmp_
   shutil.copytree(class_folder, src)
   open(os.path.join(src, "README.txt"), "w").write("about these pets\n")
   m = convert(src, str(tmp_path / "out"))
-  errors = [json.loads(l) for l in open(tmp_path / "out" / "errors" / "rejected.jsonl")]
+  errors = [json.loads(l) for l in open(tmp_path / "out" / m.rejected.path)]
   assert {"input": os.path.join(src, "README.txt"), "reason": "not inside a class folder", "split": ""} in errors
   assert m.rejected.count == CORRUPT + 1 and m.splits["train"].num_records == len(CLASSES) * PER_CLASS
 
@@ -152,21 +156,45 @@ def test_reruns_are_byte_identical_whatever_the_parallelism(class_folder, tmp_pa
           "--direct_num_workers=2", "--direct_running_mode=multi_threading")
   da, db = shard_digests(a), shard_digests(b)
   assert len(da) == 3 and da == db
-  assert open(os.path.join(a, "manifest.json")).read() == open(os.path.join(b, "manifest.json")).read()
+  def without_generation(out):  # each run writes its own generation folder; the rest is identical
+    text = open(os.path.join(out, "manifest.json")).read()
+    (generation,) = [d for d in os.listdir(out) if d.startswith("gen-")]
+    return text.replace(generation + "/", "")
+  assert without_generation(a) == without_generation(b)
   c = str(tmp_path / "c")
   convert(class_folder, c, "--num_shards=3", "--image_size=32,32", "--seed=6")
   assert shard_digests(c) != da  # another seed, another order
 
 
-def test_existing_output_needs_overwrite(class_folder, tmp_path):
+def test_existing_output_needs_overwrite_and_is_replaced_atomically(class_folder, tmp_path, monkeypatch):
   out = str(tmp_path / "out")
-  convert(class_folder, out, "--num_shards=2")
+  old = convert(class_folder, out, "--num_shards=2")
   with pytest.raises(UsageError, match="already holds a complete output"):
     convert(class_folder, out)
+
+  # A re-run that fails half-way leaves the previous output complete and intact.
+  from pipelines import _sink
+  real = _sink._FinalizeFn.process
+
+  def crash(self, *a, **k):
+    raise RuntimeError("worker lost")
+    yield
+
+  monkeypatch.setattr(_sink._FinalizeFn, "process", crash)
+  with pytest.raises(Exception, match="worker lost"):
+    convert(class_folder, out, "--num_shards=1", "--overwrite=true")
+  monkeypatch.setattr(_sink._FinalizeFn, "process", real)
+  assert inspect.main([out, "--verify"]) == 0
+  assert Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read()) == old
+
   m = convert(class_folder, out, "--num_shards=1", "--overwrite=true")
-  shards = sorted(f for f in os.listdir(out) if ".array_record-" in f)
-  assert shards == ["pets-train.array_record-00000-of-00001"]  # the old 2 shards are gone
+  files_now = sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "**"), recursive=True)
+                     if os.path.isfile(p))
+  shards = [f for f in files_now if ".array_record-" in f]
+  assert [os.path.basename(f) for f in shards] == ["pets-train.array_record-00000-of-00001"]
+  assert shards == [s.path for s in m.splits["train"].shards]  # old generations and the failed attempt are gone
   assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
+  assert inspect.main([out, "--verify"]) == 0
 
 
 def _cli(*args: str, cwd: str) -> subprocess.CompletedProcess:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -29,18 +30,19 @@ def test_gcs_in_gcs_out_matches_a_local_run(gs_input, gcs_emulator, class_folder
   m = Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
   assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
   assert m.rejected.count == CORRUPT
-  errors = [json.loads(l) for l in files.read_bytes(files.join(out, "errors/rejected.jsonl")).splitlines()]
+  errors = [json.loads(l) for l in files.read_bytes(files.join(out, m.rejected.path)).splitlines()]
   assert all(e["input"].startswith(gs_input + "/") for e in errors) and len(errors) == CORRUPT
-  _, listed = files.list_dir(out)
+  folders, listed = files.list_dir(out)
   assert {"dataset_info.json", "features.json", "label.labels.txt", "manifest.json"} <= set(listed)
   assert not [f for f in listed if ".tmp-" in f]
+  assert [f for f in folders if f.startswith("gen-")] == [m.splits["train"].shards[0].path.split("/")[0]]
   assert inspect.verify(out, m) == 0  # every shard downloaded, hashed and decoded
 
   # Same inputs, same options: the shards are byte-identical to a local run.
   local = str(tmp_path / "local")
   lm = convert(class_folder, local, f"--format={fmt}", "--num_shards=3")
-  assert {s.path: s.sha256 for s in lm.splits["train"].shards} == {
-      s.path: s.sha256 for s in m.splits["train"].shards}
+  assert {os.path.basename(s.path): s.sha256 for s in lm.splits["train"].shards} == {
+      os.path.basename(s.path): s.sha256 for s in m.splits["train"].shards}
   assert set(shard_digests(local).values()) == {s.sha256 for s in m.splits["train"].shards}
 
 

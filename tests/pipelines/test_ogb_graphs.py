@@ -149,11 +149,11 @@ def test_graph_property_records_match_ogb_reader(data, outputs, name):
 
 
 def test_inspect_verifies_and_catches_a_corrupted_section(outputs, tmp_path):
-  out, _ = outputs["ogbn-arxiv"]
+  out, m = outputs["ogbn-arxiv"]
   assert inspect.main([out, "--verify"]) == 0
   broken = str(tmp_path / "broken")
   shutil.copytree(out, broken)
-  blob = os.path.join(broken, "ogbn_arxiv.graphbin")
+  blob = os.path.join(broken, m.files[0].path)
   g = GraphBin(blob)
   offset = g.sections["indices"].offset
   del g
