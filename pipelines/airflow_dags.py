@@ -100,8 +100,8 @@ def make_dag(config: ConversionConfig):
   if config.runner == "DataflowRunner":
     from airflow.providers.google.cloud.operators.dataflow import DataflowConfiguration
 
-    dataflow_config = DataflowConfiguration(**{"job_name": f"{config.dag_id}-{{{{ ds_nodash }}}}".replace("_", "-"),
-                                               **dict(config.dataflow)})
+    job_name = config.dag_id.replace("_", "-") + "-{{ ds_nodash }}"  # Dataflow job names take no "_"
+    dataflow_config = DataflowConfiguration(**{"job_name": job_name, **dict(config.dataflow)})
   start = datetime.datetime.fromisoformat(config.start_date).replace(tzinfo=datetime.timezone.utc)
   with DAG(dag_id=config.dag_id, schedule=config.schedule, start_date=start, catchup=config.catchup,
            default_args={"retries": config.retries, "retry_delay": datetime.timedelta(minutes=5)},

@@ -5,12 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
 toolkit_env "pipelines,tf,grain,xla,test"
-set +e
-.venv/bin/python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "error: pytest collected no tests" >&2
-  exit 1
+# Airflow lives in its own venv (its pins differ from TensorFlow's and torch_xla's needs).
+if [ ! -x .venv-airflow/bin/python ]; then
+  "$(ls .venv/bin/python3.11 2>/dev/null || echo python3)" -m venv .venv-airflow
 fi
-exit "$rc"
+.venv-airflow/bin/python -m pip install --quiet --upgrade pip
+.venv-airflow/bin/python -m pip install --quiet -c constraints-airflow.txt -e ".[airflow]" pytest
+
+status=0
+for suite in ".venv/bin/python -m pytest tests" ".venv-airflow/bin/python -m pytest tests/airflow"; do
+  set +e
+  $suite "$@"
+  rc=$?
+  set -e
+  if [ "$rc" -eq 5 ]; then
+    echo "error: pytest collected no tests ($suite)" >&2
+    rc=1
+  fi
+  [ "$rc" -eq 0 ] || status=$rc
+done
+exit "$status"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -17,6 +18,8 @@ from pipelines.airflow_dags import ConversionConfig, dags_from_folder, make_dag
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAG_FOLDER = os.path.join(REPO, "scripts", "airflow", "dags")
+# The pipelines run in the main environment (Beam's GCP extra cannot share Airflow's Google provider).
+PIPELINE_PYTHON = os.environ.get("TOOLKIT_PIPELINE_PYTHON", os.path.join(REPO, ".venv", "bin", "python"))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import make_sample_images  # noqa: E402
 
@@ -56,12 +59,20 @@ def test_bad_configs_are_rejected_with_the_field(change, message):
 
 def test_a_scheduled_run_converts_end_to_end_and_a_rerun_replaces_it(tmp_path):
   src = str(tmp_path / "incoming" / "2026-01-02")
-  make_sample_images.make_folder(src, ["a", "b"], 4, None, (40, 30), 1, seed=0)
-  config = ConversionConfig(
-      dag_id="local_images", pipeline="image_folder", input=str(tmp_path / "incoming" / "{{ ds }}"),
-      output=str(tmp_path / "shards" / "{{ ds }}"), options={"format": "array_record", "num_shards": 2},
-      py_interpreter=sys.executable, retries=0)
-  dag = make_dag(config)
+  make_sample_images.make_folder(src, ["a", "b"], 4, None, (64, 48), 1, seed=0)
+  configs = tmp_path / "configs"
+  configs.mkdir()
+  (configs / "local_images.json").write_text(json.dumps({
+      "pipeline": "image_folder", "input": str(tmp_path / "incoming" / "{{ ds }}"),
+      "output": str(tmp_path / "shards" / "{{ ds }}"), "options": {"format": "array_record", "num_shards": 2},
+      "py_interpreter": PIPELINE_PYTHON, "retries": 0, "schedule": None}))
+  # The real DAG file in Airflow's dags folder, reading this config folder: dag.test() serialises
+  # the DAGs it finds there.
+  dags_folder = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
+  os.makedirs(dags_folder, exist_ok=True)
+  shutil.copy(os.path.join(DAG_FOLDER, "conversions.py"), dags_folder)
+  os.environ["TOOLKIT_DAG_CONFIGS"] = str(configs)
+  dag = DagBag(dag_folder=dags_folder, include_examples=False).get_dag("local_images")
   out = str(tmp_path / "shards" / "2026-01-02")
 
   def run_once():
