@@ -109,14 +109,16 @@ def check_file_format(value: str) -> str:
   return value
 
 
-def check_input_output(input_flag: str | None, output_flag: str | None, overwrite_flag) -> tuple[str, str, bool]:
+def check_input_output(input_flag: str | None, output_flag: str | None, overwrite_flag,
+                       input_kind: str = "a folder") -> tuple[str, str, bool]:
   """(input root, output root, overwrite) after the checks every converter makes.
 
   Local paths become absolute. The input must exist, the output must not be
   inside it, and an output holding a complete output needs --overwrite=true.
+  `input_kind` describes the expected input in the "--input is required" message.
   """
   if not input_flag:
-    raise UsageError("--input is required (a folder, local or gs://)")
+    raise UsageError(f"--input is required ({input_kind}, local or gs://)")
   if not output_flag:
     raise UsageError("--output is required (a folder, local or gs://)")
   root = input_flag.rstrip("/") if fs.is_gcs(input_flag) else os.path.abspath(input_flag)

@@ -200,10 +200,7 @@ def _summarize(_, num_files: int, warnings: list[str]) -> InputSummary:
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   options = _cli.parse_options(argv, [CtVolumesOptions])
   c, o = options.view_as(_cli.ConverterOptions), options.view_as(CtVolumesOptions)
-  if not c.input:
-    raise _cli.UsageError("--input is required (a tree of DICOM files, local or gs://)")
-  if not c.output:
-    raise _cli.UsageError("--output is required (local or gs://)")
+  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite, "a tree of DICOM files")
   if not o.id_salt:
     raise _cli.UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
   _cli.check_file_format(c.file_format)
@@ -218,7 +215,6 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
     tolerance = -1.0
   if not 0 < tolerance < 0.5:
     raise _cli.UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
-  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite)
   return options, dict(
       root=root, output=output, overwrite=overwrite, name=_cli.dataset_name(c.name, root),
       file_format=c.file_format, num_shards=_cli.int_flag("num_shards", c.num_shards, 0),

@@ -156,10 +156,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   """Validates every flag before anything is read or written; raises UsageError."""
   options = _cli.parse_options(argv, [ImageFolderOptions])
   c, o = options.view_as(_cli.ConverterOptions), options.view_as(ImageFolderOptions)
-  if not c.input:
-    raise _cli.UsageError("--input is required (a folder of class folders, local or gs://)")
-  if not c.output:
-    raise _cli.UsageError("--output is required (local or gs://)")
+  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite, "a folder of class folders")
   _cli.check_file_format(c.file_format)
   if o.layout not in ("auto", "classes", "splits"):
     raise _cli.UsageError(f"--layout must be auto, classes or splits, got {o.layout!r}")
@@ -176,7 +173,6 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   quality = _cli.int_flag("jpeg_quality", o.jpeg_quality, 1)
   if quality > 100:
     raise _cli.UsageError(f"--jpeg_quality must be in [1, 100], got {quality}")
-  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite)
   name = _cli.dataset_name(c.name, root)
   args = dict(
       root=root, output=output, name=name, file_format=c.file_format,

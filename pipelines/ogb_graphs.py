@@ -607,16 +607,13 @@ class _GraphRecordsFn(beam.DoFn):
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   options = _cli.parse_options(argv, [OgbGraphsOptions])
   c, o = options.view_as(_cli.ConverterOptions), options.view_as(OgbGraphsOptions)
-  if not c.input:
-    raise _cli.UsageError("--input is required (an OGB data set folder holding raw/ and split/)")
-  if not c.output:
-    raise _cli.UsageError("--output is required (local or gs://)")
+  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite,
+                                                    "an OGB data set folder holding raw/ and split/")
   if o.add_inverse_edges not in ("auto", "true", "false"):
     raise _cli.UsageError(f"--add_inverse_edges must be auto, true or false, got {o.add_inverse_edges!r}")
   if o.feature_dtype not in ("float32", "float16"):
     raise _cli.UsageError(f"--feature_dtype must be float32 or float16, got {o.feature_dtype!r}")
   _cli.check_file_format(c.file_format)
-  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite)
   name = c.name or os.path.basename(root.rstrip("/")).replace("_", "-")
   return options, dict(
       root=root, output=output, overwrite=overwrite, name=name, file_format=c.file_format,
