@@ -176,6 +176,26 @@ def test_grain_over_gcs(outputs, gcs_emulator, tmp_path):
   assert any(f.endswith(".verified") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
 
 
+@pytest.mark.gcs
+def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
+  tfdata = pytest.importorskip("loaders.tfdata")
+  gs = f"gs://{gcs_emulator}/loaders/tfrecord"
+  upload_tree(outputs["tfrecord"], gs)
+  local = [b["record_index"].tolist() for b in tfdata.dataset(
+      outputs["tfrecord"], batch_size=3, image_size=(8, 8), seed=2).as_numpy_iterator()]
+  remote = [b["record_index"].tolist() for b in tfdata.dataset(
+      gs, batch_size=3, image_size=(8, 8), seed=2, cache_dir=str(tmp_path / "tf_cache")).as_numpy_iterator()]
+  assert local == remote and local
+  raw = f"gs://{gcs_emulator}/loaders/raw_for_xla"
+  upload_tree(outputs["raw"], raw)
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO, "HOME": str(tmp_path)}  # a fresh shard cache
+  r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, raw], capture_output=True, text=True, env=env,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["batches"] == N_IMAGES // 4 and all(d.startswith("xla") for d in got["devices"])
+
+
 def test_tfdata_images_and_volumes(outputs):
   tfdata = pytest.importorskip("loaders.tfdata")
   batches = list(tfdata.dataset(outputs["tfrecord"], batch_size=4, image_size=(20, 20)).as_numpy_iterator())
