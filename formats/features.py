@@ -28,8 +28,21 @@ def _dims(shape: tuple[int | None, ...]) -> dict:
   return {"dimensions": [str(-1 if d is None else d) for d in shape]}
 
 
+class _OneKey:
+  """Features stored under their own name as one Example feature (all but unknown-shape Tensors)."""
+
+  def encode_into(self, name: str, value) -> dict[str, bytes]:
+    return {name: self.encode(value)}
+
+  def decode_from(self, name: str, raw) -> Any:
+    return self.decode(raw[name])
+
+  def keys(self, name: str) -> tuple[str, ...]:
+    return (name,)
+
+
 @dataclasses.dataclass(frozen=True)
-class Image:
+class Image(_OneKey):
   """An encoded image (JPEG/PNG bytes), TFDS `Image`. Shape entries may be None."""
 
   shape: tuple[int | None, ...] = (None, None, 3)
@@ -144,7 +157,7 @@ class Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClassLabel:
+class ClassLabel(_OneKey):
   """An int64 class id with its names (TFDS `ClassLabel`; names go to `<feature>.labels.txt`)."""
 
   names: tuple[str, ...]
@@ -181,7 +194,7 @@ class ClassLabel:
 
 
 @dataclasses.dataclass(frozen=True)
-class Text:
+class Text(_OneKey):
   """A UTF-8 string (TFDS `Text`)."""
 
   kind: ClassVar[str] = "text"
@@ -200,22 +213,6 @@ class Text:
 
 
 Feature = Image | Tensor | ClassLabel | Text
-
-
-def _encode_into(spec: Feature, name: str, value) -> dict[str, bytes]:
-  if isinstance(spec, Tensor):
-    return spec.encode_into(name, value)
-  return {name: spec.encode(value)}
-
-
-def _decode_from(spec: Feature, name: str, raw) -> Any:
-  if isinstance(spec, Tensor):
-    return spec.decode_from(name, raw)
-  return spec.decode(raw[name])
-
-
-def _keys(spec: Feature, name: str) -> tuple[str, ...]:
-  return spec.keys(name) if isinstance(spec, Tensor) else (name,)
 
 
 def feature_from_json(d: Mapping[str, Any]) -> Feature:
@@ -260,7 +257,7 @@ class Features(Mapping[str, Feature]):
       raise ValueError(f"record keys differ from the features: missing {sorted(missing)}, extra {sorted(extra)}")
     encoded: dict[str, bytes] = {}
     for k, spec in self._specs.items():
-      encoded.update(_encode_into(spec, k, values[k]))
+      encoded.update(spec.encode_into(k, values[k]))
     return example_lib.encode_example(encoded)
 
   def decode(self, record: bytes, copy: bool = True) -> dict[str, Any]:
@@ -270,10 +267,10 @@ class Features(Mapping[str, Feature]):
     read-only arrays over `record`, without copying the payload.
     """
     raw = example_lib.decode_example(record, copy=copy)
-    missing = {key for k, spec in self._specs.items() for key in _keys(spec, k)} - set(raw)
+    missing = {key for k, spec in self._specs.items() for key in spec.keys(k)} - set(raw)
     if missing:
       raise ValueError(f"record lacks features {sorted(missing)}")
-    return {k: _decode_from(spec, k, raw) for k, spec in self._specs.items()}
+    return {k: spec.decode_from(k, raw) for k, spec in self._specs.items()}
 
   def to_json(self) -> dict:
     return {k: v.to_json() for k, v in self._specs.items()}

@@ -14,6 +14,8 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
+from formats import files, naming
+
 _COPY_CHUNK = 16 << 20
 
 
@@ -103,8 +105,6 @@ def list_files(folder: str) -> list[str]:
 
 def list_dirs(folder: str) -> list[str]:
   """Names of the sub-folders directly in `folder` (none when it does not exist)."""
-  from formats import files
-
   try:
     return files.list_dir(folder)[0]
   except (FileNotFoundError, NotADirectoryError):
@@ -115,8 +115,6 @@ def remove_other_generations(output: str, keep: str, dataset_name: str, current:
   """After the manifest switched to generation `keep` (files `current`, relative paths):
   deletes older generations, shards of the dataset at the root that the manifest does
   not list (an earlier run's), and temporary files left by failed attempts."""
-  from formats import naming
-
   stale = [p for p in list_files(output)
            if ".tmp-" in p or (naming.ShardName.is_shard_of(os.path.basename(p), dataset_name)
                                and os.path.basename(p) not in current)]

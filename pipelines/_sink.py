@@ -10,8 +10,9 @@ Records arrive as `Record(split, key, payload)`; rejected inputs as `Reject`.
   3. records are grouped by shard, sorted, written to a local file and published
      with one atomic upload per shard (array_record cannot write to gs://,
      google/array_record#120); a retry rewrites the same bytes under the same name;
-  4. one finalize step writes errors/, the TFDS metadata, removes stale shards
-     of an earlier run and writes manifest.json last.
+  4. one finalize step checks every shard is there, writes errors/ and the TFDS
+     metadata, switches the output by writing manifest.json, then removes older
+     generations and stale files (shards go to this run's generation folder).
 
 Memory: the step that computes boundaries holds the 16-byte sort keys of one
 split (about 100 bytes each with Python overhead: 130 MB for 1.3 M records);
