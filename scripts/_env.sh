@@ -15,5 +15,18 @@ toolkit_env() {
     "$py" -m venv .venv
   fi
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[${extras}]"
+  pip_retry .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[${extras}]"
+}
+
+# Large wheels (torch's CUDA libraries) sometimes stop mid-download: try the install again.
+pip_retry() {
+  local attempt
+  for attempt in 1 2 3; do
+    if "$@"; then
+      return 0
+    fi
+    echo "pip install failed (attempt ${attempt}/3), retrying" >&2
+    sleep 10
+  done
+  return 1
 }

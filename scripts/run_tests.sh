@@ -10,7 +10,7 @@ if [ ! -x .venv-airflow/bin/python ]; then
   "$(ls .venv/bin/python3.11 2>/dev/null || echo python3)" -m venv .venv-airflow
 fi
 .venv-airflow/bin/python -m pip install --quiet --upgrade pip
-.venv-airflow/bin/python -m pip install --quiet -c constraints-airflow.txt -e ".[airflow]" pytest
+pip_retry .venv-airflow/bin/python -m pip install --quiet -c constraints-airflow.txt -e ".[airflow]" pytest
 
 status=0
 for suite in ".venv/bin/python -m pytest tests" ".venv-airflow/bin/python -m pytest tests/airflow"; do
