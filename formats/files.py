@@ -50,6 +50,23 @@ def _blob(path: str):
   return _gcs_client().bucket(bucket).blob(name)
 
 
+def gcs_blob(path: str):
+  """The google-cloud-storage Blob of a gs:// path (for conditional operations)."""
+  return _blob(path)
+
+
+def gcs_not_found() -> type[Exception]:
+  from google.api_core.exceptions import NotFound
+
+  return NotFound
+
+
+def gcs_precondition_failed() -> type[Exception]:
+  from google.api_core.exceptions import PreconditionFailed
+
+  return PreconditionFailed
+
+
 def exists(path: str) -> bool:
   if is_gcs(path):
     return _blob(path).exists()
@@ -66,10 +83,28 @@ def is_dir(path: str) -> bool:
 
 
 def read_bytes(path: str) -> bytes:
+  """The whole file; FileNotFoundError when it does not exist (local or gs://)."""
   if is_gcs(path):
-    return _blob(path).download_as_bytes()
+    try:
+      return _blob(path).download_as_bytes()
+    except gcs_not_found():
+      raise FileNotFoundError(path) from None
   with open(path, "rb") as f:
     return f.read()
+
+
+def read_bytes_and_mtime(path: str) -> tuple[bytes, float]:
+  """(content, last modification as a Unix time: the object's `updated` on gs://)."""
+  if is_gcs(path):
+    blob = _blob(path)
+    try:
+      blob.reload()
+      data = blob.download_as_bytes(if_generation_match=blob.generation)
+    except gcs_not_found():
+      raise FileNotFoundError(path) from None
+    return data, blob.updated.timestamp()
+  with open(path, "rb") as f:
+    return f.read(), os.fstat(f.fileno()).st_mtime
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -89,6 +124,42 @@ def delete(path: str) -> None:
     _blob(path).delete()
   else:
     os.remove(path)
+
+
+def delete_many(paths: list[str], missing_ok: bool = True) -> None:
+  """Deletes files (local or gs://); with `missing_ok`, one already gone is fine (idempotent)."""
+  for path in paths:
+    try:
+      delete(path)
+    except FileNotFoundError:
+      if not missing_ok:
+        raise
+    except Exception as e:
+      if not (missing_ok and is_gcs(path) and isinstance(e, gcs_not_found())):
+        raise
+
+
+def walk(folder: str) -> list[str]:
+  """Every file below `folder` (recursively; symbolic links are not followed), sorted."""
+  if is_gcs(folder):
+    bucket, name = _split_gcs(folder)
+    prefix = name.rstrip("/") + "/"
+    return sorted(f"gs://{bucket}/{b.name}" for b in _gcs_client().list_blobs(bucket, prefix=prefix))
+  out = []
+  for dirpath, _, names in os.walk(folder):
+    out += [os.path.join(dirpath, n) for n in names]
+  return sorted(out)
+
+
+def remove_empty_dirs(folder: str) -> None:
+  """Removes `folder` and the folders below it that are empty (local only; gs:// has no folders)."""
+  if is_gcs(folder) or not os.path.isdir(folder):
+    return
+  for dirpath, _, _ in sorted(os.walk(folder), key=lambda t: -t[0].count(os.sep)):
+    try:
+      os.rmdir(dirpath)
+    except OSError:
+      pass
 
 
 def list_dir(path: str) -> tuple[list[str], list[str]]:

@@ -13,11 +13,13 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from formats import commit
 from formats import files as fs
 from formats import naming
 from formats.manifest import MANIFEST_FILENAME, Manifest
@@ -133,19 +135,54 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   return root, output, overwrite
 
 
+class _Heartbeat:
+  """Refreshes the run's generation marker while the job runs, so no other run's
+  clean-up takes the generation for a dead run's (formats.commit.LEASE_SECONDS)."""
+
+  def __init__(self, output: str, generation: str, prog: str):
+    self._args = (output, generation, {"pipeline": prog})
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._beat, name="toolkit-heartbeat", daemon=True)
+
+  def _beat(self):
+    while not self._stop.wait(commit.HEARTBEAT_SECONDS):
+      try:
+        commit.heartbeat(*self._args)
+      except Exception as e:  # a missed beat is not fatal; a lease lasts many beats
+        logging.warning("heartbeat of %s failed: %s", self._args[1], type(e).__name__)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join(timeout=5)
+
+
 def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pipeline, dict], object],
                  prog: str) -> beam.runners.runner.PipelineResult:
   """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
   t0 = time.monotonic()
   _dataflow.prepare(options, args)
-  # This run's data files go to a fresh generation folder: a previous complete output
-  # stays readable until the new manifest.json replaces it (see naming.new_generation).
-  args = {**args, "generation": naming.new_generation()}
+  # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
+  # of manifest.json against the version read now (formats.commit, docs/manifest.md).
+  output = args["output"]
+  generation = naming.new_generation()
+  args = {**args, "generation": generation, "expected": commit.read_version(output)}
   p = beam.Pipeline(options=options)
-  build(p, args)
-  manifest_path = fs.join(args["output"], MANIFEST_FILENAME)
-  result = p.run()
-  result.wait_until_finish()
+  build(p, args)  # reads the input's listing; writes nothing
+  commit.repair(output)  # an earlier run killed between its switch and its clean-up
+  commit.claim(output, generation, {"pipeline": prog})
+  manifest_path = fs.join(output, MANIFEST_FILENAME)
+  committed = False
+  with _Heartbeat(output, generation, prog):
+    try:
+      result = p.run()
+      result.wait_until_finish()
+      committed = True
+    finally:
+      commit.finish(output, generation, committed)
   if fs.exists(manifest_path):
     m = Manifest.loads(fs.read_bytes(manifest_path))
     if m.files:
@@ -176,5 +213,8 @@ def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:
     print(f"{prog}: error: {e}", file=sys.stderr)
     sys.exit(2)
   except InputDataError as e:  # the whole input is unusable: no output was marked complete
+    print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)
+    sys.exit(1)
+  except commit.CommitConflict as e:  # lost a race to another run: its output stands
     print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)
     sys.exit(1)

@@ -109,21 +109,3 @@ def list_dirs(folder: str) -> list[str]:
     return files.list_dir(folder)[0]
   except (FileNotFoundError, NotADirectoryError):
     return []
-
-
-def remove_other_generations(output: str, keep: str, dataset_name: str, current: set[str] = frozenset()) -> None:
-  """After the manifest switched to generation `keep` (files `current`, relative paths):
-  deletes older generations, shards of the dataset at the root that the manifest does
-  not list (an earlier run's), and temporary files left by failed attempts."""
-  stale = [p for p in list_files(output)
-           if ".tmp-" in p or (naming.ShardName.is_shard_of(os.path.basename(p), dataset_name)
-                               and os.path.basename(p) not in current)]
-  for d in list_dirs(output):
-    if naming.is_generation(d) and d != keep:
-      try:
-        stale += [m.path for m in FileSystems.match([join(output, d, "**")])[0].metadata_list]
-      except Exception:  # nothing left to match
-        pass
-      if is_local(output):
-        stale.append(join(output, d))
-  delete(sorted(set(stale), key=lambda p: (-p.count("/"), p)))

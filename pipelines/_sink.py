@@ -38,7 +38,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from formats import arrayrecord, naming, tfds_metadata, tfrecord
+from formats import arrayrecord, commit, naming, tfrecord
 from formats.features import Features
 from formats.manifest import (
     ERRORS_DIR,
@@ -210,7 +210,10 @@ class OutputSpec:
   description: str = ""
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   warnings: tuple[str, ...] = ()
-  generation: str = ""  # folder of this run's data files (naming.new_generation()); "" = the root
+  # The run's generation folder and the manifest version its commit replaces
+  # (formats.commit.begin); WriteOutput claims them itself when left empty.
+  generation: str = ""
+  expected: commit.Version | None = None
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
@@ -236,17 +239,11 @@ class _WriteShardFn(beam.DoFn):
 
   def __init__(self, spec: OutputSpec):
     self._spec = spec
-    self._tmpdir: str | None = None
 
   def setup(self):
-    self._tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")
     self._records = Metrics.counter(_NAMESPACE, "records_written")
     self._bytes = Metrics.counter(_NAMESPACE, "bytes_written")
     self._shards = Metrics.counter(_NAMESPACE, "shards_written")
-
-  def teardown(self):
-    if self._tmpdir:
-      shutil.rmtree(self._tmpdir, ignore_errors=True)
 
   def process(self, element, layouts):
     (split, index), groups = element
@@ -255,7 +252,9 @@ class _WriteShardFn(beam.DoFn):
     dest = _fileio.join(self._spec.output, self._spec.relative(shard.filename))
     items = [item for group in groups for item in group]
     payloads = [p for _, p in sorted(items, key=lambda kv: kv[0])]
-    local = _fileio.local_staging_path(dest, self._tmpdir)
+    # One temp folder per shard, removed here: runners do not promise to call teardown.
+    tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")
+    local = _fileio.local_staging_path(dest, tmpdir)
     try:
       if self._spec.file_format == "array_record":
         arrayrecord.write_file(local, payloads)
@@ -268,6 +267,7 @@ class _WriteShardFn(beam.DoFn):
     finally:
       if os.path.exists(local):
         os.remove(local)
+      shutil.rmtree(tmpdir, ignore_errors=True)
     self._records.inc(len(payloads))
     self._bytes.inc(size)
     self._shards.inc()
@@ -321,16 +321,16 @@ class _FinalizeFn(beam.DoFn):
     )
 
     out = spec.output
+    commit.fault_point("finalize:start")
     _fileio.write_bytes(
         _fileio.join(out, manifest.rejected.path),
         b"".join(json.dumps(r.to_json(), sort_keys=True).encode() + b"\n" for r in rejects),
     )
-    for rel, content in tfds_metadata.metadata_files(manifest, spec.description).items():
-      _fileio.write_bytes(_fileio.join(out, rel), content)
-    _fileio.write_bytes(_fileio.join(out, MANIFEST_FILENAME), manifest.dumps())  # the switch
-    logging.info("wrote %s", _fileio.join(out, MANIFEST_FILENAME))
-    _fileio.remove_other_generations(out, spec.generation, spec.name,
-                                     {s.path for split in splits.values() for s in split.shards})
+    commit.fault_point("finalize:rejects_written")
+    replaced = commit.commit(out, spec.generation, manifest, spec.expected)  # the switch
+    logging.info("committed %s (generation %s)", _fileio.join(out, MANIFEST_FILENAME), spec.generation)
+    commit.sync_tfds_metadata(out, spec.description)
+    commit.cleanup(out, replaced=replaced, log=logging.info)
     yield manifest.to_json()
 
 
@@ -356,6 +356,9 @@ class WriteOutput(beam.PTransform):
 
   def expand(self, pcolls):
     spec = self._spec
+    if not spec.generation:  # not launched by pipelines._cli: claim a generation now, at construction
+      generation, expected = commit.begin(spec.output, {"pipeline": "WriteOutput"})
+      spec = dataclasses.replace(spec, generation=generation, expected=expected)
     records, rejects = pcolls["records"], pcolls["rejects"]
     batches = records | "SortKeyAndBatch" >> beam.ParDo(_KeyAndBatch(spec.seed))
     layouts = (

@@ -232,7 +232,7 @@ def build(p: beam.Pipeline, args: dict):
       output=args["output"], name=args["name"], file_format=args["file_format"],
       features=features_by_dtype["float32" if policy == "float32" else "int16"],
       splits=tuple(s for s, _ in splits), num_shards=args["num_shards"], seed=args["seed"],
-      generation=args.get("generation", ""),
+      generation=args.get("generation", ""), expected=args.get("expected"),
       description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
       source={"pipeline": PIPELINE, "input": args["root"], "splits": dict(splits),
               "volume_dtype": policy, "slice_tolerance": args["tolerance"], "seed": args["seed"],

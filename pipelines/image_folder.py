@@ -201,7 +201,7 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
       raise _cli.UsageError(f"split folder: {e}") from None
   spec = OutputSpec(
       output=args["output"], name=args["name"], file_format=args["file_format"], features=features,
-      splits=splits, num_shards=args["num_shards"], seed=args["seed"], generation=args.get("generation", ""),
+      splits=splits, num_shards=args["num_shards"], seed=args["seed"], generation=args.get("generation", ""), expected=args.get("expected"),
       description=f"Images from {args['root']}, converted by {PIPELINE}.",
       source={
           "pipeline": PIPELINE, "input": args["root"], "layout": layout.layout,

@@ -38,10 +38,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 import pandas as pd
 
+from formats import commit
 from formats import files as fs
 from formats.features import Features, Tensor
 from formats.graphbin import GraphBin, GraphBinWriter
-from formats.manifest import MANIFEST_FILENAME, REJECTED_FILENAME, FileInfo, Manifest, Rejected, sha256_file
+from formats.manifest import REJECTED_FILENAME, FileInfo, Manifest, Rejected, sha256_file
 from pipelines import _cli, _fileio
 from pipelines._csr import csr_from_coo, index_dtype, interleave_inverse
 from pipelines._ogb import (
@@ -391,9 +392,9 @@ class _AssembleFn(beam.DoFn):
   """Streams parts, node arrays and splits into the .graphbin, then writes the manifest."""
 
   def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, source: dict,
-               generation: str = ""):
+               generation: str, expected: commit.Version | None):
     self._plan, self._output, self._file = plan, output, file_name
-    self._generation = generation
+    self._generation, self._expected = generation, expected
     self._feature_dtype, self._csc, self._source = feature_dtype, csc, source
 
   def process(self, _, parts):
@@ -443,9 +444,11 @@ class _AssembleFn(beam.DoFn):
                "num_edges": {k: v * (2 if plan.add_inverse else 1) for k, v in plan.num_edges.items()},
                "add_inverse_edges": plan.add_inverse, "csc": self._csc})
     _fileio.write_bytes(_fileio.join(self._output, manifest.rejected.path), b"")
-    _fileio.write_bytes(_fileio.join(self._output, MANIFEST_FILENAME), manifest.dumps())  # the switch
-    _fileio.delete(_fileio.list_files(_fileio.join(self._output, PARTS_DIR)))
-    _fileio.remove_other_generations(self._output, self._generation, manifest.name, {self._file})
+    parts_dir = _fileio.join(self._output, self._relative(PARTS_DIR))
+    fs.delete_many(fs.walk(parts_dir))  # the parts live in this run's generation
+    fs.remove_empty_dirs(parts_dir)
+    replaced = commit.commit(self._output, self._generation, manifest, self._expected)  # the switch
+    commit.cleanup(self._output, replaced=replaced, log=logging.info)
     yield manifest.to_json()
 
   def _relative(self, name: str) -> str:
@@ -638,13 +641,13 @@ def build(p: beam.Pipeline, args: dict):
     spec = OutputSpec(
         output=args["output"], name=_cli.dataset_name(args["name"].replace("-", "_"), args["root"]),
         file_format=args["file_format"], features=spec_features, splits=split_names,
-        num_shards=args["num_shards"], seed=args["seed"], source=source, generation=args.get("generation", ""),
+        num_shards=args["num_shards"], seed=args["seed"], source=source, generation=args.get("generation", ""), expected=args.get("expected"),
         description=f"OGB graph-property data set {args['name']}, one record per graph ({PIPELINE}).")
     num_graphs = len(_read_small(_csv(plan.root, "raw", "num-node-list.csv.gz"), "int", 1))
     summary = p | "Summary" >> beam.Create([InputSummary(num_graphs)])
     return {"records": records, "rejects": p | "NoRejects" >> beam.Create([])} | "Write" >> WriteOutput(
         spec, summary=summary)
-  parts_dir = _fileio.join(args["output"], PARTS_DIR)
+  parts_dir = _fileio.join(args["output"], args["generation"], PARTS_DIR)
   sources = list(plan.edge_files)
   if args["csc"]:
     sources += [dataclasses.replace(s, reverse=True, extras=()) for s in plan.edge_files]
@@ -661,7 +664,7 @@ def build(p: beam.Pipeline, args: dict):
       | "AssembleTrigger" >> beam.Create([None])
       | "Assemble" >> beam.ParDo(
           _AssembleFn(plan, args["output"], file_name, args["feature_dtype"], args["csc"], source,
-                      args.get("generation", "")),
+                      args["generation"], args["expected"]),
           parts=beam.pvalue.AsList(parts))
   )
 

@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import make_sample_images  # noqa: E402  (scripts/ is not a package)
 
+from tests.gcs_faults import FaultProxy  # noqa: E402
+
 CLASSES = ["cat", "dog", "zebra"]
 PER_CLASS = 6
 CORRUPT = 3  # per split: a truncated JPEG, a text file named .jpg, an empty .png
@@ -48,10 +50,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator():
-  """A real GCS JSON API server (gcp-storage-emulator) on loopback, for the whole session.
-
-  Yields the bucket name; STORAGE_EMULATOR_HOST is set while it runs.
+def _gcs_server():
+  """A real GCS JSON API server (gcp-storage-emulator) on loopback, for the whole session,
+  behind the fault proxy (tests/gcs_faults.py), which also enforces generation
+  preconditions the emulator ignores. Yields (bucket, proxy); STORAGE_EMULATOR_HOST
+  names the proxy while it runs.
   """
   exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
   port = _free_port()
@@ -71,8 +74,9 @@ def gcs_emulator():
         proc.kill()
         raise RuntimeError("gcp-storage-emulator did not start")
       time.sleep(0.2)
+  proxy = FaultProxy(host)
   old = os.environ.get("STORAGE_EMULATOR_HOST")
-  os.environ["STORAGE_EMULATOR_HOST"] = host
+  os.environ["STORAGE_EMULATOR_HOST"] = proxy.host
   # Both clients read the variable when they are created: start from fresh ones.
   from formats import files
   from pipelines import _fileio
@@ -80,8 +84,9 @@ def gcs_emulator():
   files._gcs_client.cache_clear()
   _fileio._use_anonymous_gcs_for_emulator()
   try:
-    yield bucket
+    yield bucket, proxy
   finally:
+    proxy.close()
     proc.terminate()
     proc.wait(timeout=10)
     if old is None:
@@ -89,6 +94,24 @@ def gcs_emulator():
     else:
       os.environ["STORAGE_EMULATOR_HOST"] = old
     files._gcs_client.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(_gcs_server) -> str:
+  """The bucket of the session's GCS emulator (through the fault proxy, no faults set)."""
+  return _gcs_server[0]
+
+
+@pytest.fixture
+def gcs_faults(_gcs_server) -> FaultProxy:
+  """The fault proxy in front of the emulator (`.bucket` names the bucket); faults are cleared afterwards."""
+  bucket, proxy = _gcs_server
+  proxy.bucket = bucket
+  proxy.clear_faults()
+  try:
+    yield proxy
+  finally:
+    proxy.clear_faults()
 
 
 def upload_tree(local_root: str, gs_root: str) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from formats import tfrecord
 from formats.features import Features, Text
-from formats.manifest import Manifest
+from formats.manifest import Manifest, ShardInfo, SplitInfo
 from pipelines._sink import OutputSpec, Record, Reject, WriteOutput, _WriteShardFn, plan_shards, shard_of, sort_key
 
 
@@ -72,22 +72,35 @@ def test_write_output_transform(tmp_path):
            for r in tfrecord.read_file(os.path.join(out, s.path))]
   assert sorted(texts) == sorted(f"r{i}" for i in range(10))
   assert texts == [f"r{i}" for i in sorted(range(10), key=lambda i: sort_key(7, "train", f"k{i}"))]
-  errors = [json.loads(l) for l in open(os.path.join(out, "errors", "rejected.jsonl"))]
+  errors = [json.loads(l) for l in open(os.path.join(out, m.rejected.path))]
   assert errors == [{"input": "/in/bad.jpg", "reason": "not an image: x", "split": "train"}]
 
 
-def test_stale_shards_of_an_earlier_run_are_removed(tmp_path):
+def _write(out, spec_kwargs=None, records=(("train", "a", "x"),)):
   features = Features({"t": Text()})
+  spec = OutputSpec(out, "d", "tfrecord", features, ("train",), num_shards=1, **(spec_kwargs or {}))
+  with TestPipeline() as p:
+    _ = {"records": p | "R" >> beam.Create([Record(s, k, features.encode({"t": t})) for s, k, t in records]),
+         "rejects": p | "E" >> beam.Create([])} | WriteOutput(spec)
+  return Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+
+
+def test_root_shards_of_a_replaced_pre_generation_output_are_removed(tmp_path):
+  """An output written before generations existed: its shards lie at the root and its
+  manifest lists them; the commit that replaces it removes exactly those."""
   out = str(tmp_path / "out")
   os.makedirs(out)
-  stale = os.path.join(out, "d-train.tfrecord-00004-of-00005")
-  open(stale, "wb").write(b"old")
-  spec = OutputSpec(out, "d", "tfrecord", features, ("train",), num_shards=1)
-  with TestPipeline() as p:
-    _ = {"records": p | "R" >> beam.Create([Record("train", "a", features.encode({"t": "x"}))]),
-         "rejects": p | "E" >> beam.Create([])} | WriteOutput(spec)
-  assert not os.path.exists(stale)
-  assert os.path.exists(os.path.join(out, "d-train.tfrecord-00000-of-00001"))
+  listed = "d-train.tfrecord-00000-of-00001"
+  open(os.path.join(out, listed), "wb").write(b"old")
+  old = Manifest("d", "tfrecord", Features({"t": Text()}),
+                 {"train": SplitInfo((ShardInfo(listed, 1, 3, "0" * 64),))})
+  open(os.path.join(out, "manifest.json"), "wb").write(old.dumps())
+  unlisted = os.path.join(out, "d-train.tfrecord-00004-of-00005")  # no manifest names it: not ours to delete
+  open(unlisted, "wb").write(b"user's")
+  m = _write(out)
+  assert not os.path.exists(os.path.join(out, listed))
+  assert open(unlisted, "rb").read() == b"user's"
+  assert os.path.exists(os.path.join(out, m.splits["train"].shards[0].path))
 
 
 def test_a_retried_shard_write_leaves_one_identical_file(tmp_path):

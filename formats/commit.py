@@ -1,0 +1,401 @@
+"""How a run replaces an output folder: generations, a compare-and-swap of the manifest, safe cleanup.
+
+An output folder holds `manifest.json` (the commit: its presence means the
+output is complete), the TFDS metadata beside it, and one folder per run,
+`gen-<UTC time>-<random>/`, with that run's data files. The protocol (the
+layout and its guarantees are in docs/manifest.md):
+
+  1. `begin`: the launcher reads the manifest's version (`read_version`: the
+     object generation on gs://, the content's SHA-256 locally; absent is
+     its own version) and claims a fresh generation by writing a marker
+     `gen-.../_toolkit_run.json` into it. The marker is the record that the
+     toolkit wrote the folder; its modification time is a heartbeat the
+     launcher refreshes (`heartbeat`) while the run is alive.
+  2. The run writes every data file into its generation, never elsewhere.
+  3. `commit`: the switch is a compare-and-swap of `manifest.json` against the
+     version read in 1: on gs:// an upload with `ifGenerationMatch`, locally
+     `os.replace` under an exclusive `flock` on `.manifest.lock`. A run whose
+     output was replaced by another run meanwhile loses: `CommitConflict`, and
+     the winner's output is left as it is. Committing a manifest that already
+     names this generation is a no-op (a retried bundle).
+  4. `sync_tfds_metadata`: TFDS reads `dataset_info.json` (which names the
+     generation folder of the shards and carries the features inline) and
+     the label files at the root. They are rewritten from the current
+     manifest after the switch, each in one atomic write, and they never name
+     a generation that cleanup could remove: between the switch and the sync a
+     TFDS reader sees the previous complete output, afterwards the new one.
+  5. `cleanup`: removes generation folders that carry a toolkit marker, that
+     neither the manifest nor the TFDS metadata names, and whose run has
+     ended (committed and replaced, abandoned) or stopped heartbeating for
+     `LEASE_SECONDS` (a killed run); plus root files the replaced manifest
+     listed (outputs written before generations existed). Nothing without a
+     record is touched.
+
+Every step is idempotent, so a killed or retried step is repaired by running
+it again (`repair` does 4 and 5 for an output found in any state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import errno
+import hashlib
+import json
+import os
+import posixpath
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+
+from formats import files, naming, tfds_metadata
+from formats.manifest import MANIFEST_FILENAME, Manifest
+
+MARKER_FILENAME = "_toolkit_run.json"
+LOCK_FILENAME = ".manifest.lock"
+TOOLKIT = "tpu-shards"
+# A run refreshes its marker every HEARTBEAT_SECONDS; a running generation whose marker
+# is older than LEASE_SECONDS belongs to a run that died (kill -9, lost machine).
+HEARTBEAT_SECONDS = 60.0
+LEASE_SECONDS = 15 * 60.0
+# The environment variable naming a step at which a run kills itself (the fault
+# harness of the tests: kill -9 at every step of a commit). Unset in production.
+FAULT_POINT_ENV = "TPU_SHARDS_FAULT_POINT"
+
+
+class CommitConflict(RuntimeError):
+  """Another run replaced the output after this run started; this run's output was not committed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+  """The identity of `manifest.json` as a run saw it: `token` is "" when there was none."""
+
+  token: str = ""
+
+  @property
+  def exists(self) -> bool:
+    return bool(self.token)
+
+
+def fault_point(name: str) -> None:
+  """Kills the process (SIGKILL) when the fault harness asks for step `name`."""
+  if os.environ.get(FAULT_POINT_ENV) == name:
+    os.kill(os.getpid(), 9)
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def _manifest_path(output: str) -> str:
+  return files.join(output, MANIFEST_FILENAME)
+
+
+def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
+  """(manifest bytes or None, its version), read as one consistent pair."""
+  path = _manifest_path(output)
+  if files.is_gcs(path):
+    blob = files.gcs_blob(path)
+    try:
+      blob.reload()
+      data = blob.download_as_bytes(if_generation_match=blob.generation)
+    except files.gcs_not_found():
+      return None, Version()
+    except files.gcs_precondition_failed():  # replaced between the two calls: read again
+      return read_manifest_versioned(output)
+    return data, Version(str(blob.generation))
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    return None, Version()
+  return data, Version("sha256:" + hashlib.sha256(data).hexdigest())
+
+
+def read_version(output: str) -> Version:
+  return read_manifest_versioned(output)[1]
+
+
+def current_generation(output: str) -> str | None:
+  """The generation folder the committed manifest names (None: no manifest, or root files)."""
+  data, _ = read_manifest_versioned(output)
+  return None if data is None else _generation_of(Manifest.loads(data))
+
+
+def _generation_of(manifest: Manifest) -> str | None:
+  """The generation folder holding the manifest's data files (its rejected list is always one)."""
+  folders = {p.split("/", 1)[0] for p in _data_paths(manifest) if "/" in p}
+  return folders.pop() if len(folders) == 1 else None
+
+
+def _data_paths(manifest: Manifest) -> set[str]:
+  return ({s.path for split in manifest.splits.values() for s in split.shards}
+          | {f.path for f in manifest.files} | {manifest.rejected.path})
+
+
+# --------------------------------------------------------------------------- markers
+
+
+def _marker_path(output: str, generation: str) -> str:
+  return files.join(output, generation, MARKER_FILENAME)
+
+
+def _write_marker(output: str, generation: str, state: str, info: Mapping | None = None) -> None:
+  marker = {"toolkit": TOOLKIT, "generation": generation, "state": state, "host": socket.gethostname(),
+            "pid": os.getpid(), "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            **(info or {})}
+  files.write_bytes(_marker_path(output, generation), json.dumps(marker, sort_keys=True).encode() + b"\n")
+
+
+def begin(output: str, info: Mapping | None = None) -> tuple[str, Version]:
+  """Claims a fresh generation for a run; returns (generation, the manifest version to replace)."""
+  version = read_version(output)
+  generation = naming.new_generation()
+  claim(output, generation, info)
+  return generation, version
+
+
+def claim(output: str, generation: str, info: Mapping | None = None) -> None:
+  """Records that `generation` (a fresh name) is the toolkit's, held by a live run."""
+  _write_marker(output, generation, "running", info)
+
+
+def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None:
+  _write_marker(output, generation, "running", info)
+
+
+def finish(output: str, generation: str, committed: bool) -> None:
+  """Records that the run ended; an uncommitted generation is removed at once.
+
+  A generation the manifest or the TFDS metadata names is never removed (a run
+  that failed after its commit, e.g. in cleanup, did commit).
+  """
+  if committed or generation in (current_generation(output), _tfds_generation(output)):
+    _write_marker(output, generation, "committed")
+  else:
+    _write_marker(output, generation, "abandoned")
+    remove_generation(output, generation)
+
+
+def _marker(output: str, generation: str) -> tuple[dict | None, float]:
+  """(marker or None when the folder has no toolkit marker, seconds since it was written)."""
+  path = _marker_path(output, generation)
+  try:
+    data, mtime = files.read_bytes_and_mtime(path)
+    marker = json.loads(data)
+  except (FileNotFoundError, ValueError):
+    return None, 0.0
+  if not isinstance(marker, dict) or marker.get("toolkit") != TOOLKIT or marker.get("generation") != generation:
+    return None, 0.0
+  return marker, max(0.0, time.time() - mtime)
+
+
+def remove_generation(output: str, generation: str) -> None:
+  """Deletes one generation folder, the marker last (a half-removed folder stays recognisable)."""
+  if not naming.is_generation(generation) or "/" in generation:
+    raise ValueError(f"{generation!r} is not a generation folder")
+  folder = files.join(output, generation)
+  paths = [p for p in files.walk(folder) if posixpath.basename(p.replace(os.sep, "/")) != MARKER_FILENAME]
+  files.delete_many(paths)
+  files.delete_many([_marker_path(output, generation)])
+  files.remove_empty_dirs(folder)
+
+
+# --------------------------------------------------------------------------- the switch
+
+
+@contextlib.contextmanager
+def _local_lock(output: str) -> Iterator[None]:
+  import fcntl  # POSIX; local outputs only
+
+  os.makedirs(output, exist_ok=True)
+  fd = os.open(os.path.join(output, LOCK_FILENAME), os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)  # releases the lock; so does the death of the process
+
+
+def _conflict(output: str, generation: str) -> CommitConflict:
+  return CommitConflict(
+      f"{output}: another run committed a new manifest.json after this run started; this run's "
+      f"generation {generation} was not committed (the other run's output is left as it is)")
+
+
+def commit(output: str, generation: str, manifest: Manifest, expected: Version | None) -> Manifest | None:
+  """Switches `output` to `manifest` (whose data lie in `generation`) if the manifest is still `expected`.
+
+  Returns the manifest it replaced (None if there was none, or on a retry).
+  Raises CommitConflict when another run switched it meanwhile, or when this
+  run's generation was removed under it. Idempotent: if the manifest already
+  names `generation`, this run committed it before (a retried bundle).
+  """
+  if _generation_of(manifest) != generation:
+    raise ValueError(f"the manifest's files are not all in generation {generation!r}")
+  expected = expected or Version()
+  if _marker(output, generation)[0] is None:
+    raise CommitConflict(f"{output}: this run's generation {generation} is gone (removed by another run's "
+                         "cleanup after this run stopped heartbeating); nothing was committed")
+  data = manifest.dumps()
+  path = _manifest_path(output)
+  fault_point("commit:before_switch")
+  current, version = read_manifest_versioned(output)
+  replaced = Manifest.loads(current) if current is not None and version == expected else None
+  if files.is_gcs(path):
+    try:
+      files.gcs_blob(path).upload_from_string(
+          data, content_type="application/json",
+          if_generation_match=int(expected.token) if expected.exists else 0)
+    except files.gcs_precondition_failed():
+      if current_generation(output) != generation:  # not our own earlier, acknowledged-late upload
+        raise _conflict(output, generation) from None
+      replaced = None
+  else:
+    with _local_lock(output):
+      current, version = read_manifest_versioned(output)
+      if version != expected:
+        if current is not None and _generation_of(Manifest.loads(current)) == generation:
+          return None  # committed by an earlier attempt of this run
+        raise _conflict(output, generation)
+      replaced = Manifest.loads(current) if current is not None else None
+      tmp = files.join(output, generation, f".{MANIFEST_FILENAME}.{uuid.uuid4().hex}")
+      files.write_bytes(tmp, data)  # beside the data: same file system, so the rename is atomic
+      os.replace(tmp, path)
+      _fsync_dir(output)
+  fault_point("commit:after_switch")
+  return replaced
+
+
+def _fsync_dir(path: str) -> None:
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError as e:  # some file systems cannot sync a directory
+    if e.errno not in (errno.EINVAL, errno.EBADF):
+      raise
+  finally:
+    os.close(fd)
+
+
+# --------------------------------------------------------------------------- TFDS metadata
+
+
+def _tfds_generation(output: str) -> str | None:
+  """The generation folder the root dataset_info.json names (None: none, or the root)."""
+  try:
+    info = json.loads(files.read_bytes(files.join(output, tfds_metadata.DATASET_INFO_FILENAME)))
+    template = info["splits"][0]["filepathTemplate"]
+  except (FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
+    return None
+  folder = template.split("/", 1)[0] if "/" in template else ""
+  return folder if naming.is_generation(folder) else None
+
+
+def sync_tfds_metadata(output: str, description: str = "") -> None:
+  """Rewrites the root TFDS metadata from the committed manifest (a no-op when they agree).
+
+  TFDS reads `dataset_info.json` (splits, shard lengths, the shards' folder),
+  `features.json` and `<feature>.labels.txt`. When only `dataset_info.json`
+  changes (the same schema, the usual re-run) one atomic write switches the
+  TFDS view. When the schema or class names change too, `dataset_info.json` is
+  removed first and written last: in between a TFDS reader finds no dataset
+  (a clear error), never old shards with new class names.
+
+  Safe to run by any number of processes at any time: every write is derived
+  from the manifest as it is now, and it repeats until the manifest has not
+  changed under it.
+  """
+  for _ in range(10):
+    data, version = read_manifest_versioned(output)
+    if data is None:
+      return
+    manifest = Manifest.loads(data)
+    if manifest.file_format not in naming.FILE_FORMATS:
+      return  # graph outputs have no TFDS view
+    wanted = tfds_metadata.metadata_files(manifest, description)
+    info_name = tfds_metadata.DATASET_INFO_FILENAME
+    stale = {rel for rel, content in wanted.items() if _read_or_none(files.join(output, rel)) != content}
+    staging = _generation_of(manifest)
+    if stale - {info_name}:
+      files.delete_many([files.join(output, info_name)], missing_ok=True)
+      fault_point("tfds:info_removed")
+    for rel in sorted(stale - {info_name}):
+      _write_root_file(output, rel, wanted[rel], staging)
+      fault_point(f"tfds:wrote_{rel}")
+    if stale:
+      _write_root_file(output, info_name, wanted[info_name], staging)
+    if read_version(output) == version:
+      return
+
+
+def _write_root_file(output: str, rel: str, data: bytes, staging: str | None) -> None:
+  """One atomic write of a root file; locally staged in a generation folder, so that a
+  kill leaves no stray temporary file at the root (cleanup never guesses at those)."""
+  path = files.join(output, rel)
+  if files.is_gcs(path) or not staging:
+    files.write_bytes(path, data)
+    return
+  tmp = files.join(output, staging, f".{rel}.{uuid.uuid4().hex}")
+  files.write_bytes(tmp, data)
+  os.replace(tmp, path)
+
+
+def _read_or_none(path: str) -> bytes | None:
+  try:
+    return files.read_bytes(path)
+  except FileNotFoundError:
+    return None
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float = LEASE_SECONDS,
+            log: Callable[[str], None] | None = None) -> list[str]:
+  """Removes what the toolkit wrote and nothing holds any more; returns the removed generations.
+
+  Held: the generation the manifest names, the one the TFDS metadata names, and
+  any generation whose run is alive (marker state "running", refreshed within
+  `lease_seconds`). `replaced`, the manifest this run's commit replaced, names
+  the files of an output written before generations existed (removed if the
+  current manifest does not list them).
+  """
+  current_data, _ = read_manifest_versioned(output)
+  current = Manifest.loads(current_data) if current_data is not None else None
+  held = {g for g in (current and _generation_of(current), _tfds_generation(output)) if g}
+  removed = []
+  try:
+    dirs, _ = files.list_dir(output)
+  except (FileNotFoundError, NotADirectoryError):
+    return removed
+  for d in dirs:
+    if not naming.is_generation(d) or d in held:
+      continue
+    marker, age = _marker(output, d)
+    if marker is None:
+      continue  # not written by the toolkit (or not recognisably): never touched
+    if marker.get("state") == "running" and age < lease_seconds:
+      continue  # a live run's
+    remove_generation(output, d)
+    removed.append(d)
+    if log:
+      log(f"removed generation {d} ({marker.get('state')}, {age:.0f}s since its last heartbeat)")
+  if replaced is not None and current is not None:
+    keep = _data_paths(current)
+    legacy = sorted(p for p in _data_paths(replaced) if "/" not in p and p not in keep
+                    and naming.ShardName.is_shard_of(p, replaced.name))
+    files.delete_many([files.join(output, p) for p in legacy], missing_ok=True)
+  fault_point("cleanup:done")
+  return removed
+
+
+def repair(output: str, description: str = "") -> None:
+  """Brings an output left in any state by killed runs to its committed state."""
+  sync_tfds_metadata(output, description)
+  cleanup(output)
