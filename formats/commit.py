@@ -81,9 +81,24 @@ class Version:
 
 
 def fault_point(name: str) -> None:
-  """Kills the process (SIGKILL) when the fault harness asks for step `name`."""
-  if os.environ.get(FAULT_POINT_ENV) == name:
-    os.kill(os.getpid(), 9)
+  """The fault harness's hook at step `name` of a commit (a no-op unless the variable is set).
+
+  `TPU_SHARDS_FAULT_POINT=<step>` kills the process there (SIGKILL, as a lost
+  machine would); `<step>=pause:<file>` waits there until `<file>` exists (a slow run).
+  """
+  value = os.environ.get(FAULT_POINT_ENV)
+  if not value:
+    return
+  step, _, action = value.partition("=")
+  if step != name:
+    return
+  if action.startswith("pause:"):
+    flag = action[len("pause:"):]
+    open(flag + ".reached", "w").close()
+    while not os.path.exists(flag):
+      time.sleep(0.05)
+    return
+  os.kill(os.getpid(), 9)
 
 
 # --------------------------------------------------------------------------- versions
@@ -100,12 +115,13 @@ def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
     blob = files.gcs_blob(path)
     try:
       blob.reload()
-      data = blob.download_as_bytes(if_generation_match=blob.generation)
+      generation = blob.generation
+      data = blob.download_as_bytes(if_generation_match=generation)
     except files.gcs_not_found():
       return None, Version()
     except files.gcs_precondition_failed():  # replaced between the two calls: read again
       return read_manifest_versioned(output)
-    return data, Version(str(blob.generation))
+    return data, Version(str(generation))
   try:
     with open(path, "rb") as f:
       data = f.read()

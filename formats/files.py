@@ -99,10 +99,11 @@ def read_bytes_and_mtime(path: str) -> tuple[bytes, float]:
     blob = _blob(path)
     try:
       blob.reload()
+      updated = blob.updated
       data = blob.download_as_bytes(if_generation_match=blob.generation)
     except gcs_not_found():
       raise FileNotFoundError(path) from None
-    return data, blob.updated.timestamp()
+    return data, updated.timestamp()
   with open(path, "rb") as f:
     return f.read(), os.fstat(f.fileno()).st_mtime
 

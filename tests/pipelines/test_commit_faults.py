@@ -1,0 +1,270 @@
+"""The fault harness of the commit protocol (formats.commit): races, kills, clean-up, gs:// preconditions.
+
+Each test asserts the invariant, not only an exit status: the output verifies
+against its manifest (formats.inspect --verify) and TFDS reads the same complete
+output, the previous complete output is intact when a run did not commit, and
+clean-up removes nothing the toolkit did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from formats import commit, files, inspect, naming
+from formats.features import Features, Text
+from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
+from tests.conftest import CLASSES, PER_CLASS, REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _manifest(generation: str, n: int = 1) -> Manifest:
+  shard = ShardInfo(f"{generation}/d-train.tfrecord-00000-of-00001", n, 10, "0" * 64)
+  return Manifest("d", "tfrecord", Features({"t": Text()}), {"train": SplitInfo((shard,))},
+                  Rejected(0, {}, f"{generation}/errors/rejected.jsonl"))
+
+
+def _read_manifest(out: str) -> Manifest:
+  return Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+
+
+# --------------------------------------------------------------------------- the protocol, local and gs://
+
+
+@pytest.fixture(params=["local", "gcs"])
+def output(request, tmp_path):
+  if request.param == "local":
+    return str(tmp_path / "out")
+  bucket = request.getfixturevalue("gcs_emulator")
+  return f"gs://{bucket}/commit/{tmp_path.name}"
+
+
+def test_the_second_of_two_racing_commits_loses_and_the_winner_stands(output):
+  gen_a, expected_a = commit.begin(output)
+  gen_b, expected_b = commit.begin(output)
+  assert expected_a == expected_b and not expected_a.exists
+  commit.commit(output, gen_a, _manifest(gen_a), expected_a)
+  with pytest.raises(commit.CommitConflict, match="another run committed"):
+    commit.commit(output, gen_b, _manifest(gen_b, 2), expected_b)
+  assert commit.current_generation(output) == gen_a
+  # A retry of the winner's own commit is a no-op, not a conflict.
+  commit.commit(output, gen_a, _manifest(gen_a), expected_a)
+  assert _read_manifest(output) == _manifest(gen_a)
+  # The next run, started after the commit, replaces it.
+  gen_c, expected_c = commit.begin(output)
+  assert expected_c.exists and expected_c != expected_a
+  replaced = commit.commit(output, gen_c, _manifest(gen_c, 3), expected_c)
+  assert replaced == _manifest(gen_a)
+
+
+def test_cleanup_removes_only_marked_generations_that_nothing_holds(output):
+  def put(rel, data=b"x"):
+    files.write_bytes(files.join(output, rel), data)
+
+  old, expected = commit.begin(output)
+  put(f"{old}/d-train.tfrecord-00000-of-00001")
+  commit.commit(output, old, _manifest(old), expected)
+  commit.finish(output, old, committed=True)
+  live, _ = commit.begin(output)  # a run still going: fresh heartbeat
+  put(f"{live}/shard")
+  dead, _ = commit.begin(output)  # a killed run: its marker is never refreshed
+  put(f"{dead}/shard")
+  put("gen-notes/todo.txt", b"a user's notes")  # looks like a generation, was not written by the toolkit
+  put("report.tmp-draft", b"a user's file")  # the old clean-up deleted anything with .tmp- in its name
+  put("gen-20250101T000000-deadbeef/_toolkit_run.json", b'{"toolkit": "someone else"}')
+  new, expected = commit.begin(output)
+  put(f"{new}/d-train.tfrecord-00000-of-00001")
+  replaced = commit.commit(output, new, _manifest(new), expected)
+
+  assert commit.cleanup(output, replaced=replaced, lease_seconds=3600) == [old]  # the live and dead run: within the lease
+  assert sorted(commit.cleanup(output, replaced=replaced, lease_seconds=0)) == sorted([live, dead])
+  dirs, names = files.list_dir(output)
+  assert sorted(dirs) == sorted(["gen-notes", "gen-20250101T000000-deadbeef", new])
+  assert "report.tmp-draft" in names
+  assert files.read_bytes(files.join(output, "gen-notes/todo.txt")) == b"a user's notes"
+
+
+def test_an_abandoned_run_removes_its_generation_unless_it_committed(output):
+  gen, expected = commit.begin(output)
+  files.write_bytes(files.join(output, gen, "shard"), b"x")
+  commit.finish(output, gen, committed=False)
+  assert not files.walk(files.join(output, gen)) and gen not in files.list_dir(output)[0]
+  gen, expected = commit.begin(output)
+  commit.commit(output, gen, _manifest(gen), expected)
+  commit.finish(output, gen, committed=False)  # failed after its commit (e.g. in clean-up): keeps its output
+  assert files.exists(files.join(output, gen, commit.MARKER_FILENAME))
+  assert commit.current_generation(output) == gen
+
+
+def test_a_commit_whose_generation_was_cleaned_up_fails(output):
+  gen, expected = commit.begin(output)
+  commit.remove_generation(output, gen)
+  with pytest.raises(commit.CommitConflict, match="is gone"):
+    commit.commit(output, gen, _manifest(gen), expected)
+  assert not files.exists(files.join(output, "manifest.json"))
+
+
+def test_the_proxy_enforces_generation_preconditions(gcs_faults):
+  """The emulator alone accepts stale preconditions: without this, the gs:// races above prove nothing."""
+  from google.api_core.exceptions import PreconditionFailed
+
+  blob = files.gcs_blob(f"gs://{gcs_faults.bucket}/precondition/obj")
+  blob.upload_from_string(b"1", if_generation_match=0)
+  with pytest.raises(PreconditionFailed):
+    blob.upload_from_string(b"2", if_generation_match=0)
+  blob.reload()
+  with pytest.raises(PreconditionFailed):
+    blob.upload_from_string(b"3", if_generation_match=blob.generation + 1)
+  blob.upload_from_string(b"4", if_generation_match=blob.generation)
+  assert blob.download_as_bytes() == b"4"
+
+
+# --------------------------------------------------------------------------- real runs in subprocesses
+
+
+def _run(*flags: str, env: dict | None = None, wait: bool = True):
+  cmd = [sys.executable, "-m", "pipelines.image_folder", *flags]
+  full_env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
+  if not wait:
+    return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def _tfds_view(out: str) -> tuple[dict[str, int], tuple[str, ...]]:
+  """What TFDS serves: {split: records it reads}, class names. Raises if TFDS cannot open it."""
+  code = f"""
+import json, tensorflow_datasets as tfds
+b = tfds.builder_from_directory({out!r})
+ds = b.as_data_source()
+print(json.dumps([{{s: len(ds[s]) for s in ds}}, b.info.features["label"].names,
+                  [len(ds[s][i]["file_name"]) > 0 for s in ds for i in range(len(ds[s]))]]))
+"""
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  if proc.returncode:
+    raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+  counts, names, read = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert all(read)  # every record of every shard TFDS lists was read
+  return counts, tuple(names)
+
+
+def _complete(out: str) -> Manifest:
+  """The output verifies, and TFDS serves exactly what the manifest describes."""
+  m = _read_manifest(out)
+  assert inspect.verify(out, m) == 0
+  counts, names = _tfds_view(out)
+  assert counts == {k: v.num_records for k, v in m.splits.items() if v.num_records}
+  assert names == tuple(m.features["label"].names)
+  return m
+
+
+def _generations(out: str) -> list[str]:
+  return sorted(d for d in os.listdir(out) if naming.is_generation(d))
+
+
+def test_two_overlapping_runs_never_leave_a_manifest_that_fails_verify(class_folder, tmp_path):
+  """An Airflow retry overlapping a slow job: the slow one reaches its switch after the fast one
+  committed. It must lose loudly, and the winner's output must stay whole (the old clean-up
+  deleted the slow run's shards, or the slow run's manifest then named deleted shards)."""
+  out = str(tmp_path / "out")
+  flag = str(tmp_path / "go")
+  slow = _run(f"--input={class_folder}", f"--output={out}", "--num_shards=2",
+              env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False)
+  deadline = time.monotonic() + 240
+  while not os.path.exists(flag + ".reached"):
+    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+    time.sleep(0.2)
+  fast = _run(f"--input={class_folder}", f"--output={out}", "--num_shards=3")
+  assert fast.returncode == 0, fast.stderr
+  winner = _complete(out)
+  assert len(_generations(out)) == 2  # the slow run's generation is live: not the fast run's to delete
+  open(flag, "w").close()
+  _, err = slow.communicate(timeout=240)
+  assert slow.returncode == 1
+  assert "another run committed a new manifest.json after this run started" in err.strip().splitlines()[-1]
+  assert _complete(out) == winner
+  assert _generations(out) == [winner.splits["train"].shards[0].path.split("/")[0]]  # the loser took its own away
+
+
+# Every step of a switch, in order: a kill at any of them leaves the old or the new output.
+_STEPS = ["finalize:start", "finalize:rejects_written", "commit:before_switch", "commit:after_switch",
+          "tfds:info_removed", "tfds:wrote_features.json", "tfds:wrote_label.labels.txt", "cleanup:done"]
+
+
+@pytest.fixture(scope="module")
+def old_output(tmp_path_factory, class_folder):
+  """(a complete output of the class folder, a copy of that folder with one more class)."""
+  import shutil
+
+  other = str(tmp_path_factory.mktemp("more") / "pets")
+  shutil.copytree(class_folder, other)
+  shutil.copytree(os.path.join(other, CLASSES[0]), os.path.join(other, "yak"))
+  out = str(tmp_path_factory.mktemp("old") / "out")
+  assert _run(f"--input={class_folder}", f"--output={out}", "--num_shards=2").returncode == 0
+  return out, _complete(out), other
+
+
+@pytest.mark.parametrize("step", _STEPS)
+def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_path, step):
+  import shutil
+
+  old_out, old, new_input = old_output
+  out = str(tmp_path / "out")
+  shutil.copytree(old_out, out)
+  killed = _run(f"--input={new_input}", f"--output={out}", "--num_shards=3", "--overwrite=true",
+                env={commit.FAULT_POINT_ENV: step})
+  assert killed.returncode == -9, killed.stderr  # the fault point was reached
+  now = _read_manifest(out)
+  assert inspect.verify(out, now) == 0
+  assert now == old or now.splits["train"].num_records == (len(CLASSES) + 1) * PER_CLASS
+  try:
+    counts, names = _tfds_view(out)
+  except RuntimeError as e:
+    # Only while the class names change: dataset_info.json is removed before the label files are
+    # rewritten, so TFDS finds no dataset (a clear error) rather than old shards with new names.
+    assert step.startswith("tfds:") and "dataset_info.json" in str(e), e
+  else:
+    assert (counts, names) in [
+        ({"train": m.splits["train"].num_records}, tuple(m.features["label"].names)) for m in (old, now)]
+    if step in ("commit:after_switch",):  # the switch happened, TFDS not yet synced: it still serves the old output
+      assert names == tuple(old.features["label"].names)
+  # The retry (what Airflow does) completes the job and repairs whatever the kill left.
+  again = _run(f"--input={new_input}", f"--output={out}", "--num_shards=3", "--overwrite=true")
+  assert again.returncode == 0, again.stderr
+  final = _complete(out)
+  assert final.splits["train"].num_records == (len(CLASSES) + 1) * PER_CLASS
+  assert len(_generations(out)) <= 2  # at most the killed run's, kept until its lease expires
+  commit.cleanup(out, lease_seconds=0)
+  assert _generations(out) == [final.splits["train"].shards[0].path.split("/")[0]]
+  assert inspect.verify(out, final) == 0
+
+
+def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults, class_folder, tmp_path):
+  from tests.conftest import upload_tree
+
+  src = f"gs://{gcs_faults.bucket}/overlap-in/pets"
+  upload_tree(class_folder, src)
+  out = f"gs://{gcs_faults.bucket}/overlap-out/{tmp_path.name}"
+  flag = str(tmp_path / "go")
+  slow = _run(f"--input={src}", f"--output={out}", "--num_shards=2",
+              env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False)
+  deadline = time.monotonic() + 240
+  while not os.path.exists(flag + ".reached"):
+    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+    time.sleep(0.2)
+  fast = _run(f"--input={src}", f"--output={out}", "--num_shards=3")
+  assert fast.returncode == 0, fast.stderr
+  winner = _read_manifest(out)
+  open(flag, "w").close()
+  _, err = slow.communicate(timeout=240)
+  assert slow.returncode == 1 and "another run committed" in err
+  assert _read_manifest(out) == winner
+  assert inspect.verify(out, winner) == 0
+  gens = sorted({p[len(out) + 1:].split("/")[0] for p in files.walk(out) if "/gen-" in p})
+  assert gens == [winner.splits["train"].shards[0].path.split("/")[0]]
