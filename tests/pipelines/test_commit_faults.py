@@ -268,3 +268,34 @@ def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults
   assert inspect.verify(out, winner) == 0
   gens = sorted({p[len(out) + 1:].split("/")[0] for p in files.walk(out) if "/gen-" in p})
   assert gens == [winner.splits["train"].shards[0].path.split("/")[0]]
+
+
+# --------------------------------------------------------------------------- leftovers
+
+
+def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_path):
+  """Runners need not call DoFn.teardown: per-shard temp folders must go in process itself.
+  Graph outputs kept an empty `_parts/` at the root."""
+  import make_sample_ogb
+
+  tmpdir = tmp_path / "tmp"
+  tmpdir.mkdir()
+  env = {"TMPDIR": str(tmpdir)}
+  assert _run(f"--input={class_folder}", f"--output={tmp_path / 'img'}", "--num_shards=2", env=env).returncode == 0
+  graph_in = tmp_path / "ogbn_arxiv"
+  make_sample_ogb.write_homogeneous_node(graph_in, seed=0, num_nodes=200, num_edges=800)
+  out = tmp_path / "graph"
+  os.makedirs(out / "gen-notes")
+  (out / "gen-notes" / "keep.txt").write_text("a user's")  # not the toolkit's: never removed
+  proc = subprocess.run([sys.executable, "-m", "pipelines.ogb_graphs", f"--input={graph_in}", f"--output={out}"],
+                        cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, **env}, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  ours = ("toolkit-shards-", "ogb-parts-", "ogb-assemble-")  # Beam's own temp folders are Beam's
+  assert [d for d in os.listdir(tmpdir) if d.startswith(ours)] == []
+  m = _read_manifest(str(out))
+  (gen,) = {f.path.split("/")[0] for f in m.files}
+  assert sorted(os.listdir(out)) == sorted(["manifest.json", ".manifest.lock", gen, "gen-notes"])
+  assert sorted(os.listdir(out / gen)) == sorted([commit.MARKER_FILENAME, "errors", os.path.basename(m.files[0].path)])
+  assert (out / "gen-notes" / "keep.txt").read_text() == "a user's"
+  assert inspect.verify(str(out), m) == 0
