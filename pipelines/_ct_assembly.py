@@ -15,7 +15,12 @@ HU array. The rules (see docs/ct_volumes.md):
   irregular spacing), so does a stack that is not along its normal (gantry tilt);
 - duplicates (same position): identical pixels → dropped; different → rejected;
 - HU = stored × slope + intercept per slice, stored values masked to BitsStored,
-  PixelPaddingValue (range) on stored values → -1024.
+  PixelPaddingValue (range) on stored values → -1024;
+- bounded work: a volume of more than `max_volume_voxels` is rejected when
+  planned, and `read_volume` checks that every file holds the pixel data its
+  header promises before it allocates anything;
+- reasons never quote a header value, nor does an exception from pydicom (its
+  type name only), and pydicom is kept quiet while it decodes (`quiet_pydicom`).
 """
 
 from __future__ import annotations
@@ -29,12 +34,17 @@ from typing import BinaryIO
 import numpy as np
 import pydicom
 
-from pipelines._ct_headers import SliceHeader
+from pipelines._ct_headers import SIZE_TAGS, SliceHeader, quiet_pydicom, tag_name
 
 PADDING_HU = -1024
 DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
 MAX_TILT_DEGREES = 0.1
 DEFAULT_TOLERANCE = 0.01
+# Largest volume, in voxels: 512 Mi voxels are 1 GiB as int16 and 2 GiB as float32, which
+# still fits one record (a protobuf message is at most 2 GiB); a 512 x 512 x 2000 CT
+# (500 Mi voxels) passes. read_volume needs this plus one decoded file of memory.
+MAX_VOLUME_VOXELS = 512 << 20
+_SHORT = f"{tag_name('PixelData')} holds fewer bytes than {SIZE_TAGS} require"
 
 
 class SeriesRejected(Exception):
@@ -168,9 +178,21 @@ def frames_per_file(slices: Sequence[SliceHeader]) -> dict[str, int]:
   return dict(collections.Counter(s.path for s in slices))
 
 
-def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE
+def _check_volume_size(plan: VolumePlan, max_volume_voxels: int) -> None:
+  first = plan.slices[0]
+  if len(plan.slices) * first.rows * first.columns > max_volume_voxels:
+    raise SeriesRejected(
+        f"volume over the size limit: {tag_name('Rows')} x {tag_name('Columns')} x the number of slices "
+        f"exceeds {max_volume_voxels} voxels")
+
+
+def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE,
+                 max_volume_voxels: int = MAX_VOLUME_VOXELS
                  ) -> tuple[list[VolumePlan], list[tuple[str, str, int]]]:
-  """Volume plans of one candidate series, and (path, reason, frames) for what is left out."""
+  """Volume plans of one candidate series, and (path, reason, frames) for what is left out.
+
+  A volume of more than `max_volume_voxels` voxels is left out (see MAX_VOLUME_VOXELS).
+  """
   plans, rejected = [], []
   with_pos = [s for s in slices if s.position is not None]
   if with_pos and len(with_pos) < len(slices):
@@ -180,7 +202,9 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
     slices = with_pos
   for stack, members in sorted(_stacks(slices).items()):
     try:
-      plans.append(_plan_stack(members, stack, tolerance))
+      plan = _plan_stack(members, stack, tolerance)
+      _check_volume_size(plan, max_volume_voxels)
+      plans.append(plan)
     except SeriesRejected as e:
       rejected += [(path, f"series rejected, {e}", n) for path, n in sorted(frames_per_file(members).items())]
   return plans, rejected
@@ -234,6 +258,12 @@ def slice_hu(stored: np.ndarray, s: SliceHeader, out: np.ndarray) -> np.ndarray:
   return out
 
 
+def _undecodable(s: SliceHeader, why: str) -> SeriesRejected:
+  """The series fails because of one file's pixels; `why` must hold no header value."""
+  return SeriesRejected(f"undecodable pixel data in a slice: {s.path}", culprit=s.path,
+                        culprit_reason=f"truncated or undecodable pixel data: {why}")
+
+
 class _Decoded:
   """Decoded stored values per (path, frame), one file open at a time.
 
@@ -246,11 +276,6 @@ class _Decoded:
     self._path: str | None = None
     self._array: np.ndarray | None = None
 
-  def _fail(self, s: SliceHeader, e: Exception) -> SeriesRejected:
-    return SeriesRejected(
-        f"undecodable pixel data in a slice: {s.path}", culprit=s.path,
-        culprit_reason=f"truncated or undecodable pixel data: {type(e).__name__}: {e}")
-
   def _read_native(self, s: SliceHeader) -> np.ndarray:
     size = s.bits_allocated // 8
     dtype = np.dtype(f"<{'i' if s.pixel_representation == 1 else 'u'}{size}") if size > 1 else np.dtype(
@@ -259,34 +284,60 @@ class _Decoded:
     with self._open(s.path) as f:
       f.seek(s.pixel_offset)
       data = f.read(nbytes)
-    if len(data) != nbytes:
-      raise ValueError(f"the pixel data holds {len(data)} of {nbytes} bytes (truncated file)")
+    if len(data) != nbytes:  # the file shrank since its header was read
+      raise _undecodable(s, _SHORT)
     return np.frombuffer(data, dtype=dtype).reshape(s.rows, s.columns)
+
+  def _decode(self, s: SliceHeader) -> np.ndarray:
+    with self._open(s.path) as f:
+      ds = pydicom.dcmread(f)
+    # The file must still describe the image its header did, or decoding could
+    # allocate what the header checks refused (a file replaced between the steps).
+    # A tag now absent is left to the decoder, which cannot size an image without it.
+    planned = {"Rows": s.rows, "Columns": s.columns, "BitsAllocated": s.bits_allocated,
+               "NumberOfFrames": s.file_frames}
+    for keyword, expected in planned.items():
+      value = getattr(ds, keyword, None)
+      if keyword == "NumberOfFrames" and value is not None:
+        value = value or 1  # read_slices takes 0 or empty as one frame
+      if value is not None and value != expected:
+        raise _undecodable(s, f"{tag_name(keyword)} changed since the header was read")
+    return ds.pixel_array
 
   def get(self, s: SliceHeader) -> np.ndarray:
     if s.path != self._path:
       self._path, self._array = s.path, None
+      why = None
       try:
-        if s.pixel_offset is not None and s.frame is None:
-          self._array = self._read_native(s)
-        else:
-          with self._open(s.path) as f:
-            self._array = pydicom.dcmread(f).pixel_array
-      except Exception as e:  # a truncated file, a codec without a plugin, corrupt data
-        raise self._fail(s, e) from None
+        with quiet_pydicom():
+          if s.pixel_offset is not None and s.frame is None:
+            self._array = self._read_native(s)
+          else:
+            self._array = self._decode(s)
+      except SeriesRejected:
+        raise
+      except Exception as e:  # noqa: BLE001 (a codec without a plugin, corrupt data)
+        why = type(e).__name__  # pydicom's message may quote values: raised outside, without a context
+      if why is not None:
+        raise _undecodable(s, why)
     arr = self._array if s.frame is None else self._array[s.frame]
     if arr.shape != (s.rows, s.columns):
-      raise SeriesRejected(f"pixel data shape differs from the header: {s.path} has {arr.shape}, "
-                           f"header says {(s.rows, s.columns)}")
+      raise SeriesRejected(f"pixel data shape differs from the header ({tag_name('Rows')}, "
+                           f"{tag_name('Columns')}): {s.path}")
     return stored_values(arr, s.bits_stored, s.pixel_representation)
 
 
-def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: str
-                ) -> tuple[np.ndarray, list[tuple[str, str]]]:
+def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: str,
+                max_volume_voxels: int = MAX_VOLUME_VOXELS) -> tuple[np.ndarray, list[tuple[str, str]]]:
   """The HU volume [depth, rows, columns] and (path, reason) of dropped identical duplicates.
 
-  Raises SeriesRejected. Memory: the output volume plus one decoded file.
+  Raises SeriesRejected. Memory: the output volume plus one decoded file, both
+  checked against the headers (and `max_volume_voxels`) before anything is allocated.
   """
+  _check_volume_size(plan, max_volume_voxels)
+  for s in sorted([*plan.slices, *(d for _, d in plan.duplicates)], key=lambda s: (s.path, s.frame or 0)):
+    if s.pixel_bytes is not None and s.pixel_bytes < s.file_pixel_bytes:
+      raise _undecodable(s, _SHORT)
   first = plan.slices[0]
   out = np.empty((len(plan.slices), first.rows, first.columns), dtype=dtype)
   dups = collections.defaultdict(list)

@@ -6,18 +6,34 @@ frame for Enhanced CT), or raises `Rejected` with the reason the file cannot be
 part of a volume. Identifiers leave this module only as salted hashes, and only
 a whitelist of geometry and intensity tags is kept: no names, dates, IDs,
 institutions or private tags reach anything downstream.
+
+No header value leaves either: a reason names the tag ("invalid RescaleSlope
+(0028,1053)"), never what it holds, an exception from pydicom becomes its type
+name, and `quiet_pydicom()` keeps pydicom's warnings and log records (which
+quote values) from being shown. Work per file is bounded before anything is
+allocated: Rows x Columns x NumberOfFrames x BitsAllocated / 8 may not exceed
+`max_file_bytes`, and `pixel_bytes` records how much native pixel data the file
+really holds, so that a reader can refuse a header that promises more.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
 import dataclasses
 import hashlib
+import io
+import logging
 import struct
+import threading
 from typing import BinaryIO
+import warnings
 
 import numpy as np
 import pydicom
+from pydicom.datadict import tag_for_keyword
 from pydicom.errors import InvalidDicomError
+from pydicom.uid import UID, UID_dictionary
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
@@ -35,10 +51,92 @@ _KNOWN_NON_CT = {
 _PIXEL_DATA_TAGS = (b"\xe0\x7f\x10\x00", b"\x7f\xe0\x00\x10", b"\xe0\x7f\x08\x00", b"\xe0\x7f\x09\x00")
 ORIENTATION_DECIMALS = 4
 SPACING_DECIMALS = 4
+# Largest decoded pixel data of one file, Rows x Columns x NumberOfFrames x BitsAllocated / 8:
+# 1 GiB holds a 512 x 512 x 2000 16-bit Enhanced CT in one file (a classic slice is 512 KiB).
+MAX_FILE_BYTES = 1 << 30
+_NATIVE = {  # uncompressed transfer syntaxes: byte order, explicit VR
+    "1.2.840.10008.1.2": ("<", False), "1.2.840.10008.1.2.1": ("<", True), "1.2.840.10008.1.2.2": (">", True)}
+_GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
 
 
 class Rejected(Exception):
-  """The file (or frame) cannot be part of a volume; str(e) is the reason."""
+  """The file (or frame) cannot be part of a volume; str(e) is the reason (never a header value)."""
+
+
+def tag_name(keyword: str) -> str:
+  """'RescaleSlope' -> 'RescaleSlope (0028,1053)': how a reason names a tag."""
+  tag = tag_for_keyword(keyword)
+  return f"{keyword} ({tag >> 16:04X},{tag & 0xFFFF:04X})" if tag is not None else keyword
+
+
+SIZE_TAGS = " x ".join(tag_name(k) for k in ("Rows", "Columns", "NumberOfFrames", "BitsAllocated")) + " / 8"
+
+
+# --------------------------------------------------------------------------- silence
+
+class _Quiet(threading.local):
+  depth = 0
+
+
+_QUIET = _Quiet()
+_QUIET_LOGGERS = ("pydicom", "pylibjpeg", "openjpeg", "libjpeg", "jpeg_ls", "rle", "gdcm")
+
+
+class _OnQuietThread:
+  """A warnings-filter pattern that matches on a thread inside `quiet_pydicom()`."""
+
+  def match(self, _text: str) -> bool:
+    return _QUIET.depth > 0
+
+
+class _DropOnQuietThread(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return _QUIET.depth == 0
+
+
+_IGNORE_ON_QUIET_THREAD = ("ignore", None, Warning, _OnQuietThread(), 0)
+_DROP_ON_QUIET_THREAD = _DropOnQuietThread()
+_loggers_seen = -1
+
+
+def _install_filters() -> None:
+  """Puts the thread-gated filters in place; cheap when they already are.
+
+  The warnings filter goes first in `warnings.filters` (again after anyone
+  replaced the list, e.g. `catch_warnings`); the logging filter sits on every
+  logger of pydicom and its decoders, including ones created since the last call.
+  """
+  global _loggers_seen
+  filters = warnings.filters
+  if not filters or filters[0] is not _IGNORE_ON_QUIET_THREAD:
+    with contextlib.suppress(ValueError):
+      filters.remove(_IGNORE_ON_QUIET_THREAD)
+    filters.insert(0, _IGNORE_ON_QUIET_THREAD)
+  loggers = logging.root.manager.loggerDict
+  if len(loggers) != _loggers_seen:
+    _loggers_seen = len(loggers)
+    for name, logger in list(loggers.items()):
+      if isinstance(logger, logging.Logger) and name.split(".")[0] in _QUIET_LOGGERS:
+        logger.addFilter(_DROP_ON_QUIET_THREAD)
+    logging.getLogger("pydicom").addFilter(_DROP_ON_QUIET_THREAD)
+
+
+@contextlib.contextmanager
+def quiet_pydicom() -> Iterator[None]:
+  """Within the block, on this thread only, warnings and pydicom's log records are dropped.
+
+  pydicom quotes header values in both ("Invalid value for VR IS: '<value>'",
+  "Unknown encoding '<value>'"). Other threads are unaffected, so this is safe
+  in a multi-threaded worker, unlike `warnings.catch_warnings()` (one that ends
+  on another thread while a block runs can restore a filter list without ours,
+  until the next block puts it back).
+  """
+  _install_filters()
+  _QUIET.depth += 1
+  try:
+    yield
+  finally:
+    _QUIET.depth -= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +165,15 @@ class SliceHeader:
   # Byte offset of native (uncompressed little-endian) single-frame pixel data in the
   # file, so the pixels can be read directly; None: decode with pydicom.
   pixel_offset: int | None = None
+  file_frames: int = 1  # NumberOfFrames of the file this frame is in
+  # Bytes of native pixel data the file really holds (a truncated file, or a header
+  # promising more than is there, holds fewer than it needs); None: encapsulated.
+  pixel_bytes: int | None = None
+
+  @property
+  def file_pixel_bytes(self) -> int:
+    """Decoded size of the whole file's pixel data, from the header."""
+    return self.rows * self.columns * self.file_frames * self.bits_allocated // 8
 
 
 def salted_hash(salt: str, *parts: str) -> str:
@@ -75,28 +182,120 @@ def salted_hash(salt: str, *parts: str) -> str:
   return h.hexdigest()
 
 
-def _floats(value, n: int, tag: str) -> tuple[float, ...]:
+def _invalid(keyword: str, why: str = "") -> Rejected:
+  return Rejected(f"invalid {tag_name(keyword)}" + (f": {why}" if why else ""))
+
+
+def _element(ds, keyword: str):
+  """The value, or None when absent or empty. pydicom converts values on access
+  and may raise with the value in the message: only the tag's name gets out."""
   try:
-    out = tuple(float(v) for v in value)
-  except (TypeError, ValueError):
-    raise Rejected(f"invalid {tag}") from None
-  if len(out) != n or not all(np.isfinite(out)):
-    raise Rejected(f"invalid {tag}: expected {n} finite numbers")
-  return out
+    value = ds.get(keyword)
+    return None if value is None or value == "" else value
+  except Exception:  # noqa: BLE001 (any conversion error; its message may hold the value)
+    pass
+  raise _invalid(keyword)
 
 
 def _require(ds, keyword: str):
-  value = ds.get(keyword)
-  if value is None or value == "":
+  value = _element(ds, keyword)
+  if value is None:
     raise Rejected(f"missing mandatory tag {keyword}")
   return value
 
 
-_NATIVE_LE = {"1.2.840.10008.1.2": False, "1.2.840.10008.1.2.1": True}  # syntax -> explicit VR
+def _int(ds, keyword: str, default: int | None = None, *, required: bool = False, low: int | None = None,
+         high: int | None = None) -> int | None:
+  """An integer tag (IS, US, UL, ...) within [low, high], or `default` when absent."""
+  value = _require(ds, keyword) if required else _element(ds, keyword)
+  if value is None:
+    return default
+  try:
+    out = int(value)
+    ok = (not isinstance(value, float) or out == value) and (low is None or out >= low) and (
+        high is None or out <= high)
+  except (TypeError, ValueError, OverflowError):
+    ok = False
+  if not ok:
+    raise _invalid(keyword)
+  return out
 
 
-def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int) -> tuple[bool, int | None]:
-  """(has pixel data, offset of native pixel bytes or None), reading just past the element header.
+def _float(ds, keyword: str, *, required: bool = False) -> float | None:
+  """A finite number (DS, FD, ...), or None when absent."""
+  value = _require(ds, keyword) if required else _element(ds, keyword)
+  if value is None:
+    return None
+  try:
+    out = float(value)
+  except (TypeError, ValueError, OverflowError):
+    out = float("nan")
+  if not np.isfinite(out):
+    raise _invalid(keyword)
+  return out
+
+
+def _floats(value, n: int, keyword: str) -> tuple[float, ...]:
+  try:
+    out = tuple(float(v) for v in value)
+  except (TypeError, ValueError, OverflowError):
+    raise _invalid(keyword) from None
+  if len(out) != n or not all(np.isfinite(out)):
+    raise _invalid(keyword, f"expected {n} finite numbers")
+  return out
+
+
+def _uid(ds, keyword: str) -> UID | None:
+  value = _element(ds, keyword)
+  if value is None:
+    return None
+  uid = UID(str(value)) if isinstance(value, str) else UID("-")
+  if not uid.is_valid:
+    raise _invalid(keyword)
+  return uid
+
+
+def _sop_class(ds) -> UID:
+  """The SOP class of a CT image, or Rejected naming what the object is (a registered
+  UID's name; never the Modality or an unregistered UID, which are free text)."""
+  sop_class = _uid(ds, "SOPClassUID")
+  if sop_class is None:
+    raise Rejected(f"missing mandatory tag {tag_name('SOPClassUID')}")
+  if sop_class in _KNOWN_NON_CT:
+    raise Rejected(f"non-image object ({_KNOWN_NON_CT[sop_class]})")
+  if sop_class not in CT_SOP_CLASSES:
+    name = UID_dictionary[sop_class][0] if sop_class in UID_dictionary else "unknown"
+    raise Rejected(f"not a CT image (SOP class {name})")
+  return sop_class
+
+
+def _transfer_syntax(ds) -> str:
+  meta = getattr(ds, "file_meta", None)
+  if meta is None:
+    return ""
+  syntax = _uid(meta, "TransferSyntaxUID")
+  if syntax is None:
+    return ""
+  if not syntax.is_transfer_syntax:
+    raise Rejected(f"unsupported {tag_name('TransferSyntaxUID')}")
+  return str(syntax)
+
+
+def _file_size(fileobj: BinaryIO) -> int | None:
+  try:
+    here = fileobj.tell()
+    fileobj.seek(0, io.SEEK_END)
+    end = fileobj.tell()
+    fileobj.seek(here)
+    return end
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
+def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int
+                ) -> tuple[bool, int | None, int | None]:
+  """(has pixel data, offset of native little-endian pixel bytes or None, bytes of native
+  pixel data present or None), reading just past the element header.
 
   After dcmread(stop_before_pixels=True) the stream sits at the pixel data tag, if any.
   """
@@ -104,19 +303,24 @@ def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int) ->
     start = fileobj.tell()
     tag = fileobj.read(4)
     if tag not in _PIXEL_DATA_TAGS:
-      return False, None
-    if transfer_syntax not in _NATIVE_LE or tag != _PIXEL_DATA_TAGS[0]:
-      return True, None
-    if _NATIVE_LE[transfer_syntax]:
+      return False, None, None
+    if transfer_syntax not in _NATIVE or tag not in _PIXEL_DATA_TAGS[:2]:
+      return True, None, None
+    order, explicit = _NATIVE[transfer_syntax]
+    if explicit:
       vr_and_length = fileobj.read(8)  # VR, 2 reserved bytes, 4-byte length
-      length, header = struct.unpack_from("<I", vr_and_length, 4)[0], 12
+      length, header = struct.unpack_from(order + "I", vr_and_length, 4)[0], 12
     else:
-      length, header = struct.unpack("<I", fileobj.read(4))[0], 8
-    if length != expected_bytes:  # undefined length, odd padding, multi-frame: let pydicom decide
-      return True, None
-    return True, start + header
+      length, header = struct.unpack(order + "I", fileobj.read(4))[0], 8
   except (OSError, ValueError, struct.error):
-    return True, None
+    return True, None, None
+  present = 0 if length == 0xFFFFFFFF else length  # native pixel data has a defined length
+  size = _file_size(fileobj)
+  if size is not None:
+    present = min(present, max(size - start - header, 0))
+  # undefined length, odd padding, multi-frame, big endian: let pydicom decode
+  offset = start + header if order == "<" and length == expected_bytes else None
+  return True, offset, present
 
 
 def _is_localizer(image_type) -> bool:
@@ -125,13 +329,12 @@ def _is_localizer(image_type) -> bool:
 
 
 def _padding(ds, pixel_representation: int, bits_allocated: int) -> tuple[int, int] | None:
-  value = ds.get("PixelPaddingValue")
+  value = _int(ds, "PixelPaddingValue")
   if value is None:
     return None
-  limit = ds.get("PixelPaddingRangeLimit", value)
+  limit = _int(ds, "PixelPaddingRangeLimit", value)
 
   def signed(v: int) -> int:  # 'US or SS' may have been read as US
-    v = int(v)
     if pixel_representation == 1 and v >= 1 << (bits_allocated - 1):
       v -= 1 << bits_allocated
     return v
@@ -140,45 +343,63 @@ def _padding(ds, pixel_representation: int, bits_allocated: int) -> tuple[int, i
   return (min(a, b), max(a, b))
 
 
-def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
-  """Header facts of one DICOM file (pixel data not read). Raises Rejected."""
+def read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int = MAX_FILE_BYTES
+                ) -> list[SliceHeader]:
+  """Header facts of one DICOM file (pixel data not read). Raises Rejected, whose reason
+  never holds a header value; nothing pydicom says about the file is shown.
+
+  `max_file_bytes` bounds the decoded pixel data of the file (see MAX_FILE_BYTES).
+  """
+  with quiet_pydicom():
+    try:
+      return _read_slices(fileobj, path, salt, max_file_bytes)
+    except Rejected:
+      raise
+    except Exception as e:  # noqa: BLE001 (a damaged sequence, an odd value: its message may quote it)
+      reason = f"invalid DICOM header: {type(e).__name__}"
+  raise Rejected(reason)
+
+
+def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -> list[SliceHeader]:
   try:
     ds = pydicom.dcmread(fileobj, stop_before_pixels=True)
   except InvalidDicomError:
     raise Rejected("not DICOM (no DICM preamble)") from None
   except Exception as e:  # pydicom raises many types on a damaged header
     raise Rejected(f"unreadable or truncated DICOM header: {type(e).__name__}") from None
-  sop_class = str(ds.get("SOPClassUID", ""))
-  if sop_class in _KNOWN_NON_CT:
-    raise Rejected(f"non-image object ({_KNOWN_NON_CT[sop_class]})")
-  modality = str(ds.get("Modality", ""))
-  if sop_class not in CT_SOP_CLASSES:
-    raise Rejected(f"not a CT image (modality {modality or '?'}, SOP class {sop_class or '?'})")
-  rows, columns = int(_require(ds, "Rows")), int(_require(ds, "Columns"))
-  bits_allocated = int(_require(ds, "BitsAllocated"))
-  transfer_syntax = str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or "")
-  has_pixels, pixel_offset = _pixel_data(
-      fileobj, transfer_syntax, rows * columns * bits_allocated // 8 if bits_allocated in (8, 16, 32) else -1)
+  _sop_class(ds)
+  transfer_syntax = _transfer_syntax(ds)
+  rows = _int(ds, "Rows", required=True, low=1)
+  columns = _int(ds, "Columns", required=True, low=1)
+  bits_allocated = _int(ds, "BitsAllocated", required=True)
+  if bits_allocated not in (8, 16, 32):
+    raise Rejected(f"unsupported {tag_name('BitsAllocated')}: 8, 16 or 32 expected")
+  number_of_frames = _int(ds, "NumberOfFrames", 1, low=0) or 1
+  file_bytes = rows * columns * number_of_frames * bits_allocated // 8
+  if file_bytes > max_file_bytes:
+    raise Rejected(f"pixel data over the size limit: {SIZE_TAGS} exceeds {max_file_bytes} bytes per file")
+  has_pixels, pixel_offset, pixel_bytes = _pixel_data(fileobj, transfer_syntax, rows * columns * bits_allocated // 8)
   if not has_pixels:
     raise Rejected("no pixel data")
-  if _is_localizer(ds.get("ImageType")):
+  if _is_localizer(_element(ds, "ImageType")):
     raise Rejected("localizer (scout) image")
-  if int(ds.get("SamplesPerPixel", 1)) != 1:
+  if _int(ds, "SamplesPerPixel", 1) != 1:
     raise Rejected("not a grayscale image (SamplesPerPixel != 1)")
+  if str(_require(ds, "PhotometricInterpretation")).strip() not in _GRAYSCALE:
+    raise Rejected(f"not a grayscale image ({tag_name('PhotometricInterpretation')})")
   study = str(_require(ds, "StudyInstanceUID"))
   series = str(_require(ds, "SeriesInstanceUID"))
-  frame_of_ref = str(ds.get("FrameOfReferenceUID", ""))
-  bits_stored = int(ds.get("BitsStored", bits_allocated))
-  pixel_representation = int(_require(ds, "PixelRepresentation"))
-  patient = salted_hash(salt, "patient", str(ds.get("PatientID", "")))
+  frame_of_ref = str(_element(ds, "FrameOfReferenceUID") or "")
+  bits_stored = _int(ds, "BitsStored", bits_allocated, low=1, high=bits_allocated)
+  pixel_representation = _int(ds, "PixelRepresentation", required=True, low=0, high=1)
+  patient = salted_hash(salt, "patient", str(_element(ds, "PatientID") or ""))
   series_id = salted_hash(salt, "series", study, series)
   padding = _padding(ds, pixel_representation, bits_allocated)
-  number_of_frames = int(ds.get("NumberOfFrames", 1) or 1)
   is_enhanced = "PerFrameFunctionalGroupsSequence" in ds
 
   common = dict(rows=rows, columns=columns, bits_stored=bits_stored, bits_allocated=bits_allocated,
                 pixel_representation=pixel_representation, padding=padding, patient_id=patient,
-                series_id=series_id)
+                series_id=series_id, file_frames=number_of_frames, pixel_bytes=pixel_bytes)
 
   def key(orientation, pixel_spacing) -> str:
     return salted_hash(
@@ -188,32 +409,30 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
 
   if not is_enhanced:
     if number_of_frames != 1:
-      raise Rejected(f"multi-frame image without functional groups ({number_of_frames} frames)")
+      raise Rejected(f"multi-frame image without functional groups ({tag_name('NumberOfFrames')} > 1)")
     orientation = _floats(_require(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
     pixel_spacing = _floats(_require(ds, "PixelSpacing"), 2, "PixelSpacing")
-    position = ds.get("ImagePositionPatient")
+    position = _element(ds, "ImagePositionPatient")
     position = _floats(position, 3, "ImagePositionPatient") if position else None
-    slope = float(_require(ds, "RescaleSlope"))
-    intercept = float(_require(ds, "RescaleIntercept"))
-    acq = ds.get("AcquisitionNumber")
-    temporal = ds.get("TemporalPositionIndex")
-    acquisition = f"temporal={temporal}" if temporal not in (None, "") else (
-        f"acq={acq}" if acq not in (None, "") else "")
-    sbs = ds.get("SpacingBetweenSlices")
-    instance = ds.get("InstanceNumber")
+    slope = _float(ds, "RescaleSlope", required=True)
+    intercept = _float(ds, "RescaleIntercept", required=True)
+    acq = _int(ds, "AcquisitionNumber")
+    temporal = _int(ds, "TemporalPositionIndex")
+    acquisition = f"temporal={temporal}" if temporal is not None else (
+        f"acq={acq}" if acq is not None else "")
     return [SliceHeader(
         path=path, frame=None, series_key=key(orientation, pixel_spacing), acquisition=acquisition,
         position=position, orientation=orientation, pixel_spacing=pixel_spacing, slope=slope,
-        intercept=intercept, instance_number=int(instance) if instance not in (None, "") else None,
-        spacing_between_slices=float(sbs) if sbs not in (None, "") else None, pixel_offset=pixel_offset,
+        intercept=intercept, instance_number=_int(ds, "InstanceNumber"),
+        spacing_between_slices=_float(ds, "SpacingBetweenSlices"), pixel_offset=pixel_offset,
         **common)]
 
   # Enhanced / legacy-converted enhanced CT: geometry and rescale per frame.
-  shared = ds.get("SharedFunctionalGroupsSequence")
+  shared = _element(ds, "SharedFunctionalGroupsSequence")
   shared = shared[0] if shared else None
-  per_frame = ds.PerFrameFunctionalGroupsSequence
+  per_frame = _element(ds, "PerFrameFunctionalGroupsSequence") or []
   if len(per_frame) != number_of_frames:
-    raise Rejected(f"{len(per_frame)} per-frame functional groups for {number_of_frames} frames")
+    raise _invalid("PerFrameFunctionalGroupsSequence", f"not one item per frame ({tag_name('NumberOfFrames')})")
 
   def group(item, name):
     for source in (item, shared):
@@ -224,7 +443,7 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
   out = []
   for i, item in enumerate(per_frame):
     frame_type = group(item, "CTImageFrameTypeSequence")
-    if frame_type is not None and _is_localizer(frame_type.get("FrameType")):
+    if frame_type is not None and _is_localizer(_element(frame_type, "FrameType")):
       raise Rejected("localizer (scout) image")
     plane_pos = group(item, "PlanePositionSequence")
     plane_ori = group(item, "PlaneOrientationSequence")
@@ -234,19 +453,18 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str) -> list[SliceHeader]:
     orientation = _floats(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
     pixel_spacing = _floats(_require(measures, "PixelSpacing"), 2, "PixelSpacing")
     position = None
-    if plane_pos is not None and plane_pos.get("ImagePositionPatient"):
+    if plane_pos is not None and _element(plane_pos, "ImagePositionPatient"):
       position = _floats(plane_pos.ImagePositionPatient, 3, "ImagePositionPatient")
     transform = group(item, "PixelValueTransformationSequence")
-    if transform is None:
-      slope, intercept = float(_require(ds, "RescaleSlope")), float(_require(ds, "RescaleIntercept"))
-    else:
-      slope, intercept = float(_require(transform, "RescaleSlope")), float(_require(transform, "RescaleIntercept"))
+    source = ds if transform is None else transform
+    slope = _float(source, "RescaleSlope", required=True)
+    intercept = _float(source, "RescaleIntercept", required=True)
     content = group(item, "FrameContentSequence")
-    temporal = content.get("TemporalPositionIndex") if content is not None else None
-    stack = content.get("StackID") if content is not None else None
+    temporal = _int(content, "TemporalPositionIndex") if content is not None else None
+    stack = _element(content, "StackID") if content is not None else None
     acquisition = "/".join(x for x in (
-        f"stack={stack}" if stack not in (None, "") else "",
-        f"temporal={temporal}" if temporal not in (None, "") else "") if x)
+        f"stack={stack}" if stack is not None else "",
+        f"temporal={temporal}" if temporal is not None else "") if x)
     out.append(SliceHeader(
         path=path, frame=i, series_key=key(orientation, pixel_spacing), acquisition=acquisition,
         position=position, orientation=orientation, pixel_spacing=pixel_spacing, slope=slope,
