@@ -7,6 +7,9 @@ are read with array_record's reader (random access, GIL released); TFRecord
 shards get an offset index built once by walking their framing, and records
 are read with `os.pread` and CRC-checked. A damaged record raises
 `CorruptRecordError` naming the shard and the record index.
+
+`verify` says how much of a local shard is proven against the manifest before
+it is read (loaders._verify): "sha256" (the default), "size" or "none".
 """
 
 from __future__ import annotations
@@ -19,12 +22,11 @@ import numpy as np
 
 from formats import arrayrecord, files, tfrecord
 from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo
+from loaders._verify import CorruptRecordError, Verify, check_local_file, verify_level
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "shards")
 
-
-class CorruptRecordError(ValueError):
-  """A record or shard whose bytes are wrong; the message names the shard and record."""
+__all__ = ["CorruptRecordError", "ShardedRecords", "load_manifest", "local_shard", "tfrecord_index"]
 
 
 def load_manifest(path: str) -> Manifest:
@@ -34,17 +36,58 @@ def load_manifest(path: str) -> Manifest:
   return Manifest.loads(files.read_bytes(manifest_path))
 
 
-def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: bool) -> str:
-  """A local path of `shard`: itself when local, else a verified cached download."""
+def tfrecord_damage(path: str) -> str | None:
+  """The first record of a TFRecord file whose framing or checksums are wrong, if any."""
+  try:
+    for _ in tfrecord.read_file(path):
+      pass
+  except tfrecord.TFRecordCorruptError as e:
+    return str(e)[len(path) + 2:]  # "record N at byte B: reason"
+  return None
+
+
+def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: Verify = "sha256",
+                file_format: str = "") -> str:
+  """A local path of `shard`: itself when local (checked at level `verify`), else a verified cached download.
+
+  gs:// shards are always checked by SHA-256 once, when they are downloaded.
+  """
   src = files.join(output, shard.path)
   if not files.is_gcs(output):
-    if verify and os.path.getsize(src) != shard.num_bytes:
-      raise CorruptRecordError(f"{src}: {os.path.getsize(src)} bytes, the manifest says {shard.num_bytes}")
+    check_local_file(src, shard.num_bytes, shard.sha256, verify,
+                     locate=tfrecord_damage if file_format == "tfrecord" else None)
     return src
+  verify_level(verify)
   try:
     return files.cached_copy(src, shard.sha256, cache_dir or DEFAULT_CACHE)
   except ValueError as e:
     raise CorruptRecordError(str(e)) from None
+
+
+def tfrecord_index(path: str) -> tuple[list[int], list[int]]:
+  """(payload offsets, payload lengths) of a TFRecord file, from its framing alone.
+
+  Reads only the 12-byte headers; raises CorruptRecordError naming the file,
+  the record and the byte when a length checksum is wrong or the file is truncated.
+  """
+  offsets, lengths = [], []
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    pos = 0
+    while pos < size:
+      header = f.read(12)
+      if len(header) < 12:
+        raise CorruptRecordError(f"{path}: record {len(offsets)}: truncated header at byte {pos}")
+      length = int.from_bytes(header[:8], "little")
+      if tfrecord.masked_crc32c(header[:8]) != int.from_bytes(header[8:12], "little"):
+        raise CorruptRecordError(f"{path}: record {len(offsets)}: bad length checksum at byte {pos}")
+      if pos + 16 + length > size:
+        raise CorruptRecordError(f"{path}: record {len(offsets)}: truncated data at byte {pos}")
+      offsets.append(pos + 12)
+      lengths.append(length)
+      pos += 16 + length
+      f.seek(pos)
+  return offsets, lengths
 
 
 class _TFRecordShard:
@@ -52,24 +95,7 @@ class _TFRecordShard:
 
   def __init__(self, path: str):
     self.path = path
-    offsets, lengths = [], []
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-      pos = 0
-      while pos < size:
-        header = f.read(12)
-        if len(header) < 12:
-          raise CorruptRecordError(f"{path}: record {len(offsets)}: truncated header at byte {pos}")
-        length = int.from_bytes(header[:8], "little")
-        if tfrecord.masked_crc32c(header[:8]) != int.from_bytes(header[8:12], "little"):
-          raise CorruptRecordError(f"{path}: record {len(offsets)}: bad length checksum at byte {pos}")
-        offsets.append(pos + 12)
-        lengths.append(length)
-        pos += 16 + length
-        f.seek(pos)
-      if pos != size:
-        raise CorruptRecordError(f"{path}: record {len(offsets) - 1}: truncated data")
-    self._offsets, self._lengths = offsets, lengths
+    self._offsets, self._lengths = tfrecord_index(path)
     self._fd = os.open(path, os.O_RDONLY)
 
   def __len__(self) -> int:
@@ -99,7 +125,8 @@ class _ArrayRecordShard:
 class ShardedRecords:
   """Records of one split, addressed 0..len-1 across its shards in order."""
 
-  def __init__(self, path: str, split: str = "train", cache_dir: str | None = None, verify: bool = True):
+  def __init__(self, path: str, split: str = "train", cache_dir: str | None = None, verify: Verify = "sha256"):
+    verify_level(verify)
     self.path = path
     self.manifest = load_manifest(path)
     if self.manifest.file_format not in ("array_record", "tfrecord"):
@@ -109,7 +136,7 @@ class ShardedRecords:
     self.split = split
     self.features = self.manifest.features
     self._shards_info = self.manifest.splits[split].shards
-    self._paths = [local_shard(path, s, cache_dir, verify) for s in self._shards_info]
+    self._paths = [local_shard(path, s, cache_dir, verify, self.manifest.file_format) for s in self._shards_info]
     self._starts = list(np.cumsum([0] + [s.num_records for s in self._shards_info]))
     self._open: dict[int, object] = {}
     self._lock = threading.Lock()

@@ -24,11 +24,13 @@ import numpy as np
 
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
+from loaders._verify import Verify
 
 
-def data_source(path: str, split: str = "train", cache_dir: str | None = None) -> ShardedRecords:
+def data_source(path: str, split: str = "train", cache_dir: str | None = None,
+                verify: Verify = "sha256") -> ShardedRecords:
   """The split as a grain RandomAccessDataSource (records decoded, plus `record_index`)."""
-  return ShardedRecords(path, split, cache_dir=cache_dir)
+  return ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
 
 
 class _ToExample(grain.transforms.RandomMap):
@@ -97,7 +99,7 @@ class _ReadBatch:
 
 def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
                 shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
-                cache_dir: str | None = None, **example_options) -> grain.MapDataset:
+                cache_dir: str | None = None, verify: Verify = "sha256", **example_options) -> grain.MapDataset:
   """The random-access form of `dataset` (a grain MapDataset of batches)."""
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -105,7 +107,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bo
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
   if num_epochs < 1:
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
-  source = ShardedRecords(path, split, cache_dir=cache_dir)
+  source = ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
   transform = example_transform(source.features, ExampleOptions(**example_options))
   read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
                     len(source) // shard_count, drop_remainder)
@@ -115,17 +117,19 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bo
 def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
-            **example_options) -> grain.IterDataset:
+            verify: Verify = "sha256", **example_options) -> grain.IterDataset:
   """A grain IterDataset of batches (dicts of numpy arrays) read by up to `num_threads` threads
   (capped at the CPUs this process may use).
 
   `example_options`: image_size, patch_size, patch, hu_window, normalize,
   max_nodes, max_edges (see loaders._transforms.ExampleOptions). With
   drop_remainder=False the last batch is padded and every batch carries `mask`.
+  verify: how local shards are proven against the manifest, "sha256" (default,
+  once per shard per process), "size" or "none" (see docs/loaders.md).
   """
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
-                   cache_dir=cache_dir, **example_options)
+                   cache_dir=cache_dir, verify=verify, **example_options)
   # More threads than cores only adds GIL contention for the Python parts of a batch.
   threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))

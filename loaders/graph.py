@@ -29,6 +29,7 @@ import numpy as np
 from formats import files
 from formats.graphbin import GraphBin
 from formats.manifest import MANIFEST_FILENAME, Manifest
+from loaders._verify import Verify, check_local_file, verify_level
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "graphs")
 
@@ -76,12 +77,15 @@ class Graph:
     return out
 
 
-def load(path: str, cache_dir: str | None = None, verify: bool = True) -> Graph:
+def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> Graph:
   """Opens a graph output (its folder, or the .graphbin itself), local or gs://.
 
   A gs:// graph is downloaded once into `cache_dir` (default ~/.cache/tpu_shards/graphs)
   and its SHA-256 checked against the manifest; later loads reuse the verified copy.
+  A local graph is checked at level `verify`: "sha256" (default; once per file per
+  process, or every section's CRC when there is no manifest), "size" or "none".
   """
+  level = verify_level(verify)
   folder, file_name = path, None
   if path.endswith(".graphbin"):
     folder, file_name = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path), os.path.basename(path)
@@ -99,9 +103,10 @@ def load(path: str, cache_dir: str | None = None, verify: bool = True) -> Graph:
     file_name = info.path
   if not files.is_gcs(folder):
     local = os.path.join(folder, file_name)
-    if info is not None and verify and os.path.getsize(local) != info.num_bytes:
-      raise ValueError(f"{local}: {os.path.getsize(local)} bytes, the manifest says {info.num_bytes}")
-    return Graph(local, verify=verify)
+    if info is None:
+      return Graph(local, verify=level == "sha256")
+    check_local_file(local, info.num_bytes, info.sha256, level)
+    return Graph(local, verify=False)
   marker = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16], os.path.basename(file_name) + ".sections-verified")
   local = files.cached_copy(files.join(folder, file_name), info.sha256, cache_dir or DEFAULT_CACHE)
   if not os.path.exists(marker):

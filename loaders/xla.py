@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from loaders import grain as grain_loader
+from loaders._verify import Verify
 
 
 class DeviceLoader:
@@ -80,8 +81,12 @@ class _TorchBatches:
 def device_loader(path: str, split: str = "train", *, batch_size: int, device=None, shuffle: bool = True,
                   seed: int = 0, shard_index: int | None = None, shard_count: int | None = None,
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
-                  loader_prefetch_size: int = 8, device_prefetch_size: int = 4, **example_options) -> DeviceLoader:
-  """A torch_xla MpDeviceLoader over `path`'s `split`, static shapes, drop_remainder."""
+                  loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
+                  **example_options) -> DeviceLoader:
+  """A torch_xla MpDeviceLoader over `path`'s `split`, static shapes, drop_remainder.
+
+  verify: "sha256" (default), "size" or "none", as in loaders.grain.dataset.
+  """
   import torch_xla
   import torch_xla.runtime as xr
 
@@ -90,6 +95,6 @@ def device_loader(path: str, split: str = "train", *, batch_size: int, device=No
   shard_count = xr.world_size() if shard_count is None else shard_count
   ds = grain_loader.dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
                             shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
-                            drop_remainder=True, num_threads=num_threads, **example_options)
+                            drop_remainder=True, num_threads=num_threads, verify=verify, **example_options)
   return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
                       device_prefetch_size=device_prefetch_size)
