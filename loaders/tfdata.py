@@ -8,6 +8,11 @@ count, so every shard gets the same number of batches), shuffled with `seed`
 and reshuffled each epoch, decoded/resized to static shapes and batched with
 drop_remainder. gs:// shards are fetched once into a local cache and checked
 against the manifest's SHA-256 (no TensorFlow GCS plugin or FUSE mount needed).
+
+Before tf.data sees a shard, its bytes are proven at the `verify` level (see
+loaders._verify) and its framing is walked once to count its records against
+the manifest: tf.data's own errors name a byte offset but not the file, ours
+name the shard and the record.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from formats.features import ClassLabel, Image, Tensor, Text
-from loaders._shards import load_manifest, local_shard
+from loaders._shards import load_manifest, local_shard, tfrecord_index
 from loaders._transforms import ExampleOptions, record_kind
+from loaders._verify import CorruptRecordError, Verify, verify_level
 
 
 def _parse_spec(features) -> dict:
@@ -35,19 +41,74 @@ def _parse_spec(features) -> dict:
   return spec
 
 
+def _kept_samples(n_in, n_out, keep: int):
+  """Bilinear taps along one axis for the `keep` center outputs of resizing n_in → n_out.
+
+  The arithmetic of tf.image.resize's kernel (half-pixel centers, float32):
+  position (i + 0.5) * n_in / n_out - 0.5, neighbours clamped to the image.
+  Returns (lower, upper, weight of upper) for those outputs only.
+  """
+  scale = tf.cast(n_in, tf.float32) / tf.cast(n_out, tf.float32)
+  start = tf.maximum((n_out - keep) // 2, 0)  # resize_with_crop_or_pad's offset
+  pos = (tf.cast(tf.range(start, start + keep), tf.float32) + 0.5) * scale - 0.5
+  floor = tf.math.floor(pos)
+  lower = tf.maximum(tf.cast(floor, tf.int32), 0)
+  upper = tf.minimum(tf.cast(tf.math.ceil(pos), tf.int32), n_in - 1)
+  return lower, upper, pos - floor
+
+
 def _resize_center_crop(img, size):
-  """Aspect-preserving resize so the image covers `size`, then the center crop (as the pipeline does)."""
-  h, w = tf.cast(tf.shape(img)[0], tf.float32), tf.cast(tf.shape(img)[1], tf.float32)
+  """Aspect-preserving bilinear resize so the image covers `size`, then the center crop (as the pipeline does).
+
+  Computed crop first: only the pixels the crop keeps are interpolated, with
+  tf.image.resize's arithmetic, so the result is the same as resizing the
+  whole image and cropping, without that image (a 2000x1 image would become
+  448000x224 floats on the way to 224x224).
+  """
+  shape = tf.shape(img)
+  h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
   scale = tf.maximum(size[0] / h, size[1] / w)
-  new = tf.cast(tf.math.ceil(tf.stack([h * scale, w * scale])), tf.int32)
-  img = tf.image.resize(img, new, method="bilinear")
-  return tf.cast(tf.clip_by_value(tf.image.resize_with_crop_or_pad(img, size[0], size[1]), 0, 255), tf.uint8)
+  new_h, new_w = tf.cast(tf.math.ceil(h * scale), tf.int32), tf.cast(tf.math.ceil(w * scale), tf.int32)
+  y0, y1, wy = _kept_samples(shape[0], new_h, size[0])
+  x0, x1, wx = _kept_samples(shape[1], new_w, size[1])
+  r0, c0 = y0[0], x0[0]
+  region = img[r0:y1[-1] + 1, c0:x1[-1] + 1]  # the part of the image the crop keeps
+  rows_above, rows_below = tf.gather(region, y0 - r0), tf.gather(region, y1 - r0)
+
+  def left_right(rows):
+    return (tf.cast(tf.gather(rows, x0 - c0, axis=1), tf.float32),
+            tf.cast(tf.gather(rows, x1 - c0, axis=1), tf.float32))
+
+  (tl, tr), (bl, br) = left_right(rows_above), left_right(rows_below)
+  wx, wy = wx[None, :, None], wy[:, None, None]
+  top = tl + (tr - tl) * wx  # the kernel's order of operations, so the floats are the same
+  bottom = bl + (br - bl) * wx
+  return tf.cast(tf.clip_by_value(top + (bottom - top) * wy, 0, 255), tf.uint8)
+
+
+def _checked_shards(path: str, shards, cache_dir: str | None, verify: Verify) -> list[str]:
+  """Local paths of the shards, proven at `verify` and with the record counts the manifest gives.
+
+  The count comes from walking each shard's framing (headers only), so a bad
+  length or a truncated file is reported here, naming the shard and record.
+  """
+  paths = [local_shard(path, s, cache_dir, verify, "tfrecord") for s in shards]
+  if verify_level(verify) != "none":
+    for local, s in zip(paths, shards):
+      n = len(tfrecord_index(local)[0])
+      if n != s.num_records:
+        raise CorruptRecordError(f"{local}: {n} records, the manifest says {s.num_records}")
+  return paths
 
 
 def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, cache_dir: str | None = None,
-            shuffle_buffer: int = 10_000, **example_options) -> tf.data.Dataset:
-  """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards; images and CT volumes."""
+            shuffle_buffer: int = 10_000, verify: Verify = "sha256", **example_options) -> tf.data.Dataset:
+  """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards; images and CT volumes.
+
+  verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+  """
+  verify_level(verify)
   manifest = load_manifest(path)
   if manifest.file_format != "tfrecord":
     raise ValueError(f"{path} holds {manifest.file_format} shards; tf.data reads tfrecord (use loaders.grain)")
@@ -57,7 +118,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
   kind = record_kind(features)
   o = ExampleOptions(**example_options)
   shards = manifest.splits[split].shards
-  paths = [local_shard(path, s, cache_dir, verify=True) for s in shards]
+  paths = _checked_shards(path, shards, cache_dir, verify)
   total = sum(s.num_records for s in shards)
   spec = _parse_spec(features)
   ds = tf.data.TFRecordDataset(paths).take(total - total % shard_count)
