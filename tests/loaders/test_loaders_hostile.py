@@ -1,0 +1,309 @@
+"""Loaders on outputs that lie: damaged records, wrong counts, swapped shards, hostile image shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image as PILImage
+import pytest
+
+import make_sample_ogb as mo
+from formats import tfrecord
+from formats.graphbin import META, GraphBin, GraphBinWriter
+from formats.manifest import MANIFEST_FILENAME
+from loaders import _verify, grain as grain_loader, graph as lg
+from loaders._shards import CorruptRecordError, ShardedRecords
+from pipelines import image_folder, ogb_graphs
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def outputs(split_folder, tmp_path_factory) -> dict[str, str]:
+  """Small train/validation outputs: TFRecord (JPEG) and ArrayRecord (raw 16x16, equal-size shards)."""
+  base = tmp_path_factory.mktemp("hostile_outputs")
+  flags = {"tfrecord": ["--format=tfrecord", "--num_shards=2"],
+           "array_record": ["--encoding=raw", "--image_size=16,16", "--num_shards=1"]}
+  for key, extra in flags.items():
+    image_folder.run([f"--input={split_folder}", f"--output={base / key}", *extra])
+  return {key: str(base / key) for key in flags}
+
+
+def _copy(src: str, dst) -> str:
+  shutil.copytree(src, str(dst))
+  return str(dst)
+
+
+def _manifest(out: str) -> dict:
+  with open(os.path.join(out, MANIFEST_FILENAME)) as f:
+    return json.load(f)
+
+
+def _write_manifest(out: str, m: dict) -> None:
+  with open(os.path.join(out, MANIFEST_FILENAME), "w") as f:
+    json.dump(m, f)
+
+
+def _shard(out: str, split: str = "train", k: int = 0) -> str:
+  return os.path.join(out, _manifest(out)["splits"][split]["shards"][k]["path"])
+
+
+def _record_offsets(path: str) -> list[int]:
+  """Byte offset of each record's frame in a TFRecord file."""
+  offsets, pos = [], 0
+  for record in tfrecord.read_file(path):
+    offsets.append(pos)
+    pos += 16 + len(record)
+  return offsets
+
+
+def _tfdata():
+  return pytest.importorskip("loaders.tfdata")
+
+
+def _ids(ds) -> list[int]:
+  return [int(i) for b in ds.as_numpy_iterator() for i in b["record_index"]]
+
+
+# ---- tf.data: a damaged record names its shard -------------------------------------------------
+
+
+def test_tfdata_damaged_record_names_the_shard_and_record(outputs, tmp_path):
+  out = _copy(outputs["tfrecord"], tmp_path / "broken")
+  shard = _shard(out)
+  at = _record_offsets(shard)[1] + 20  # inside record 1's payload; the size is unchanged
+  with open(shard, "r+b") as f:
+    f.seek(at)
+    byte = f.read(1)
+    f.seek(at)
+    f.write(bytes([byte[0] ^ 0xFF]))
+  with pytest.raises(CorruptRecordError) as e:
+    _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), shuffle=False))
+  msg = str(e.value)
+  assert shard in msg and "record 1 " in msg and "sha256" in msg
+
+
+def test_tfdata_damaged_framing_names_the_shard_at_verify_size(outputs, tmp_path):
+  out = _copy(outputs["tfrecord"], tmp_path / "broken")
+  shard = _shard(out, k=1)
+  at = _record_offsets(shard)[2]  # record 2's length field: its checksum no longer matches
+  with open(shard, "r+b") as f:
+    f.seek(at)
+    f.write(b"\x07")
+  with pytest.raises(CorruptRecordError, match=rf"{re.escape(shard)}: record 2: bad length checksum at byte {at}"):
+    _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), verify="size"))
+
+
+# ---- tf.data: record counts against the manifest -----------------------------------------------
+
+
+@pytest.mark.parametrize("off_by", [-3, 30])
+def test_tfdata_checks_every_shard_count_against_the_manifest(outputs, tmp_path, off_by):
+  out = _copy(outputs["tfrecord"], tmp_path / "miscounted")
+  m = _manifest(out)
+  split = m["splits"]["train"]
+  real = split["shards"][1]["num_records"]
+  split["shards"][1]["num_records"] += off_by
+  split["num_records"] += off_by
+  _write_manifest(out, m)
+  shard = os.path.join(out, split["shards"][1]["path"])
+  with pytest.raises(CorruptRecordError, match=rf"{re.escape(shard)}: {real} records, the manifest says {real + off_by}"):
+    _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8)))
+
+
+# ---- tf.data: crop first, then resize ----------------------------------------------------------
+
+
+def _resize_then_crop(img, size):
+  """The previous loaders.tfdata transform: the whole aspect-preserving resize, then the center crop."""
+  tf = pytest.importorskip("tensorflow")
+  h, w = tf.cast(tf.shape(img)[0], tf.float32), tf.cast(tf.shape(img)[1], tf.float32)
+  scale = tf.maximum(size[0] / h, size[1] / w)
+  new = tf.cast(tf.math.ceil(tf.stack([h * scale, w * scale])), tf.int32)
+  img = tf.image.resize(img, new, method="bilinear")
+  return tf.cast(tf.clip_by_value(tf.image.resize_with_crop_or_pad(img, size[0], size[1]), 0, 255), tf.uint8)
+
+
+def test_tfdata_crop_first_gives_the_same_pixels_as_resize_then_crop():
+  tfdata = _tfdata()
+  rng = np.random.default_rng(0)
+  shapes = [(48, 64), (64, 48), (375, 500), (500, 375), (333, 333), (224, 224), (7, 300), (300, 7), (257, 511),
+            (225, 224), (1, 50)]
+  sizes = [(224, 224), (20, 20), (32, 48), (48, 32), (299, 299), (1, 1)]
+  for h, w in shapes:
+    y, x = np.mgrid[:h, :w]
+    smooth = np.stack([(3 * x) % 256, (5 * y) % 256, (x + y) % 256], -1).astype(np.uint8)
+    for img in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8), smooth):
+      for size in sizes:
+        np.testing.assert_array_equal(tfdata._resize_center_crop(img, size).numpy(), _resize_then_crop(img, size),
+                                      err_msg=f"{(h, w)} -> {size}")
+
+
+_RSS_SCRIPT = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+from loaders import tfdata
+
+def peak_mb():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def run(path):
+  ds = tfdata.dataset(path, batch_size=1, image_size=(224, 224), shuffle=False)
+  return [b["image"].shape for b in ds.as_numpy_iterator()]
+
+run(sys.argv[2])  # ordinary images: TensorFlow, tf.data and the map function warmed up
+before = peak_mb()
+shapes = run(sys.argv[3])
+print(json.dumps({"before": before, "after": peak_mb(), "shapes": [list(s) for s in shapes]}))
+"""
+
+
+def test_tfdata_thin_images_never_materialise_the_full_resize(split_folder, tmp_path):
+  """A 2000x1 image resized to cover 224x224 would be 448000x224 (1.2 GB float) before the crop."""
+  _tfdata()
+  thin = tmp_path / "thin"
+  for cls, size in (("tall", (1, 2000)), ("wide", (2000, 1))):  # PIL sizes are (W, H)
+    os.makedirs(thin / cls)
+    PILImage.new("RGB", size, (200, 30, 90)).save(thin / cls / "a.png")
+  image_folder.run([f"--input={thin}", f"--output={tmp_path / 'thin_out'}", "--format=tfrecord", "--num_shards=1"])
+  image_folder.run([f"--input={split_folder}", f"--output={tmp_path / 'normal_out'}", "--format=tfrecord",
+                    "--num_shards=1"])
+  env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  r = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, REPO, str(tmp_path / "normal_out"),
+                      str(tmp_path / "thin_out")], capture_output=True, text=True, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["shapes"] == [[1, 224, 224, 3]] * 2
+  assert got["after"] - got["before"] < 400, got  # the full resize alone would add over 1 GB
+
+
+# ---- verify= levels: a swapped shard of equal size ---------------------------------------------
+
+
+def _point_train_at_validation(out: str) -> tuple[str, str, str]:
+  """The manifest's train shard path now names the validation shard (same size, other records)."""
+  m = _manifest(out)
+  train, valid = m["splits"]["train"]["shards"][0], m["splits"]["validation"]["shards"][0]
+  assert train["num_bytes"] == valid["num_bytes"] and train["num_records"] == valid["num_records"]
+  train["path"] = valid["path"]
+  _write_manifest(out, m)
+  return os.path.join(out, valid["path"]), train["sha256"], valid["sha256"]
+
+
+def test_swapped_shard_of_equal_size_is_refused_by_default(outputs, tmp_path):
+  out = _copy(outputs["array_record"], tmp_path / "swapped")
+  shard, expected, actual = _point_train_at_validation(out)
+  for load in (lambda **kw: ShardedRecords(out, **kw),
+               lambda **kw: grain_loader.dataset(out, batch_size=2, **kw),
+               lambda **kw: grain_loader.data_source(out, **kw)):
+    for verify in ({}, {"verify": True}, {"verify": "sha256"}):
+      with pytest.raises(CorruptRecordError) as e:
+        load(**verify)
+      msg = str(e.value)
+      assert shard in msg and expected[:12] in msg and actual[:12] in msg, msg
+    for verify in ("size", "none", False):  # the cheaper levels trust the manifest's paths, as documented
+      assert len(ShardedRecords(out, verify=verify)) == 18
+
+
+def test_tfdata_swapped_shard_of_equal_size_is_refused(outputs, tmp_path):
+  out = _copy(outputs["tfrecord"], tmp_path / "swapped")
+  m = _manifest(out)
+  shards = m["splits"]["train"]["shards"]
+  src = os.path.join(out, shards[0]["path"])
+  other = os.path.join(os.path.dirname(src), "other.tfrecord")
+  with open(other, "wb") as f:  # the same records in another order: same size, same count, other data
+    tfrecord.write_records(f, reversed(list(tfrecord.read_file(src))))
+  assert os.path.getsize(other) == os.path.getsize(src)
+  shards[0]["path"] = os.path.relpath(other, out)
+  _write_manifest(out, m)
+  with pytest.raises(CorruptRecordError, match=rf"{re.escape(other)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's "
+                                               rf"{shards[0]['sha256'][:12]}"):
+    _tfdata().dataset(out, batch_size=1, image_size=(8, 8))
+  assert len(_ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), verify="size"))) == m["splits"]["train"][
+      "num_records"]
+
+
+def test_verify_level_is_checked(outputs):
+  for bad in ("md5", "SHA256", 1, None):
+    with pytest.raises(ValueError, match=rf"verify must be .*got {bad!r}"):
+      ShardedRecords(outputs["array_record"], verify=bad)
+    with pytest.raises(ValueError, match=rf"verify must be .*got {bad!r}"):
+      _tfdata().dataset(outputs["tfrecord"], batch_size=1, image_size=(8, 8), verify=bad)
+
+
+def test_sha256_is_computed_once_per_shard_per_process(outputs, tmp_path, monkeypatch):
+  out = _copy(outputs["array_record"], tmp_path / "fresh")
+  hashed = []
+  real = _verify.sha256_file
+  monkeypatch.setattr(_verify, "sha256_file", lambda p, *a, **k: hashed.append(p) or real(p, *a, **k))
+  for _ in range(3):
+    ShardedRecords(out, "train")
+    ShardedRecords(out, "validation")
+  assert sorted(hashed) == sorted([_shard(out, "train"), _shard(out, "validation")])
+  st = os.stat(_shard(out, "train"))
+  os.utime(_shard(out, "train"), ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # touched: proven again
+  ShardedRecords(out, "train")
+  assert hashed[-1] == _shard(out, "train") and len(hashed) == 3
+
+
+# ---- verify= on the graph loader -----------------------------------------------------------------
+
+
+def test_graph_load_refuses_a_swapped_graphbin_of_equal_size(tmp_path):
+  truth = mo.write_homogeneous_node(str(tmp_path / "ogb" / "ogbn_arxiv"), 1, num_nodes=200, num_edges=800)
+  out = str(tmp_path / "graph")
+  ogb_graphs.run([f"--input={truth.folder}", f"--output={out}"])
+  info = _manifest(out)["files"][0]
+  path = os.path.join(out, info["path"])
+  original = GraphBin(path)
+  other = str(tmp_path / "other.graphbin")
+  with GraphBinWriter(other) as w:  # every section intact and checksummed, node features in another order
+    w.add_meta(original.meta)
+    for name in original.sections:
+      if name != META:
+        arr = np.asarray(original[name])
+        w.add(name, arr[::-1].copy() if name == "node/feat" else arr)
+  assert os.path.getsize(other) == info["num_bytes"]
+  os.replace(other, path)
+  with pytest.raises(CorruptRecordError, match=rf"{re.escape(path)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's "
+                                               rf"{info['sha256'][:12]}"):
+    lg.load(out)
+  assert lg.load(out, verify="size").num_nodes == 200
+
+
+# ---- torch_xla: the same levels, without TensorFlow ----------------------------------------------
+
+
+_XLA_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from loaders import xla
+from loaders._shards import CorruptRecordError
+try:
+  xla.device_loader(sys.argv[2], batch_size=2, shard_index=0, shard_count=1, num_threads=1)
+  refused = ""
+except CorruptRecordError as e:
+  refused = str(e)
+n = sum(1 for _ in xla.device_loader(sys.argv[2], batch_size=2, shard_index=0, shard_count=1, num_threads=1,
+                                     verify="size"))
+print(json.dumps({"refused": refused, "batches": n, "tf": "tensorflow" in sys.modules}))
+"""
+
+
+def test_xla_loader_refuses_a_swapped_shard(outputs, tmp_path):
+  out = _copy(outputs["array_record"], tmp_path / "swapped")
+  shard, expected, actual = _point_train_at_validation(out)
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, out], capture_output=True, text=True, env=env,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert shard in got["refused"] and expected[:12] in got["refused"] and actual[:12] in got["refused"]
+  assert got["batches"] == 9 and not got["tf"]
