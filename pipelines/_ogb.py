@@ -1,7 +1,7 @@
 """Reading OGB data set folders as OGB lays them out, without the `ogb` package. No Beam.
 
 Everything here streams: gzip CSVs are parsed in chunks with their line numbers
-(a bad row is reported as `file:line`), `.npz` members are read by ranges, and
+(a bad row is reported as `file: line N`, 1-based as OGB counts), `.npz` members are read by ranges, and
 link-prediction `.pt` splits are loaded with `torch.load(weights_only=True)`,
 which refuses pickled code.
 """
@@ -16,6 +16,7 @@ import importlib.util
 import io
 import os
 import zipfile
+import zlib
 from typing import BinaryIO
 
 import numpy as np
@@ -28,6 +29,10 @@ DEFAULT_CHUNK_ROWS = 1 << 20
 
 class OgbFormatError(InputDataError):
   """The folder does not hold what OGB's layout says; the message names file and line."""
+
+
+class OgbMissingFileError(OgbFormatError):
+  """A file the layout needs is absent: found at launch, a usage error (exit status 2)."""
 
 
 # --------------------------------------------------------------------------- master.csv
@@ -86,71 +91,192 @@ def dataset_info(name: str) -> DatasetInfo | None:
 # --------------------------------------------------------------------------- CSV
 
 
+NONFINITE_POLICIES = ("error", "nan", "allow")
+_READ_BYTES = 1 << 24
+
+
 def read_csv_chunks(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None = None,
-                    chunk_rows: int = DEFAULT_CHUNK_ROWS, header: bool = False
+                    chunk_rows: int = DEFAULT_CHUNK_ROWS, header: bool = False, nonfinite: str = "error"
                     ) -> Iterator[tuple[int, np.ndarray]]:
   """Yields (line number of the chunk's first row, 2-D array) from a gzip CSV.
 
-  `dtype` "int", "float" (empty cells are NaN) or "auto" (int64 when every cell of the
-  chunk is an integer, as pandas infers it for OGB's readers, else float64). Raises OgbFormatError
-  naming the file and line for a row with the wrong number of cells or a cell that
-  is not a number.
+  `dtype` "int", "float" (empty cells are NaN), "auto" (int64 when every cell of the
+  chunk is an integer, as pandas infers it for OGB's readers, else float64) or "str"
+  (the cells as text). Every row must have `ncols` cells (default: as many as most
+  rows of the first chunk); an empty row, a short or long row, a cell that is not a
+  number or an integer outside int64 raises OgbFormatError naming the file and its
+  1-based line. `nonfinite`: "error" refuses NaN/inf cells, "nan" refuses only ±inf
+  (OGB marks a missing label with an empty cell), "allow" keeps both. Every check
+  is vectorised over the chunk; an empty file yields nothing.
   """
-  stream = gzip.open(fileobj, "rt")
-  line = 2 if header else 1
+  if dtype not in ("int", "float", "auto", "str") or nonfinite not in NONFINITE_POLICIES:
+    raise ValueError(f"dtype {dtype!r} / nonfinite {nonfinite!r}")
+  line = 1
   try:
-    reader = pd.read_csv(stream, header=0 if header else None, chunksize=chunk_rows, dtype=str,
-                         keep_default_na=False, na_filter=False, skip_blank_lines=False)
-    for chunk in reader:
-      if ncols is not None and chunk.shape[1] != ncols:
-        raise OgbFormatError(f"{name}: line {line}: expected {ncols} columns, found {chunk.shape[1]}")
-      values = chunk.to_numpy()
-      arr = None
-      if dtype in ("int", "auto"):
-        try:
-          arr = values.astype(np.int64)
-        except (ValueError, OverflowError):
-          if dtype == "int":
-            _raise_bad_cell(values, name, line, int)
-      if arr is None:
-        try:
-          arr = np.where(values == "", "nan", values).astype(np.float64)
-        except (ValueError, OverflowError):
-          _raise_bad_cell(values, name, line, lambda c: float(c or "nan"))
+    stream = gzip.open(fileobj, "rb")
+    if header:
+      if not stream.readline():
+        return
+      line = 2
+    for block in _line_blocks(stream, chunk_rows):
+      values, ncols = _split_block(block, name, line, ncols)
+      if dtype == "str":
+        arr = values
+      else:
+        arr = _to_numbers(values, name, line, dtype)
+        if arr.dtype.kind == "f" and nonfinite != "allow":
+          bad = ~np.isfinite(arr) if nonfinite == "error" else np.isinf(arr)
+          if bad.any():
+            i, j = np.argwhere(bad)[0]
+            raise OgbFormatError(f"{name}: line {line + i}: non-finite value {values[i, j]!r} in column {j + 1} "
+                                 "(--allow_nonfinite=true keeps NaN/inf)")
       yield line, arr
-      line += len(values)
-  except pd.errors.ParserError as e:
-    raise OgbFormatError(f"{name}: {_parser_message(e, ncols)}") from None
-  except (EOFError, gzip.BadGzipFile, OSError, UnicodeDecodeError) as e:
-    raise OgbFormatError(f"{name}: unreadable gzip CSV after line {line}: {e}") from None
+      line += len(arr)
+  except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+    raise OgbFormatError(f"{name}: line {line}: unreadable gzip stream: {e}") from None
 
 
-def _raise_bad_cell(values: np.ndarray, name: str, line: int, parse) -> None:
-  for i, row in enumerate(values):
-    for cell in row:
-      try:
-        parse(cell)
-      except (ValueError, OverflowError):
-        raise OgbFormatError(f"{name}: line {line + i}: {cell!r} is not a number") from None
-  raise OgbFormatError(f"{name}: unparsable rows after line {line}")
+def _line_blocks(stream: BinaryIO, rows: int) -> Iterator[bytes]:
+  """Blocks of exactly `rows` whole lines (fewer in the last), each line ending in a newline."""
+  pending: list[bytes] = []
+  count, eof = 0, False
+  while True:
+    while count < rows and not eof:
+      data = stream.read(_READ_BYTES)
+      if data:
+        pending.append(data)
+        count += data.count(b"\n")
+      else:
+        eof = True
+    buf = b"".join(pending)
+    if eof and buf and not buf.endswith(b"\n"):
+      buf += b"\n"
+      count += 1
+    if count < rows:
+      if buf:
+        yield buf
+      return
+    cut = int(np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)[rows - 1]) + 1
+    yield buf[:cut]
+    pending, count = [buf[cut:]], count - rows
 
 
-def _parser_message(e: Exception, ncols: int | None) -> str:
-  text = str(e).strip()
-  # "Error tokenizing data. C error: Expected 2 fields in line 7, saw 3"
-  if "in line" in text:
-    detail = text.split("C error: ")[-1]
-    line = detail.split("in line ")[1].split(",")[0]
-    return f"line {line}: {detail.rstrip()}"
-  return text
+def _split_block(block: bytes, name: str, line: int, ncols: int | None) -> tuple[np.ndarray, int]:
+  """The cells of whole lines as a [rows, ncols] array of str, after the shape checks."""
+  b = np.frombuffer(block, np.uint8)
+  high = np.flatnonzero(b >= 128)
+  ends = np.flatnonzero(b == 10)
+  if high.size:
+    row = int(np.searchsorted(ends, high[0]))
+    raise OgbFormatError(f"{name}: line {line + row}: not an ASCII number (byte 0x{b[high[0]]:02x})")
+  starts = np.concatenate([[0], ends[:-1] + 1])
+  lengths = ends - starts - (b[np.maximum(ends - 1, 0)] == 13)  # "\r\n" endings
+  cells = np.diff(np.concatenate([[0], np.searchsorted(np.flatnonzero(b == 44), ends)])) + 1
+  blank = np.flatnonzero(lengths <= 0)
+  if blank.size:
+    raise OgbFormatError(f"{name}: line {line + int(blank[0])}: empty row")
+  if ncols is None:
+    ncols = int(np.bincount(cells).argmax())  # most rows decide; the odd row is the one named
+  wrong = np.flatnonzero(cells != ncols)
+  if wrong.size:
+    row = int(wrong[0])
+    raise OgbFormatError(f"{name}: line {line + row}: {cells[row]} cells, expected {ncols}")
+  frame = pd.read_csv(io.BytesIO(block), header=None, dtype=object, keep_default_na=False, na_filter=False,
+                      quoting=csv.QUOTE_NONE, skip_blank_lines=False, engine="c")
+  values = frame.to_numpy()
+  if values.shape != (len(ends), ncols):  # the checks above make this unreachable
+    raise OgbFormatError(f"{name}: lines {line}..{line + len(ends) - 1}: unparsable rows")
+  return values, ncols
+
+
+def _to_numbers(values: np.ndarray, name: str, line: int, dtype: str) -> np.ndarray:
+  if dtype in ("int", "auto"):
+    try:
+      return values.astype(np.int64)
+    except (ValueError, OverflowError):
+      if dtype == "int":
+        _raise_bad_cell(values, name, line, _as_int)
+  try:
+    return _as_float(values)
+  except (ValueError, OverflowError):
+    _raise_bad_cell(values, name, line, _as_float)
+  raise AssertionError("unreachable")
+
+
+def _as_int(values: np.ndarray) -> np.ndarray:
+  return values.astype(np.int64)
+
+
+def _as_float(values: np.ndarray) -> np.ndarray:
+  return np.where(values == "", "nan", values).astype(np.float64)
+
+
+def _raise_bad_cell(values: np.ndarray, name: str, line: int, convert) -> None:
+  """Finds the first row `convert` refuses by bisection (numpy calls only), then its cell."""
+  lo, hi = 0, len(values)
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    try:
+      convert(values[lo:mid])
+    except (ValueError, OverflowError):
+      hi = mid
+    else:
+      lo = mid
+  for cell in values[lo]:
+    try:
+      convert(np.array([[cell]], dtype=object))
+    except (ValueError, OverflowError):
+      raise OgbFormatError(f"{name}: line {line + lo}: {_why_not_a_number(cell, convert is _as_int)}") from None
+  raise OgbFormatError(f"{name}: line {line + lo}: unparsable row")
+
+
+def _why_not_a_number(cell: str, integer: bool) -> str:
+  shown = repr(cell if len(cell) <= 40 else cell[:40] + "...")
+  if cell.strip() == "":
+    return "empty cell"
+  try:
+    int(cell)
+    return f"{shown} is outside the int64 range"
+  except ValueError:
+    pass
+  try:
+    float(cell)
+    return f"{shown} is not an integer" if integer else f"{shown} is not a number"
+  except ValueError:
+    return f"{shown} is not a number"
+
+
+def to_int64(values: np.ndarray, name: str, line: int) -> np.ndarray:
+  """Text cells (as read_csv_chunks' "str" gives them) as int64; errors name the line."""
+  return _to_numbers(np.asarray(values, dtype=object), name, line, "int")
 
 
 def read_csv_all(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None = None,
-                 header: bool = False) -> np.ndarray:
-  chunks = [a for _, a in read_csv_chunks(fileobj, name, dtype, ncols, header=header)]
+                 header: bool = False, nonfinite: str = "error") -> np.ndarray:
+  chunks = [a for _, a in read_csv_chunks(fileobj, name, dtype, ncols, header=header, nonfinite=nonfinite)]
   if not chunks:
-    return np.zeros((0, ncols or 1), np.int64 if dtype == "int" else np.float64)
+    empty = {"int": np.int64, "str": object}.get(dtype, np.float64)
+    return np.zeros((0, ncols or 1), empty)
   return np.concatenate(chunks)
+
+
+def check_rows(name: str, rows: int, expected: int, what: str, source: str, first_line: int = 1) -> None:
+  """A file's row count must be what `source` says (`expected` `what`, e.g. "edges")."""
+  if rows > expected:
+    raise OgbFormatError(f"{name}: line {first_line + expected}: more rows than {source} says "
+                         f"({expected} {what})")
+  if rows < expected:
+    raise OgbFormatError(f"{name}: line {first_line + rows}: file ends after {rows} rows; "
+                         f"{source} says {expected} {what}")
+
+
+def first_nonfinite(arr: np.ndarray, nonfinite: str) -> int | None:
+  """Index along axis 0 of the first row holding a value `nonfinite` refuses, or None."""
+  if arr.dtype.kind != "f" or nonfinite == "allow":
+    return None
+  bad = ~np.isfinite(arr) if nonfinite == "error" else np.isinf(arr)
+  rows = np.flatnonzero(bad.reshape(len(arr), -1).any(axis=1))
+  return int(rows[0]) if rows.size else None
 
 
 def check_ids(arr: np.ndarray, limit: int, name: str, first_line: int, unit: str = "line") -> None:

@@ -2,7 +2,7 @@
 
     python -m pipelines.ogb_graphs --input=DIR_OR_GS --output=DIR_OR_GS [--name=ogbn-arxiv] \
         [--add_inverse_edges=auto|true|false] [--feature_dtype=float32|float16] [--csc=false] \
-        [--format=array_record|tfrecord] [any Beam option]
+        [--allow_nonfinite=false] [--format=array_record|tfrecord] [any Beam option]
 
 `--input` is the data set folder as OGB lays it out (holding `raw/` and
 `split/`); nothing is downloaded. Node- and link-property data sets
@@ -13,16 +13,16 @@ TFRecord shards with one record per graph.
 The CSR build never holds the whole edge list in one worker: edges are read
 in chunks, keyed by source-node range (partition), each partition is sorted
 into a part file, and one step streams the parts, the node arrays and the
-splits into the final file. A bad row, a node id out of range or a missing
-file fails the job with `file: line N: ...`; no manifest is written, so the
-output never looks complete.
+splits into the final file. A bad row or cell, NaN/inf in a feature (unless
+--allow_nonfinite=true), a row count that disagrees with OGB's count files or a
+node id out of range fails the job with `file: line N: reason` (exit 1); no
+manifest is written, so the output never looks complete (docs/ogb_graphs.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 import dataclasses
-import gzip
 import logging
 import math
 import os
@@ -36,7 +36,6 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
-import pandas as pd
 
 from formats import commit
 from formats import files as fs
@@ -46,7 +45,8 @@ from formats.manifest import REJECTED_FILENAME, FileInfo, Manifest, Rejected, sh
 from pipelines import _cli, _fileio
 from pipelines._csr import csr_from_coo, index_dtype, interleave_inverse
 from pipelines._ogb import (
-    NpzMember, OgbFormatError, check_ids, dataset_info, load_pt_split, read_csv_all, read_csv_chunks)
+    NpzMember, OgbFormatError, OgbMissingFileError, check_ids, check_rows, dataset_info, first_nonfinite,
+    load_pt_split, read_csv_all, read_csv_chunks, to_int64)
 from pipelines._sink import InputSummary, OutputSpec, Record, WriteOutput
 
 PIPELINE = "pipelines.ogb_graphs"
@@ -66,6 +66,9 @@ class OgbGraphsOptions(PipelineOptions):
     parser.add_argument("--csc", default="false", help="true: also store the reverse (in-neighbour) CSC.")
     parser.add_argument("--edges_per_partition", default=str(DEFAULT_EDGES_PER_PARTITION),
                         help="Edges per sort partition: bounds a worker's memory (~40 bytes/edge).")
+    parser.add_argument("--allow_nonfinite", default="false",
+                        help="true: keep NaN/inf feature cells (default: a NaN/inf cell fails the job; "
+                             "an empty label cell is always a missing label).")
 
 
 def _open(path: str):
@@ -86,6 +89,8 @@ class EdgeSource:
   extras: tuple[tuple[str, str], ...] = ()  # (section name, edge-aligned CSV) read in lockstep
   npz_range: tuple[int, int] | None = None
   reverse: bool = False  # key by destination: the CSC pass
+  num_edges: int = -1  # rows the CSV must hold, as `count_file` says (-1: not checked)
+  count_file: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,17 +108,36 @@ class GraphPlan:
   split_files: tuple[tuple[str, str], ...]  # (section prefix, path)
   edge_files: tuple[EdgeSource, ...]
   part_size: dict[str, int]  # relation -> nodes per partition
+  node_count_file: str = ""  # the file that says how many nodes each type has
+  allow_nonfinite: bool = False  # --allow_nonfinite
+
+  def nonfinite(self, section: str) -> str:
+    """What a float cell of `section` may hold: see read_csv_chunks' `nonfinite`."""
+    if self.allow_nonfinite:
+      return "allow"
+    return "nan" if section.rsplit("/", 1)[-1] == "label" else "error"
 
 
 def _csv(root: str, *parts: str) -> str:
   return fs.join(root, *parts)
 
 
-def _read_small(path: str, dtype: str, ncols: int | None = None, header: bool = False):
+def _read_small(path: str, dtype: str, ncols: int | None = None, header: bool = False, nonfinite: str = "error"):
   if not fs.exists(path):
-    raise OgbFormatError(f"{path}: missing file")
+    raise OgbMissingFileError(f"{path}: missing file")
   with _open(path) as f:
-    return read_csv_all(f, path, dtype, ncols, header=header)
+    return read_csv_all(f, path, dtype, ncols, header=header, nonfinite=nonfinite)
+
+
+def _read_counts(path: str) -> np.ndarray:
+  """A num-node-list / num-edge-list file: one non-negative count per graph."""
+  counts = _read_small(path, "int", 1)[:, 0]
+  if len(counts) == 0:
+    raise OgbFormatError(f"{path}: line 1: no rows (one count per graph expected)")
+  negative = np.flatnonzero(counts < 0)
+  if negative.size:
+    raise OgbFormatError(f"{path}: line {int(negative[0]) + 1}: negative count {int(counts[negative[0]])}")
+  return counts
 
 
 def _list_dir(path: str) -> tuple[list[str], list[str]]:
@@ -137,8 +161,14 @@ def _splits(root: str, task: str, type_dirs: Sequence[str] = ("",)) -> list[tupl
   return sorted(out)
 
 
-def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int) -> GraphPlan:
+def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int,
+               allow_nonfinite: bool = False) -> GraphPlan:
   """Reads the small files (counts, file lists) and decides what the job reads."""
+  plan = _plan_graph(root, name, add_inverse_flag, edges_per_partition)
+  return dataclasses.replace(plan, allow_nonfinite=allow_nonfinite)
+
+
+def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int) -> GraphPlan:
   raw = _csv(root, "raw")
   if not fs.is_dir(raw):
     raise _cli.UsageError(f"--input {root!r} has no raw/ folder: not an OGB data set folder")
@@ -160,11 +190,17 @@ def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition:
   if "num-node-dict.csv.gz" in raw_files:
     return _plan_hetero(root, name, task, add_inverse, info, parts)
   if "data.npz" in raw_files:
-    with _open(_csv(raw, "data.npz")) as f:
-      edge_index = NpzMember(f, _csv(raw, "data.npz"), "edge_index")
-      num_nodes_list = NpzMember(f, _csv(raw, "data.npz"), "num_nodes_list")
-      n = int(num_nodes_list.read(0, num_nodes_list.shape[0]).sum())
+    npz = _csv(raw, "data.npz")
+    with _open(npz) as f:
+      edge_index = NpzMember(f, npz, "edge_index")
+      n = _npz_count(NpzMember(f, npz, "num_nodes_list"))
+      num_edges_list = NpzMember(f, npz, "num_edges_list")
+      if len(edge_index.shape) != 2 or edge_index.shape[0] != 2 or edge_index.dtype.kind not in "iu":
+        raise OgbFormatError(f"{edge_index.name}: shape {edge_index.shape} of {edge_index.dtype}, "
+                             "expected [2, E] integers")
       e = edge_index.shape[1]
+      if e != _npz_count(num_edges_list):
+        raise OgbFormatError(f"{edge_index.name}: {e} edges, num_edges_list says {_npz_count(num_edges_list)}")
     chunk = 1 << 22
     sources = tuple(EdgeSource("", _csv(raw, "data.npz"), n, n, npz_range=(a, min(e, a + chunk)))
                     for a in range(0, e, chunk))
@@ -176,14 +212,16 @@ def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition:
     if "node-label.npz" in raw_files:
       node_files += [("node/label", _csv(raw, "node-label.npz") + "#node_label", "auto")]
     return GraphPlan(root, name, "binary", task, add_inverse, {"": n}, {"": e}, tuple(node_files),
-                     tuple(_splits(root, task)), sources, {"": parts(n, e)})
-  num_nodes = _read_small(_csv(raw, "num-node-list.csv.gz"), "int", 1)[:, 0]
-  num_edges = _read_small(_csv(raw, "num-edge-list.csv.gz"), "int", 1)[:, 0]
+                     tuple(_splits(root, task)), sources, {"": parts(n, e)}, f"{npz}:num_nodes_list")
+  node_list, edge_list = _csv(raw, "num-node-list.csv.gz"), _csv(raw, "num-edge-list.csv.gz")
+  num_nodes, num_edges = _read_counts(node_list), _read_counts(edge_list)
+  if len(num_edges) != len(num_nodes):
+    check_rows(edge_list, len(num_edges), len(num_nodes), "graphs", node_list)
   if task == "graph":
     return GraphPlan(root, name, "graphs", task, add_inverse, {"": int(num_nodes.sum())},
-                     {"": int(num_edges.sum())}, (), tuple(_splits(root, task)), (), {})
+                     {"": int(num_edges.sum())}, (), tuple(_splits(root, task)), (), {}, node_list)
   if len(num_nodes) != 1:
-    raise OgbFormatError(f"{_csv(raw, 'num-node-list.csv.gz')}: {len(num_nodes)} graphs in a {task} data set")
+    raise OgbFormatError(f"{node_list}: line 2: {len(num_nodes)} graphs in a {task} data set (one row expected)")
   n, e = int(num_nodes[0]), int(num_edges[0])
   extras = [("edge/feat", _csv(raw, "edge-feat.csv.gz"))] if "edge-feat.csv.gz" in raw_files else []
   extras += [(f"edge/{f[5:-7]}", _csv(raw, f)) for f in raw_files if f.startswith("edge_") and f.endswith(".csv.gz")]
@@ -192,28 +230,49 @@ def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition:
     node_files.append(("node/label", _csv(raw, "node-label.csv.gz"), "auto"))
   node_files += [(f"node/{f[5:-7]}", _csv(raw, f), "auto") for f in raw_files
                  if f.startswith("node_") and f.endswith(".csv.gz")]
-  source = EdgeSource("", _csv(raw, "edge.csv.gz"), n, n, tuple(extras))
+  source = EdgeSource("", _csv(raw, "edge.csv.gz"), n, n, tuple(extras), num_edges=e, count_file=edge_list)
   return GraphPlan(root, name, "homogeneous", task, add_inverse, {"": n}, {"": e}, tuple(node_files),
-                   tuple(_splits(root, task)), (source,), {"": parts(n, e)})
+                   tuple(_splits(root, task)), (source,), {"": parts(n, e)}, node_list)
+
+
+def _npz_count(member: NpzMember) -> int:
+  """The sum of a num_nodes_list / num_edges_list array: integers, none negative."""
+  counts = member.read(0, member.shape[0]) if member.shape else np.zeros(0, np.int64)
+  if member.dtype.kind not in "iu" or counts.ndim != 1:
+    raise OgbFormatError(f"{member.name}: shape {member.shape} of {member.dtype}, expected [graphs] integers")
+  if (counts < 0).any():
+    raise OgbFormatError(f"{member.name}: element {int(np.flatnonzero(counts < 0)[0])}: negative count")
+  return int(counts.sum())
 
 
 def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
   raw = _csv(root, "raw")
-  with _open(_csv(raw, "num-node-dict.csv.gz")) as f:
-    df = pd.read_csv(f, compression="gzip")
-  num_nodes = {t: int(df[t].astype(np.int64).sum()) for t in sorted(df.columns)}
-  triplets = _read_small_str(_csv(raw, "triplet-type-list.csv.gz"))
+  dict_path = _csv(raw, "num-node-dict.csv.gz")
+  table = _read_small(dict_path, "str")
+  if len(table) != 2:
+    raise OgbFormatError(f"{dict_path}: line {min(len(table), 2) + 1}: expected a header row of node types "
+                         "and one row of counts")
+  counts = to_int64(table[1:], dict_path, 2)[0]
+  if len(set(table[0])) != len(table[0]) or (counts < 0).any():
+    raise OgbFormatError(f"{dict_path}: line {1 if len(set(table[0])) != len(table[0]) else 2}: "
+                         "repeated node type or negative count")
+  num_nodes = {t: int(c) for t, c in sorted(zip(table[0], counts))}
+  triplet_path = _csv(raw, "triplet-type-list.csv.gz")
+  triplets = [tuple(row) for row in _read_small(triplet_path, "str", 3)]
   sources, num_edges, part_size = [], {}, {}
   for h, r, t in sorted(triplets):
     rel = f"{h}___{r}___{t}"
     if h not in num_nodes or t not in num_nodes:
-      raise OgbFormatError(f"{_csv(raw, 'triplet-type-list.csv.gz')}: node type of {rel} not in num-node-dict")
+      raise OgbFormatError(f"{triplet_path}: line {triplets.index((h, r, t)) + 1}: "
+                           f"node type of {rel} not in num-node-dict")
     folder = _csv(raw, "relations", rel)
-    e = int(_read_small(fs.join(folder, "num-edge-list.csv.gz"), "int", 1)[:, 0].sum())
+    count_file = fs.join(folder, "num-edge-list.csv.gz")
+    e = int(_read_counts(count_file).sum())
     files = _list_dir(folder)[1]
     extras = [("edge/feat", fs.join(folder, "edge-feat.csv.gz"))] if "edge-feat.csv.gz" in files else []
     extras += [(f"edge/{f[5:-7]}", fs.join(folder, f)) for f in files if f.startswith("edge_") and f.endswith(".csv.gz")]
-    sources.append(EdgeSource(rel, fs.join(folder, "edge.csv.gz"), num_nodes[h], num_nodes[t], tuple(extras)))
+    sources.append(EdgeSource(rel, fs.join(folder, "edge.csv.gz"), num_nodes[h], num_nodes[t], tuple(extras),
+                              num_edges=e, count_file=count_file))
     num_edges[rel] = e
     part_size[rel] = parts(num_nodes[h], e)
   node_files = []
@@ -228,21 +287,19 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
     if fs.exists(label):
       node_files.append((f"node/{t}/label", label, "auto"))
   return GraphPlan(root, name, "heterogeneous", task, add_inverse, num_nodes, num_edges, tuple(node_files),
-                   tuple(_splits(root, task, sorted(num_nodes))), tuple(sources), part_size)
-
-
-def _read_small_str(path: str) -> list[tuple[str, ...]]:
-  if not fs.exists(path):
-    raise OgbFormatError(f"{path}: missing file")
-  with _open(path) as f:
-    return [tuple(line.strip().split(",")) for line in gzip.open(f, "rt") if line.strip()]
+                   tuple(_splits(root, task, sorted(num_nodes))), tuple(sources), part_size, dict_path)
 
 
 # --------------------------------------------------------------------------- read edges
 
 
-def _edge_chunks(source: EdgeSource, chunk_rows: int) -> Iterator[tuple[int, np.ndarray, np.ndarray, dict]]:
-  """(first edge index, src, dst, {extra section: rows}) in file order."""
+def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error"
+                 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, dict]]:
+  """(first edge index, src, dst, {extra section: rows}) in file order.
+
+  The edge CSV must hold as many rows as its num-edge-list says, and every extra file
+  as many as the edge CSV: the first line that disagrees is named.
+  """
   if source.npz_range is not None:
     a, b = source.npz_range
     with _open(source.path) as f:
@@ -255,23 +312,27 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int) -> Iterator[tuple[int, np.
   handles = [_open(source.path)] + [_open(p) for _, p in source.extras]
   try:
     edges = read_csv_chunks(handles[0], source.path, "int", 2, chunk_rows)
-    extra_iters = [read_csv_chunks(h, p, "auto", None, chunk_rows) for h, (_, p) in zip(handles[1:], source.extras)]
+    extra_iters = [read_csv_chunks(h, p, "auto", None, chunk_rows, nonfinite=nonfinite)
+                   for h, (_, p) in zip(handles[1:], source.extras)]
+    total = 0
     for line, arr in edges:
+      total += len(arr)
+      if 0 <= source.num_edges < total:
+        check_rows(source.path, total, source.num_edges, "edges", source.count_file)
       check_ids(arr[:, 0], source.num_rows, source.path, line)
       check_ids(arr[:, 1], source.num_cols, source.path, line)
       extras = {}
       for (section, path), it in zip(source.extras, extra_iters):
-        try:
-          _, rows = next(it)
-        except StopIteration:
-          raise OgbFormatError(f"{path}: line {line}: fewer rows than {source.path}") from None
-        if len(rows) != len(arr):
-          raise OgbFormatError(f"{path}: line {line + min(len(rows), len(arr))}: row count differs from {source.path}")
+        _, rows = next(it, (line, arr[:0]))
+        if len(rows) != len(arr):  # chunks are cut at the same rows: only the file's end differs
+          raise OgbFormatError(f"{path}: line {line + len(rows)}: file ends before {source.path} does")
         extras[section] = rows
       yield line - 1, arr[:, 0], arr[:, 1], extras
+    if source.num_edges >= 0:
+      check_rows(source.path, total, source.num_edges, "edges", source.count_file)
     for (section, path), it in zip(source.extras, extra_iters):
       if next(it, None) is not None:
-        raise OgbFormatError(f"{path}: more rows than {source.path}")
+        raise OgbFormatError(f"{path}: line {total + 1}: more rows than the {total} of {source.path}")
   finally:
     for h in handles:
       h.close()
@@ -290,7 +351,7 @@ class _ReadEdgesFn(beam.DoFn):
   def process(self, source: EdgeSource):
     part_size = self._plan.part_size[source.relation]
     key_rel = ("csc:" if source.reverse else "") + source.relation
-    for first, src, dst, extras in _edge_chunks(source, self._chunk_rows):
+    for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat")):
       self._edges.inc(len(src))
       pos = np.arange(first, first + len(src), dtype=np.int64)
       if self._plan.add_inverse:
@@ -356,25 +417,35 @@ def _relation_types(relation: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------- assemble
 
 
-def _node_array_chunks(path: str, kind: str, feature_dtype: str, n: int) -> Iterator[np.ndarray]:
-  """Rows of a node file (CSV or `file.npz#key`), cast as the section will store them."""
+def _node_array_chunks(path: str, kind: str, feature_dtype: str, n: int, nonfinite: str = "error",
+                       count_file: str = "num-node-list") -> Iterator[np.ndarray]:
+  """Rows of a node file (CSV or `file.npz#key`), cast as the section will store them.
+
+  The file must hold one row per node and no value that `nonfinite` refuses.
+  """
   if "#" in path:
     file, key = path.split("#", 1)
     with _open(file) as f:
       member = NpzMember(f, file, key)
-      if member.shape[0] != n:
-        raise OgbFormatError(f"{file}:{key}: {member.shape[0]} rows for {n} nodes")
+      if not member.shape or member.shape[0] != n:
+        raise OgbFormatError(f"{member.name}: shape {member.shape} for {n} nodes ({count_file})")
       step = 1 << 20
       for a in range(0, n, step):
-        yield _cast(member.read(a, min(n, a + step)), kind, feature_dtype)
+        arr = member.read(a, min(n, a + step))
+        bad = first_nonfinite(arr, nonfinite)
+        if bad is not None:
+          raise OgbFormatError(f"{member.name}: row {a + bad}: non-finite value "
+                               "(--allow_nonfinite=true keeps NaN/inf)")
+        yield _cast(arr, kind, feature_dtype)
     return
   rows = 0
   with _open(path) as f:
-    for line, arr in read_csv_chunks(f, path, "auto"):
+    for line, arr in read_csv_chunks(f, path, "auto", nonfinite=nonfinite):
       rows += len(arr)
+      if rows > n:
+        check_rows(path, rows, n, "nodes", count_file)
       yield _cast(arr, kind, feature_dtype)
-  if rows != n:
-    raise OgbFormatError(f"{path}: {rows} rows for {n} nodes")
+  check_rows(path, rows, n, "nodes", count_file)
 
 
 def _cast(arr: np.ndarray, kind: str, feature_dtype: str) -> np.ndarray:
@@ -415,9 +486,10 @@ class _AssembleFn(beam.DoFn):
         for section, path, kind in plan.node_files:
           t = section.split("/")[1] if plan.layout == "heterogeneous" else ""
           n = plan.num_nodes[t]
-          chunks = _node_array_chunks(path, kind, self._feature_dtype, n)
+          chunks = _node_array_chunks(path, kind, self._feature_dtype, n, plan.nonfinite(section),
+                                      plan.node_count_file)
           first = next(chunks, None)
-          if first is None:
+          if first is None:  # a type without nodes
             continue
           with w.stream(section, first.dtype.str, (n, first.shape[1])) as s:
             s.write(first)
@@ -550,25 +622,36 @@ def graph_features(node_feat: np.ndarray | None, edge_feat: np.ndarray | None, l
 def read_graph_property(plan: GraphPlan, feature_dtype: str):
   """(features, [(graph index, values)], {graph index: split}) of an ogbg-* folder."""
   raw = _csv(plan.root, "raw")
-  num_nodes = _read_small(_csv(raw, "num-node-list.csv.gz"), "int", 1)[:, 0]
-  num_edges = _read_small(_csv(raw, "num-edge-list.csv.gz"), "int", 1)[:, 0]
-  edges = _read_small(_csv(raw, "edge.csv.gz"), "int", 2)
+  node_list, edge_list = _csv(raw, "num-node-list.csv.gz"), _csv(raw, "num-edge-list.csv.gz")
+  num_nodes, num_edges = _read_counts(node_list), _read_counts(edge_list)
+  if len(num_edges) != len(num_nodes):
+    check_rows(edge_list, len(num_edges), len(num_nodes), "graphs", node_list)
   _, raw_files = _list_dir(raw)
-  node_feat = _read_small(_csv(raw, "node-feat.csv.gz"), "auto") if "node-feat.csv.gz" in raw_files else None
-  edge_feat = _read_small(_csv(raw, "edge-feat.csv.gz"), "auto") if "edge-feat.csv.gz" in raw_files else None
-  label = _read_small(_csv(raw, "graph-label.csv.gz"), "auto")
+
+  def read(file: str, dtype: str, ncols: int | None, expected: int, what: str, source: str, section: str,
+           optional: bool = False):
+    """A whole file, with one row per node, edge or graph as `source` says."""
+    if optional and file not in raw_files:
+      return None
+    arr = _read_small(_csv(raw, file), dtype, ncols, nonfinite=plan.nonfinite(section))
+    check_rows(_csv(raw, file), len(arr), expected, what, source)
+    return arr
+
+  e_total, n_total = int(num_edges.sum()), int(num_nodes.sum())
+  edges = read("edge.csv.gz", "int", 2, e_total, "edges", edge_list, "edge")
+  node_feat = read("node-feat.csv.gz", "auto", None, n_total, "nodes", node_list, "node/feat", optional=True)
+  edge_feat = read("edge-feat.csv.gz", "auto", None, e_total, "edges", edge_list, "edge/feat", optional=True)
+  label = read("graph-label.csv.gz", "auto", None, len(num_nodes), "graphs", node_list, "graph/label")
   node_feat = None if node_feat is None else _cast(node_feat, "float", feature_dtype)
   edge_feat = None if edge_feat is None else _cast(edge_feat, "float", feature_dtype)
   label = _cast(label, "auto", "float32")
-  if len(edges) != num_edges.sum():
-    raise OgbFormatError(f"{_csv(raw, 'edge.csv.gz')}: {len(edges)} edges, num-edge-list says {num_edges.sum()}")
-  if node_feat is not None and len(node_feat) != num_nodes.sum():
-    raise OgbFormatError(f"{_csv(raw, 'node-feat.csv.gz')}: {len(node_feat)} rows, num-node-list says {num_nodes.sum()}")
-  if len(label) != len(num_nodes):
-    raise OgbFormatError(f"{_csv(raw, 'graph-label.csv.gz')}: {len(label)} rows for {len(num_nodes)} graphs")
   split_of = {}
   for prefix, path in plan.split_files:
-    for g in _read_small(path, "int", 1)[:, 0]:
+    ids = _read_small(path, "int", 1)[:, 0]
+    bad = np.flatnonzero((ids < 0) | (ids >= len(num_nodes)))
+    if bad.size:
+      raise OgbFormatError(f"{path}: line {int(bad[0]) + 1}: graph id outside [0, {len(num_nodes)})")
+    for g in ids:
       split_of[int(g)] = prefix.rsplit("/", 1)[1]
   features = graph_features(node_feat, edge_feat, label)
   graphs = []
@@ -622,17 +705,21 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
       root=root, output=output, overwrite=overwrite, name=name, file_format=c.file_format,
       num_shards=_cli.int_flag("num_shards", c.num_shards, 0), seed=_cli.int_flag("seed", c.seed, 0),
       add_inverse=o.add_inverse_edges, feature_dtype=o.feature_dtype, csc=_cli.bool_flag("csc", o.csc),
-      edges_per_partition=_cli.int_flag("edges_per_partition", o.edges_per_partition, 1))
+      edges_per_partition=_cli.int_flag("edges_per_partition", o.edges_per_partition, 1),
+      allow_nonfinite=_cli.bool_flag("allow_nonfinite", o.allow_nonfinite))
 
 
 def build(p: beam.Pipeline, args: dict):
   """Adds the conversion to pipeline `p`; returns the PCollection of the manifest."""
   try:
-    plan = plan_graph(args["root"], args["name"], args["add_inverse"], args["edges_per_partition"])
-  except OgbFormatError as e:
+    plan = plan_graph(args["root"], args["name"], args["add_inverse"], args["edges_per_partition"],
+                      args.get("allow_nonfinite", False))
+  except OgbMissingFileError as e:  # a malformed file stays an OgbFormatError: exit status 1
     raise _cli.UsageError(str(e)) from None
   source = {"pipeline": PIPELINE, "input": args["root"], "ogb_name": args["name"], "layout": plan.layout,
             "add_inverse_edges": plan.add_inverse, "feature_dtype": args["feature_dtype"]}
+  if plan.allow_nonfinite:
+    source["allow_nonfinite"] = True
   file_name = _cli.dataset_name(args["name"].replace("-", "_"), args["root"]) + ".graphbin"
   if plan.layout == "graphs":
     records = p | "Start" >> beam.Create([None]) | "ReadGraphs" >> beam.ParDo(_GraphRecordsFn(plan, args["feature_dtype"]))
@@ -643,7 +730,7 @@ def build(p: beam.Pipeline, args: dict):
         file_format=args["file_format"], features=spec_features, splits=split_names,
         num_shards=args["num_shards"], seed=args["seed"], source=source, generation=args.get("generation", ""), expected=args.get("expected"),
         description=f"OGB graph-property data set {args['name']}, one record per graph ({PIPELINE}).")
-    num_graphs = len(_read_small(_csv(plan.root, "raw", "num-node-list.csv.gz"), "int", 1))
+    num_graphs = len(_read_counts(_csv(plan.root, "raw", "num-node-list.csv.gz")))
     summary = p | "Summary" >> beam.Create([InputSummary(num_graphs)])
     return {"records": records, "rejects": p | "NoRejects" >> beam.Create([])} | "Write" >> WriteOutput(
         spec, summary=summary)
@@ -674,16 +761,22 @@ def _graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
   raw = _csv(plan.root, "raw")
   _, raw_files = _list_dir(raw)
 
-  def first(name: str):
+  def first(name: str, section: str, expected: int, what: str, source: str):
     if name not in raw_files:
       return None
     with _open(_csv(raw, name)) as f:
-      _, arr = next(read_csv_chunks(f, _csv(raw, name), "auto", None, 1000))
-    return arr
+      chunk = next(read_csv_chunks(f, _csv(raw, name), "auto", None, 1000, nonfinite=plan.nonfinite(section)), None)
+    if chunk is None:
+      check_rows(_csv(raw, name), 0, expected, what, _csv(raw, source))
+      return np.zeros((0, 1))
+    return chunk[1]
 
-  nf, ef, label = first("node-feat.csv.gz"), first("edge-feat.csv.gz"), first("graph-label.csv.gz")
+  num_graphs = len(_read_counts(_csv(raw, "num-node-list.csv.gz")))
+  nf = first("node-feat.csv.gz", "node/feat", plan.num_nodes[""], "nodes", "num-node-list.csv.gz")
+  ef = first("edge-feat.csv.gz", "edge/feat", plan.num_edges[""], "edges", "num-edge-list.csv.gz")
+  label = first("graph-label.csv.gz", "graph/label", num_graphs, "graphs", "num-node-list.csv.gz")
   if label is None:
-    raise OgbFormatError(f"{_csv(raw, 'graph-label.csv.gz')}: missing file")
+    raise OgbMissingFileError(f"{_csv(raw, 'graph-label.csv.gz')}: missing file")
   return graph_features(None if nf is None else _cast(nf, "float", feature_dtype),
                         None if ef is None else _cast(ef, "float", feature_dtype), _cast(label, "auto", "float32"))
 
