@@ -182,17 +182,20 @@ def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None
   _write_marker(output, generation, "running", info)
 
 
-def finish(output: str, generation: str, committed: bool) -> None:
-  """Records that the run ended; an uncommitted generation is removed at once.
+def finish(output: str, generation: str, committed: bool | None = None) -> bool:
+  """Records that the run ended; returns whether it committed.
 
-  A generation the manifest or the TFDS metadata names is never removed (a run
-  that failed after its commit, e.g. in cleanup, did commit).
+  A generation that the manifest or the TFDS metadata names is the run's
+  committed output (even if the run failed afterwards, e.g. in clean-up);
+  any other is abandoned and removed at once. (`committed`, the caller's own
+  belief, is not needed: the output is the record.)
   """
-  if committed or generation in (current_generation(output), _tfds_generation(output)):
+  if generation in (current_generation(output), _tfds_generation(output)):
     _write_marker(output, generation, "committed")
-  else:
-    _write_marker(output, generation, "abandoned")
-    remove_generation(output, generation)
+    return True
+  _write_marker(output, generation, "abandoned")
+  remove_generation(output, generation)
+  return False
 
 
 def _marker(output: str, generation: str) -> tuple[dict | None, float]:

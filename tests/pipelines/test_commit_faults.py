@@ -70,7 +70,7 @@ def test_cleanup_removes_only_marked_generations_that_nothing_holds(output):
   old, expected = commit.begin(output)
   put(f"{old}/d-train.tfrecord-00000-of-00001")
   commit.commit(output, old, _manifest(old), expected)
-  commit.finish(output, old, committed=True)
+  assert commit.finish(output, old)
   live, _ = commit.begin(output)  # a run still going: fresh heartbeat
   put(f"{live}/shard")
   dead, _ = commit.begin(output)  # a killed run: its marker is never refreshed
@@ -93,11 +93,11 @@ def test_cleanup_removes_only_marked_generations_that_nothing_holds(output):
 def test_an_abandoned_run_removes_its_generation_unless_it_committed(output):
   gen, expected = commit.begin(output)
   files.write_bytes(files.join(output, gen, "shard"), b"x")
-  commit.finish(output, gen, committed=False)
+  assert not commit.finish(output, gen)
   assert not files.walk(files.join(output, gen)) and gen not in files.list_dir(output)[0]
   gen, expected = commit.begin(output)
   commit.commit(output, gen, _manifest(gen), expected)
-  commit.finish(output, gen, committed=False)  # failed after its commit (e.g. in clean-up): keeps its output
+  assert commit.finish(output, gen)  # failed after its commit (e.g. in clean-up): keeps its output
   assert files.exists(files.join(output, gen, commit.MARKER_FILENAME))
   assert commit.current_generation(output) == gen
 
