@@ -353,6 +353,17 @@ def sync_tfds_metadata(output: str, description: str = "") -> None:
       return
 
 
+def tfds_metadata_lags(output: str, description: str | None = None) -> bool:
+  """True when the root TFDS metadata does not point at the committed manifest's generation."""
+  data, _ = read_manifest_versioned(output)
+  if data is None:
+    return False
+  manifest = Manifest.loads(data)
+  if manifest.file_format not in naming.FILE_FORMATS or not any(s.num_records for s in manifest.splits.values()):
+    return False
+  return _tfds_generation(output) != _generation_of(manifest)
+
+
 def _write_root_file(output: str, rel: str, data: bytes, staging: str | None) -> None:
   """One atomic write of a root file; locally staged in a generation folder, so that a
   kill leaves no stray temporary file at the root (cleanup never guesses at those)."""

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from formats import arrayrecord, files, tfrecord
+from formats import arrayrecord, commit, files, tfrecord
 from formats.features import ClassLabel, Features, Image, Tensor
 from formats.graphbin import GraphBin
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, sha256_file
@@ -200,7 +200,12 @@ def main(argv=None) -> int:
   ap.add_argument("--grid", metavar="FILE.png", help="render sample records to a PNG")
   ap.add_argument("--split", default=None)
   ap.add_argument("--num", type=int, default=16)
+  ap.add_argument("--repair", action="store_true",
+                  help="bring the TFDS metadata in line with the manifest and remove dead runs' generations "
+                       "(what the next run would do first; see docs/manifest.md)")
   a = ap.parse_args(argv)
+  if a.repair:
+    commit.repair(a.output)
   try:
     manifest = load_manifest(a.output)
   except (FileNotFoundError, ValueError, KeyError) as e:
@@ -208,6 +213,10 @@ def main(argv=None) -> int:
     return 2
   print(summary(manifest))
   status = 0
+  if a.verify and commit.tfds_metadata_lags(a.output):
+    print("verify: the TFDS metadata does not describe the committed manifest yet (a run was stopped between "
+          "its switch and its TFDS update); TFDS readers see the previous output. Fix: --repair")
+    status = 1
   if a.verify and verify(a.output, manifest):
     status = 1
   if a.grid:
