@@ -17,7 +17,7 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_formats_imports_no_framework():
-  mods = _modules_after("import formats, formats.inspect, formats.files, formats.tfds_metadata")
+  mods = _modules_after("import formats, formats.inspect, formats.files, formats.tfds_metadata, formats.commit")
   assert not mods & {"apache_beam", "tensorflow", "tensorflow_datasets", "torch", "torch_xla", "pipelines", "loaders"}
 
 
