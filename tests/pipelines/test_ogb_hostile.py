@@ -27,6 +27,7 @@ from tests.conftest import REPO
 
 REL = "___".join(mo.MAG_RELATIONS[0])  # author___affiliated_with___institution
 ARXIV_NODES, ARXIV_EDGES = 40, 120
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
