@@ -17,9 +17,12 @@ name the shard and the record.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from formats.features import ClassLabel, Image, Tensor, Text
+from formats.manifest import ShardInfo
 from loaders._shards import load_manifest, local_shard, tfrecord_index
 from loaders._transforms import ExampleOptions, record_kind
 from loaders._verify import CorruptRecordError, Verify, verify_level
@@ -41,7 +44,7 @@ def _parse_spec(features) -> dict:
   return spec
 
 
-def _kept_samples(n_in, n_out, keep: int):
+def _kept_samples(n_in: tf.Tensor, n_out: tf.Tensor, keep: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """Bilinear taps along one axis for the `keep` center outputs of resizing n_in → n_out.
 
   The arithmetic of tf.image.resize's kernel (half-pixel centers, float32):
@@ -57,7 +60,7 @@ def _kept_samples(n_in, n_out, keep: int):
   return lower, upper, pos - floor
 
 
-def _resize_center_crop(img, size):
+def _resize_center_crop(img: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
   """Aspect-preserving bilinear resize so the image covers `size`, then the center crop (as the pipeline does).
 
   Computed crop first: only the pixels the crop keeps are interpolated, with
@@ -86,7 +89,7 @@ def _resize_center_crop(img, size):
   return tf.cast(tf.clip_by_value(top + (bottom - top) * wy, 0, 255), tf.uint8)
 
 
-def _checked_shards(path: str, shards, cache_dir: str | None, verify: Verify) -> list[str]:
+def _checked_shards(path: str, shards: Sequence[ShardInfo], cache_dir: str | None, verify: Verify) -> list[str]:
   """Local paths of the shards, proven at `verify` and with the record counts the manifest gives.
 
   The count comes from walking each shard's framing (headers only), so a bad

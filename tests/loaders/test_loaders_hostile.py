@@ -114,7 +114,8 @@ def test_tfdata_checks_every_shard_count_against_the_manifest(outputs, tmp_path,
   split["num_records"] += off_by
   _write_manifest(out, m)
   shard = os.path.join(out, split["shards"][1]["path"])
-  with pytest.raises(CorruptRecordError, match=rf"{re.escape(shard)}: {real} records, the manifest says {real + off_by}"):
+  expected = rf"{re.escape(shard)}: {real} records, the manifest says {real + off_by}"
+  with pytest.raises(CorruptRecordError, match=expected):
     _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8)))
 
 
@@ -223,8 +224,8 @@ def test_tfdata_swapped_shard_of_equal_size_is_refused(outputs, tmp_path):
   assert os.path.getsize(other) == os.path.getsize(src)
   shards[0]["path"] = os.path.relpath(other, out)
   _write_manifest(out, m)
-  with pytest.raises(CorruptRecordError, match=rf"{re.escape(other)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's "
-                                               rf"{shards[0]['sha256'][:12]}"):
+  expected = rf"{re.escape(other)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's {shards[0]['sha256'][:12]}"
+  with pytest.raises(CorruptRecordError, match=expected):
     _tfdata().dataset(out, batch_size=1, image_size=(8, 8))
   assert len(_ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), verify="size"))) == m["splits"]["train"][
       "num_records"]
@@ -272,8 +273,8 @@ def test_graph_load_refuses_a_swapped_graphbin_of_equal_size(tmp_path):
         w.add(name, arr[::-1].copy() if name == "node/feat" else arr)
   assert os.path.getsize(other) == info["num_bytes"]
   os.replace(other, path)
-  with pytest.raises(CorruptRecordError, match=rf"{re.escape(path)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's "
-                                               rf"{info['sha256'][:12]}"):
+  expected = rf"{re.escape(path)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's {info['sha256'][:12]}"
+  with pytest.raises(CorruptRecordError, match=expected):
     lg.load(out)
   assert lg.load(out, verify="size").num_nodes == 200
 
