@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+import importlib
 import logging
 import os
 import re
@@ -17,14 +18,21 @@ import threading
 import time
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from formats import commit
 from formats import files as fs
 from formats import naming
 from formats.manifest import MANIFEST_FILENAME, Manifest
-from pipelines import _dataflow
+from pipelines import _dataflow, _inputs
 from pipelines._errors import InputDataError, UsageError
+
+# Beam's numeric flags and their smallest sensible value (Beam itself does not check them).
+_BEAM_INT_MINIMUMS = {
+    "direct_num_workers": 0,  # 0: one worker per CPU
+    "num_workers": 1, "max_num_workers": 1, "disk_size_gb": 1, "number_of_worker_harness_threads": 1,
+    "max_cache_memory_usage_mb": 0,
+}
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -48,6 +56,9 @@ class ConverterOptions(PipelineOptions):
     parser.add_argument("--seed", default="0", help="Seed of the record order.")
     parser.add_argument("--overwrite", default="false",
                         help="true: replace an output folder that already holds a complete output.")
+    parser.add_argument("--transient_retry_seconds", default=str(int(_inputs.DEFAULT_TRANSIENT_RETRY_SECONDS)),
+                        help="How long to retry an input that answers a transient error (HTTP 5xx/429, "
+                             "timeout, dropped connection) before the job fails (default 300).")
 
 
 def _all_option_classes(cls=PipelineOptions):
@@ -71,17 +82,59 @@ def parse_options(argv: Sequence[str] | None, own: Sequence[type[PipelineOptions
   _, unknown = parser.parse_known_args(argv)
   if unknown:
     raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-  return PipelineOptions(argv)
+  options = PipelineOptions(argv)
+  _check_beam_flags(options)
+  return options
 
 
-def int_flag(name: str, value, minimum: int) -> int:
+def _check_runner(name: str) -> None:
+  """Accepts what Beam's `create_runner` accepts (a known name, with or without
+  "Runner", or module.Class of an importable class), without creating the runner."""
+  known = {path.rsplit(".", 1)[-1].lower(): path for path in StandardOptions.ALL_KNOWN_RUNNERS}
+  if name.lower() in known or name.lower() + "runner" in known:
+    return
+  module, _, cls = name.rpartition(".")
+  if module:
+    try:
+      if isinstance(getattr(importlib.import_module(module), cls, None), type):
+        return
+    except ImportError:
+      pass
+  raise UsageError(f"--runner {name!r} is not a Beam runner; known: {', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}"
+                   " or module.ClassName of a PipelineRunner")
+
+
+def _check_beam_flags(options: PipelineOptions) -> None:
+  """Beam's own flags that Beam would only trip over later, with a traceback."""
+  values = options.get_all_options(drop_default=True)
+  if values.get("runner"):
+    _check_runner(str(values["runner"]))
+  for name, minimum in _BEAM_INT_MINIMUMS.items():
+    if values.get(name) is not None:
+      int_flag(name, values[name], minimum)
+
+
+def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
   try:
     n = int(value)
   except (TypeError, ValueError):
     raise UsageError(f"--{name} must be an integer, got {value!r}") from None
   if n < minimum:
     raise UsageError(f"--{name} must be >= {minimum}, got {n}")
+  if maximum is not None and n > maximum:
+    raise UsageError(f"--{name} must be <= {maximum}, got {n}")
   return n
+
+
+def seconds_flag(name: str, value) -> float:
+  """A duration in seconds, >= 0 and finite."""
+  try:
+    x = float(value)
+  except (TypeError, ValueError):
+    x = float("nan")
+  if not 0 <= x < float("inf"):
+    raise UsageError(f"--{name} must be a number of seconds >= 0, got {value!r}")
+  return x
 
 
 def bool_flag(name: str, value) -> bool:
@@ -128,8 +181,14 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   overwrite = bool_flag("overwrite", overwrite_flag)
   if not fs.is_dir(root):
     raise UsageError(f"--input {input_flag!r} does not exist or is not a folder")
-  if (output + "/").startswith(root + "/"):
-    raise UsageError(f"--output {output_flag!r} must not be inside --input")
+  if fs.is_gcs(output) or not fs.is_gcs(root):
+    # Real paths: an output reached through a symbolic link into the input is inside it too.
+    real_root, real_output = (root, output) if fs.is_gcs(root) else (os.path.realpath(root), os.path.realpath(output))
+    if (real_output + "/").startswith(real_root + "/"):
+      raise UsageError(f"--output {output_flag!r} must not be inside --input")
+  if fs.is_gcs(output) and output.count("/") > 2 and fs.exists(output) or (
+      not fs.is_gcs(output) and os.path.lexists(output) and not os.path.isdir(output)):
+    raise UsageError(f"--output {output_flag!r} is a file; it must be a folder (or not exist yet)")
   if fs.exists(fs.join(output, MANIFEST_FILENAME)) and not overwrite:
     raise UsageError(f"--output {output_flag!r} already holds a complete output; pass --overwrite=true to replace it")
   return root, output, overwrite
@@ -175,14 +234,12 @@ def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pip
   commit.repair(output)  # an earlier run killed between its switch and its clean-up
   commit.claim(output, generation, {"pipeline": prog})
   manifest_path = fs.join(output, MANIFEST_FILENAME)
-  committed = False
   with _Heartbeat(output, generation, prog):
     try:
       result = p.run()
       result.wait_until_finish()
-      committed = True
     finally:
-      commit.finish(output, generation, committed)
+      commit.finish(output, generation)
   if fs.exists(manifest_path):
     m = Manifest.loads(fs.read_bytes(manifest_path))
     if m.files:
@@ -214,6 +271,10 @@ def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:
     sys.exit(2)
   except InputDataError as e:  # the whole input is unusable: no output was marked complete
     print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)
+    sys.exit(1)
+  except _inputs.TransientInputError as e:  # the job failed before its switch: no new manifest
+    print(f"{prog}: error: {str(e).split(' [while running')[0]}; nothing was committed, run again",
+          file=sys.stderr)
     sys.exit(1)
   except commit.CommitConflict as e:  # lost a race to another run: its output stands
     print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)

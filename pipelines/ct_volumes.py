@@ -20,20 +20,18 @@ errors/rejected.jsonl with its reason. Splits are assigned per patient.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import io
 import logging
 import re
 
 import apache_beam as beam
-from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
 from formats import naming
 from formats.features import Features, Tensor, Text
-from pipelines import _cli
+from pipelines import _cli, _inputs
 from pipelines._ct_assembly import (
     DEFAULT_TOLERANCE, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
 from pipelines._ct_headers import Rejected, read_slices, salted_hash
@@ -98,35 +96,48 @@ def volume_features(dtype: str) -> Features:
   })
 
 
-def _open(path: str):
-  return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+class _Opener:
+  """Opens input files by their printable path (what SliceHeader.path holds) with
+  retries on transient errors; `raw` maps the printable paths of non-UTF-8 names
+  to their bytes. Remembers the errors it raised, which read_volume turns into a
+  series reject: a transient one must fail the job instead."""
+
+  def __init__(self, raw: dict[str, bytes], retry_seconds: float):
+    self._raw = raw
+    self._retry_seconds = retry_seconds
+    self.errors: dict[str, Exception] = {}
+
+  def __call__(self, path: str) -> io.BytesIO:
+    f = _inputs.InputFile(path, self._raw.get(path, b""))
+    try:
+      return io.BytesIO(_inputs.read_input(f.location, self._retry_seconds))
+    except (_inputs.Unreadable, _inputs.TransientInputError) as e:
+      self.errors[path] = e
+      raise
 
 
 class _ReadHeadersFn(beam.DoFn):
-  """File metadata → (series key, SliceHeader) per image frame, or a Reject."""
+  """InputFile → (series key, SliceHeader) per image frame, or a Reject."""
 
   REJECTS = "rejects"
 
-  def __init__(self, salt: str):
+  def __init__(self, salt: str, retry_seconds: float):
     self._salt = salt
+    self._retry_seconds = retry_seconds
 
   def setup(self):
     self._files = Metrics.counter(PIPELINE, "files_read")
     self._frames = Metrics.counter(PIPELINE, "frames_found")
     self._rejected = Metrics.counter(PIPELINE, "files_rejected")
 
-  def process(self, metadata):
+  def process(self, f: _inputs.InputFile):
     self._files.inc()
     try:
-      with _open(metadata.path) as f:
-        slices = read_slices(f, metadata.path, self._salt)
-    except Rejected as e:
+      data = _inputs.read_input(f.location, self._retry_seconds)  # a transient error fails the job
+      slices = read_slices(io.BytesIO(data), f.path, self._salt)
+    except (Rejected, _inputs.Unreadable) as e:
       self._rejected.inc()
-      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(metadata.path, str(e)))
-      return
-    except Exception as e:  # an unreadable file must not stop the job
-      self._rejected.inc()
-      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(metadata.path, f"unreadable: {type(e).__name__}: {e}"))
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
       return
     self._frames.inc(len(slices))
     for s in slices:
@@ -154,23 +165,30 @@ class _ReadVolumeFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, splits, features_by_dtype: dict[str, Features]):
+  def __init__(self, splits, features_by_dtype: dict[str, Features], retry_seconds: float):
     self._splits = splits
     self._features = features_by_dtype
+    self._retry_seconds = retry_seconds
 
   def setup(self):
     self._volumes = Metrics.counter(PIPELINE, "volumes_written")
     self._slices = Metrics.counter(PIPELINE, "slices_used")
     self._series_rejected = Metrics.counter(PIPELINE, "volumes_rejected")
 
-  def process(self, plan: VolumePlan, dtype: str):
+  def process(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
+    opener = _Opener(raw_paths, self._retry_seconds)
     try:
-      volume, dropped = read_volume(plan, _open, dtype)
+      volume, dropped = read_volume(plan, opener, dtype)
     except SeriesRejected as e:
+      transient = [x for x in opener.errors.values() if isinstance(x, _inputs.TransientInputError)]
+      if transient:
+        raise transient[0]
       self._series_rejected.inc()
       for path, n in frames_per_file([*plan.slices, *(d for _, d in plan.duplicates)]).items():
         reason = e.culprit_reason if path == e.culprit else f"series rejected, {e}"
+        if path in opener.errors:  # listed and read once, then gone or forbidden
+          reason = str(opener.errors[path])
         yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split, n))
       return
     for path, reason in dropped:
@@ -193,8 +211,11 @@ def _volume_dtype(needs_float: bool, policy: str) -> str:
   return policy
 
 
-def _summarize(_, num_files: int, warnings: list[str]) -> InputSummary:
-  return InputSummary(num_files, tuple(sorted(set(warnings))))
+def _summarize(_, num_files: int, num_undecodable: int, warnings: list[str]) -> InputSummary:
+  warnings = sorted(set(warnings))
+  if num_undecodable:
+    warnings.append(_inputs.undecodable_warning(num_undecodable))
+  return InputSummary(num_files, tuple(warnings))
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
@@ -220,6 +241,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
       file_format=c.file_format, num_shards=_cli.int_flag("num_shards", c.num_shards, 0),
       seed=_cli.int_flag("seed", c.seed, 0), salt=o.id_salt, splits=splits,
       volume_dtype=o.volume_dtype, tolerance=tolerance,
+      retry_seconds=_cli.seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
   )
 
 
@@ -234,17 +256,25 @@ def build(p: beam.Pipeline, args: dict):
       splits=tuple(s for s, _ in splits), num_shards=args["num_shards"], seed=args["seed"],
       generation=args.get("generation", ""), expected=args.get("expected"),
       description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
-      source={"pipeline": PIPELINE, "input": args["root"], "splits": dict(splits),
+      source={"pipeline": PIPELINE, "input": _inputs.printable(args["root"]), "splits": dict(splits),
               "volume_dtype": policy, "slice_tolerance": args["tolerance"], "seed": args["seed"],
               "num_shards": args["num_shards"]},
   )
-  files = (
+  retry_seconds = args["retry_seconds"]
+  listed = (
       p
-      | "Pattern" >> beam.Create([args["root"] + "/**"])
-      | "MatchFiles" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
-      | "SpreadFiles" >> beam.Reshuffle()
+      | "InputFolder" >> beam.Create([("", _inputs.InputFile.of(args["root"]))])
+      | "ListFiles" >> _inputs.ListFiles(retry_seconds)
   )
-  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"])).with_outputs(
+  files = listed.files | "DropKey" >> beam.Values() | "SpreadFiles" >> beam.Reshuffle()
+  listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda _, f, reason: Reject(f.path, reason))
+  names = (files, listed.rejects | "RejectNames" >> beam.MapTuple(lambda _, f, reason: f)) | "AllNames" >> beam.Flatten()
+  raw_paths = (
+      names
+      | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
+      | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
+  )
+  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"], retry_seconds)).with_outputs(
       _ReadHeadersFn.REJECTS, main="slices")
   planned = (
       headers.slices
@@ -261,16 +291,19 @@ def build(p: beam.Pipeline, args: dict):
       planned.plans
       | "SpreadVolumes" >> beam.Reshuffle()
       | "ReadVolumes" >> beam.ParDo(
-          _ReadVolumeFn(splits, features_by_dtype), dtype=beam.pvalue.AsSingleton(dtype)
+          _ReadVolumeFn(splits, features_by_dtype, retry_seconds), dtype=beam.pvalue.AsSingleton(dtype),
+          raw_paths=beam.pvalue.AsDict(raw_paths)
       ).with_outputs(_ReadVolumeFn.REJECTS, main="records")
   )
   rejects = (
-      (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes[_ReadVolumeFn.REJECTS])
+      (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes[_ReadVolumeFn.REJECTS],
+       listing_rejects)
       | "AllRejects" >> beam.Flatten()
   )
   num_frames = (
       (headers.slices | "Frames" >> beam.Map(lambda kv: 1),
-       headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1))
+       headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1),
+       listing_rejects | "RejectedEntries" >> beam.Map(lambda r: 1))
       | "Units" >> beam.Flatten()
       | "CountUnits" >> beam.CombineGlobally(sum)
   )
@@ -281,6 +314,8 @@ def build(p: beam.Pipeline, args: dict):
       p
       | "SummaryTrigger" >> beam.Create([None])
       | "Summarize" >> beam.Map(_summarize, num_files=beam.pvalue.AsSingleton(num_frames),
+                                num_undecodable=beam.pvalue.AsSingleton(
+                                    raw_paths | "CountUndecodable" >> beam.combiners.Count.Globally()),
                                 warnings=beam.pvalue.AsList(warnings))
   )
   features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])

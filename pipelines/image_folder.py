@@ -22,21 +22,18 @@ import re
 import time
 
 import apache_beam as beam
-from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import files as fs
 from formats import naming
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from pipelines import _cli, _imaging
+from pipelines import _cli, _imaging, _inputs
 from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
 
 PIPELINE = "pipelines.image_folder"
 DEFAULT_SPLIT = "train"
-_GLOB_CHARS = re.compile(r"[*?\[\]]")
+MAX_IMAGE_SIDE = 16384  # --image_size sides: a 16384x16384 RGB record is already 805 MB
 _log = logging.getLogger(PIPELINE)
 
 
@@ -50,6 +47,9 @@ class ImageFolderOptions(PipelineOptions):
     parser.add_argument("--jpeg_quality", default="95", help="JPEG quality when images are re-encoded.")
     parser.add_argument("--layout", default="auto",
                         help="auto, classes (<class>/<files>) or splits (<split>/<class>/<files>).")
+    parser.add_argument("--max_image_pixels", default=str(_imaging.MAX_PIXELS),
+                        help=f"Reject images with more pixels (width x height) than this, from their header, "
+                             f"before decoding (default {_imaging.MAX_PIXELS}).")
 
 
 def split_and_class(rel: str, split_layout: bool) -> tuple[str, str]:
@@ -58,42 +58,67 @@ def split_and_class(rel: str, split_layout: bool) -> tuple[str, str]:
   return (parts[0], parts[1]) if split_layout else (DEFAULT_SPLIT, parts[0])
 
 
+def _scan(folder: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+  """(folder names, file names, (name, reason) of other entries) directly in `folder`."""
+  if fs.is_gcs(folder):
+    dirs, files = fs.list_dir(folder)
+    return dirs, files, []
+  return _inputs.scan_dir(folder)
+
+
 class _Layout:
-  """What the launcher found under the input: splits, classes, stray files."""
+  """What the launcher found under the input: splits, classes, stray files, odd entries.
+
+  Names are kept as the OS gives them (surrogate escapes for non-UTF-8 bytes);
+  class names, labels and file names are their printable forms (`_inputs.printable`).
+  """
 
   def __init__(self, root: str, layout: str):
     self.root = root
-    dirs, root_files = fs.list_dir(root)
+    dirs, root_files, root_others = _scan(root)
+    below = {d: _scan(fs.join(root, d)) for d in dirs}
     if layout == "auto":
-      layout = "splits" if dirs and all(fs.list_dir(fs.join(root, d))[0] for d in dirs) else "classes"
+      layout = "splits" if dirs and all(below[d][0] for d in dirs) else "classes"
     self.layout = layout
     self.class_dirs: dict[str, list[str]] = {}  # split -> class folder names
     self.stray_files = [fs.join(root, f) for f in root_files]
+    self.odd_entries = [(fs.join(root, f), reason) for f, reason in root_others]
     if layout == "classes":
       self.class_dirs[DEFAULT_SPLIT] = dirs
     else:
       for split in dirs:
-        classes, files = fs.list_dir(fs.join(root, split))
+        classes, files, others = below[split]
         self.class_dirs[split] = classes
         self.stray_files += [fs.join(root, split, f) for f in files]
-    self.class_names = sorted({c for cs in self.class_dirs.values() for c in cs})
+        self.odd_entries += [(fs.join(root, split, f), reason) for f, reason in others]
+    self.class_names = sorted({_inputs.printable(c) for cs in self.class_dirs.values() for c in cs})
 
   def folder(self, split: str, cls: str) -> str:
     return fs.join(self.root, cls) if self.layout == "classes" else fs.join(self.root, split, cls)
 
+  def num_undecodable(self) -> int:
+    """Launcher rejects and class folders whose names are not valid UTF-8."""
+    names = [*self.stray_files, *(f for f, _ in self.odd_entries), *(c for cs in self.class_dirs.values() for c in cs)]
+    return sum(1 for n in names if _inputs.printable(n) != n)
+
+  def launcher_rejects(self) -> list[Reject]:
+    """Files outside class folders and entries that are no file or folder."""
+    return ([Reject(_inputs.printable(f), "not inside a class folder") for f in self.stray_files]
+            + [Reject(_inputs.printable(f), reason) for f, reason in self.odd_entries])
+
 
 class _ConvertImageFn(beam.DoFn):
-  """ReadableFile metadata → Record, or a Reject naming the file and the reason."""
+  """((split, class name), InputFile) → Record, or a Reject naming the file and the reason."""
 
   REJECTS = "rejects"
 
-  def __init__(self, root: str, layout: str, class_names: Sequence[str], features: Features,
-               image_options: _imaging.ImageOptions):
-    self._root = root.rstrip("/") + "/"
-    self._split_layout = layout == "splits"
+  def __init__(self, root: str, class_names: Sequence[str], features: Features,
+               image_options: _imaging.ImageOptions, retry_seconds: float):
+    self._root = _inputs.printable(root).rstrip("/") + "/"
     self._labels = {c: i for i, c in enumerate(class_names)}
     self._features = features
     self._image_options = image_options
+    self._retry_seconds = retry_seconds
 
   def setup(self):
     self._read = Metrics.counter(PIPELINE, "images_read")
@@ -110,25 +135,23 @@ class _ConvertImageFn(beam.DoFn):
       self._last_log = now
       _log.info("converted %d images on this worker (%.0f/s)", self._n, self._n / (now - self._t0))
 
-  def process(self, metadata):
-    path = metadata.path
-    rel = path[len(self._root):]
-    split, class_name = split_and_class(rel, self._split_layout)
+  def process(self, element):
+    (split, class_name), f = element
+    rel = f.path[len(self._root):]
     label = self._labels[class_name]
     self._read.inc()
     try:
-      with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        data = f.read()
-    except Exception as e:  # any I/O failure of one file must not stop the job
+      data = _inputs.read_input(f.location, self._retry_seconds)
+    except _inputs.Unreadable as e:  # the file's own fault; a transient error fails the job
       self._rejected.inc()
-      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, f"unreadable: {e}", split))
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e), split))
       return
     self._bytes_read.inc(len(data))
     try:
       image = _imaging.convert(data, self._image_options)
     except _imaging.BadImage as e:
       self._rejected.inc()
-      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, str(e), split))
+      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e), split))
       return
     self._converted.inc()
     self._progress()
@@ -145,11 +168,14 @@ def image_features(class_names: Sequence[str], options: _imaging.ImageOptions) -
   return Features({"image": image, "label": ClassLabel(class_names), "file_name": Text()})
 
 
-def _summarize_inputs(_, counts, folders, num_strays) -> InputSummary:
-  """Files found (matched + strays) and a warning per empty class folder."""
-  warnings = tuple(f"empty class folder: {folder}" for split, cls, folder in folders
-                   if not counts.get((split, cls)))
-  return InputSummary(sum(counts.values()) + num_strays, warnings)
+def _summarize_inputs(_, counts, num_listing_rejects, num_undecodable, folders, num_launcher_rejects,
+                      num_launcher_undecodable) -> InputSummary:
+  """Entries found (files + listing rejects + launcher rejects), a warning per empty
+  class folder and one for names that are not valid UTF-8."""
+  warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not counts.get((split, cls))]
+  if num_undecodable + num_launcher_undecodable:
+    warnings.append(_inputs.undecodable_warning(num_undecodable + num_launcher_undecodable))
+  return InputSummary(sum(counts.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
@@ -166,6 +192,9 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
     if not m or min(int(m[1]), int(m[2])) <= 0:
       raise _cli.UsageError(f"--image_size must be H,W with positive integers, got {o.image_size!r}")
     size = (int(m[1]), int(m[2]))
+    if max(size) > MAX_IMAGE_SIDE:
+      raise _cli.UsageError(f"--image_size sides must be <= {MAX_IMAGE_SIDE}, got {o.image_size!r}")
+  max_pixels = _cli.int_flag("max_image_pixels", o.max_image_pixels, 1)
   if o.encoding not in ("jpeg", "raw"):
     raise _cli.UsageError(f"--encoding must be jpeg or raw, got {o.encoding!r}")
   if o.encoding == "raw" and size is None:
@@ -177,8 +206,10 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
   args = dict(
       root=root, output=output, name=name, file_format=c.file_format,
       num_shards=_cli.int_flag("num_shards", c.num_shards, 0), seed=_cli.int_flag("seed", c.seed, 0),
-      image_options=_imaging.ImageOptions(size=size, encoding=o.encoding, jpeg_quality=quality),
+      image_options=_imaging.ImageOptions(size=size, encoding=o.encoding, jpeg_quality=quality,
+                                          max_pixels=max_pixels),
       layout=o.layout, overwrite=overwrite,
+      retry_seconds=_cli.seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
   )
   return options, args
 
@@ -188,9 +219,6 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
   layout = _Layout(args["root"], args["layout"])
   if not layout.class_names:
     raise _cli.UsageError(f"--input {args['root']!r} holds no class folders")
-  for c in layout.class_names:
-    if _GLOB_CHARS.search(c):
-      raise _cli.UsageError(f"class folder name {c!r} contains glob characters (*?[]); rename it")
   opts: _imaging.ImageOptions = args["image_options"]
   features = image_features(layout.class_names, opts)
   splits = tuple(sorted(layout.class_dirs))
@@ -202,41 +230,54 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
   spec = OutputSpec(
       output=args["output"], name=args["name"], file_format=args["file_format"], features=features,
       splits=splits, num_shards=args["num_shards"], seed=args["seed"], generation=args.get("generation", ""), expected=args.get("expected"),
-      description=f"Images from {args['root']}, converted by {PIPELINE}.",
+      description=f"Images from {_inputs.printable(args['root'])}, converted by {PIPELINE}.",
       source={
-          "pipeline": PIPELINE, "input": args["root"], "layout": layout.layout,
+          "pipeline": PIPELINE, "input": _inputs.printable(args["root"]), "layout": layout.layout,
           "image_size": list(opts.size) if opts.size else None, "encoding": opts.encoding,
           "jpeg_quality": opts.jpeg_quality, "seed": args["seed"], "num_shards": args["num_shards"],
       },
   )
   folders = [(s, c, layout.folder(s, c)) for s in splits for c in layout.class_dirs[s]]
-  files = (
+  listed = (
       p
-      | "ClassFolders" >> beam.Create([fs.join(f, "**") for _, _, f in folders])
-      | "MatchFiles" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
-      | "Rebalance" >> beam.Reshuffle()
+      | "ClassFolders" >> beam.Create(
+          [((s, _inputs.printable(c)), _inputs.InputFile.of(f)) for s, c, f in folders])
+      | "ListFiles" >> _inputs.ListFiles(args["retry_seconds"])
   )
+  files = listed.files | "Rebalance" >> beam.Reshuffle()
   converted = files | "Convert" >> beam.ParDo(
-      _ConvertImageFn(layout.root, layout.layout, layout.class_names, features, opts)
+      _ConvertImageFn(layout.root, layout.class_names, features, opts, args["retry_seconds"])
   ).with_outputs(_ConvertImageFn.REJECTS, main="records")
-  root_prefix = layout.root.rstrip("/") + "/"
+  listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
+      lambda key, f, reason: Reject(f.path, reason, key[0]))
   per_folder = (
-      files
-      | "FolderOf" >> beam.Map(
-          lambda m, split_layout: split_and_class(m.path[len(root_prefix):], split_layout),
-          split_layout=layout.layout == "splits")
+      listed.files
+      | "FolderOf" >> beam.Map(lambda kv: kv[0])
       | "CountPerFolder" >> beam.combiners.Count.PerElement()
   )
+  num_listing_rejects = listing_rejects | "CountListingRejects" >> beam.combiners.Count.Globally()
+  num_undecodable = (
+      (listed.files | "FileNames" >> beam.Map(lambda kv: kv[1]),
+       listed.rejects | "RejectNames" >> beam.MapTuple(lambda key, f, reason: f))
+      | "AllNames" >> beam.Flatten()
+      | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
+      | "CountUndecodable" >> beam.combiners.Count.Globally()
+  )
+  launcher_rejects = layout.launcher_rejects()
   summary = (
       p
       | "SummaryTrigger" >> beam.Create([None])
       | "SummarizeInputs" >> beam.Map(
-          _summarize_inputs, counts=beam.pvalue.AsDict(per_folder), folders=folders,
-          num_strays=len(layout.stray_files))
+          _summarize_inputs, counts=beam.pvalue.AsDict(per_folder),
+          num_listing_rejects=beam.pvalue.AsSingleton(num_listing_rejects),
+          num_undecodable=beam.pvalue.AsSingleton(num_undecodable),
+          num_launcher_undecodable=layout.num_undecodable(),
+          folders=[(s, _inputs.printable(c), _inputs.printable(f)) for s, c, f in folders],
+          num_launcher_rejects=len(launcher_rejects))
   )
-  strays = [Reject(f, "not inside a class folder") for f in layout.stray_files]
-  return {"records": converted.records, "rejects": converted[_ConvertImageFn.REJECTS]} | "Write" >> WriteOutput(
-      spec, summary=summary, launcher_rejects=strays
+  rejects = ((converted[_ConvertImageFn.REJECTS], listing_rejects) | "AllRejects" >> beam.Flatten())
+  return {"records": converted.records, "rejects": rejects} | "Write" >> WriteOutput(
+      spec, summary=summary, launcher_rejects=launcher_rejects
   )
 
 

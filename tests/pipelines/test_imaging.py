@@ -83,3 +83,33 @@ def test_options_are_validated():
     ImageOptions(encoding="png")
   with pytest.raises(ValueError, match="positive"):
     ImageOptions(size=(0, 4))
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+  """A PNG signature and IHDR claiming width x height, then a truncated IDAT: Pillow
+  reads the size from it without decoding anything."""
+  import struct
+  import zlib
+
+  def chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+  ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit grayscale
+  return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+
+
+def test_image_over_the_pixel_cap_is_rejected_with_a_true_reason():
+  data = _png_header_only(13000, 13000)
+  with pytest.raises(BadImage, match=r"^image too large: 13000x13000 pixels > 100000000$"):
+    convert(data, ImageOptions(max_pixels=100_000_000))
+  with pytest.raises(BadImage, match=r"^image too large: 14000x13000 pixels > 178956970$"):
+    convert(_png_header_only(14000, 13000), ImageOptions())  # the default cap
+
+
+def test_image_under_the_cap_but_over_pillows_limit_is_converted():
+  """9500x9500 = 90 M pixels: above Pillow's own warning threshold (89 M, which once
+  made such images "corrupt or truncated"), under the toolkit's cap. Grayscale keeps it light."""
+  buf = io.BytesIO()
+  Image.new("L", (9500, 9500), 128).save(buf, "PNG")
+  out = convert(buf.getvalue(), ImageOptions(size=(4, 4), encoding="raw"))
+  assert len(out) == 4 * 4 * 3 and set(out) == {128}

@@ -1,0 +1,386 @@
+"""Listing and reading input files, local or gs://, whatever a file system holds.
+
+Paths are data, never patterns: a folder named `scans[2024]` is listed as that
+folder (no glob matching anywhere), and a gs:// folder is listed by its literal
+object-name prefix. Listing is recursive and literal:
+
+- local folders are walked with `os.scandir`; symbolic links are followed, and
+  every real folder is listed once (a visited set of (st_dev, st_ino)), so a
+  link loop ends as a reject "symbolic link loop";
+- anything that is not a regular file or a folder (FIFO, socket, device,
+  dangling link, link loop, unreadable folder) is a reject with a fixed reason;
+  no such entry is ever opened, so nothing blocks on a FIFO;
+- names that are not valid UTF-8 are kept exactly (`InputFile.raw`, the bytes) and
+  shown with Python's backslashreplace escapes (byte 0xff → `\\xff`) in
+  `InputFile.path`, which is what records and errors/ hold;
+- gs:// objects whose names end with "/" are folder markers, not files.
+
+`read_input` reads a whole file. Errors that are properties of the file (not a
+regular file, vanished, permission denied) raise `Unreadable`, a reject.
+Transient errors (HTTP 5xx/429, timeouts, connection resets or aborts) are
+retried with exponential backoff and jitter for up to `budget` seconds, then raise
+`TransientInputError`, which fails the job: a network blip never becomes a reject.
+Reasons never contain file contents or `str()` of an arbitrary exception.
+
+Only the `ListFiles` transform at the end needs Beam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+import errno
+import functools
+import os
+import random
+import stat
+import time
+from typing import NamedTuple, TypeVar
+
+import apache_beam as beam
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exc
+from google.cloud import storage
+from google.cloud.storage import exceptions as storage_exc
+import requests
+import urllib3
+
+DEFAULT_TRANSIENT_RETRY_SECONDS = 300.0
+_ATTEMPT_TIMEOUT_S = 60.0  # one HTTP request; a stalled one is retried within the budget
+_FIRST_DELAY_S = 0.5
+_MAX_DELAY_S = 30.0
+_T = TypeVar("_T")
+
+
+class Unreadable(Exception):
+  """The file itself cannot be read (not a regular file, vanished, permission denied).
+
+  The message is the reject's reason, a fixed phrase.
+  """
+
+
+class TransientInputError(RuntimeError):
+  """A transient error (5xx, timeout, connection reset) persisted past the retry budget."""
+
+
+class InputFile(NamedTuple):
+  """A listed path, safe to carry in Beam elements (every str is valid UTF-8).
+
+  `path` is printable: a local name that is not valid UTF-8 has its undecodable
+  bytes as `\\xNN` escapes (Python's backslashreplace). Then `raw` holds the exact
+  bytes of the path (os.fsencode); otherwise `raw` is empty and `path` is exact.
+  """
+
+  path: str
+  raw: bytes = b""
+
+  @classmethod
+  def of(cls, location: str) -> InputFile:
+    """From a path as the OS gives it (undecodable bytes as surrogate escapes)."""
+    shown = printable(location)
+    return cls(shown) if shown == location else cls(shown, os.fsencode(location))
+
+  @property
+  def location(self) -> str:
+    """The path to open (with surrogate escapes where the name is not UTF-8)."""
+    return os.fsdecode(self.raw) if self.raw else self.path
+
+  @property
+  def undecodable(self) -> bool:
+    """True when the name is not valid UTF-8 (and `path` shows escapes)."""
+    return bool(self.raw)
+
+
+def printable(location: str) -> str:
+  """`location` with bytes that are not UTF-8 as `\\xNN`; unchanged for UTF-8 names."""
+  if is_gcs(location):
+    return location
+  try:
+    location.encode("utf-8")
+    return location
+  except UnicodeEncodeError:
+    return os.fsencode(location).decode("utf-8", "backslashreplace")
+
+
+def undecodable_warning(count: int) -> str:
+  """The manifest's warning when `count` names are not valid UTF-8."""
+  return (f"{count} input name{' is' if count == 1 else 's are'} not valid UTF-8; "
+          "shown with \\xNN escapes of the bytes that are not (Python's backslashreplace)")
+
+
+class Listing(NamedTuple):
+  """Files found below a folder, and entries that are not files, with the reason."""
+
+  files: list[InputFile]
+  rejects: list[tuple[InputFile, str]]
+
+
+def is_gcs(path: str) -> bool:
+  return path.startswith("gs://")
+
+
+# ---------------------------------------------------------------- local listing
+
+_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+          (stat.S_ISBLK, "block device"))
+
+
+def _kind(mode: int) -> str:
+  return next((name for test, name in _KINDS if test(mode)), f"file type {stat.S_IFMT(mode):o}")
+
+
+def _os_reason(e: OSError) -> str:
+  """A fixed phrase for an OS error (never its message, which may echo anything)."""
+  if e.errno in (errno.EACCES, errno.EPERM):
+    return "permission denied"
+  if e.errno in (errno.ENOENT, errno.ENOTDIR):
+    return "vanished (listed, then gone)"
+  if e.errno == errno.ELOOP:
+    return "symbolic link loop"
+  return f"unreadable: {type(e).__name__} ({errno.errorcode.get(e.errno, e.errno)})"
+
+
+def scan_dir(folder: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+  """(folder names, regular file names, (name, reason) of anything else) directly in a
+  local `folder`, each sorted; symbolic links are judged by their target."""
+  dirs, files, others = [], [], []
+  with os.scandir(folder) as it:
+    entries = sorted(it, key=lambda e: e.name)
+  for e in entries:
+    mode, reason = _mode_of(e.path, e.is_symlink())
+    if mode is None:
+      others.append((e.name, reason))
+    elif stat.S_ISDIR(mode):
+      dirs.append(e.name)
+    elif stat.S_ISREG(mode):
+      files.append(e.name)
+    else:
+      others.append((e.name, f"not a regular file ({_kind(mode)})"))
+  return dirs, files, others
+
+
+def _mode_of(path: str, is_link: bool) -> tuple[int | None, str]:
+  """(st_mode of what `path` points to, "") or (None, the reason it cannot be known)."""
+  try:
+    return os.stat(path).st_mode, ""
+  except OSError as e:
+    if is_link and e.errno in (errno.ENOENT, errno.ENOTDIR):
+      return None, "dangling symbolic link"
+    return None, _os_reason(e)
+
+
+def _ancestor_ids(folder: str) -> list[tuple[int, int]]:
+  """(st_dev, st_ino) of `folder` and of every folder above its real path."""
+  ids, path = [], os.path.realpath(folder)
+  while True:
+    st = os.stat(path)
+    ids.append((st.st_dev, st.st_ino))
+    parent = os.path.dirname(path)
+    if parent == path:
+      return ids
+    path = parent
+
+
+def _list_local(root: str) -> Listing:
+  files: list[InputFile] = []
+  rejects: list[tuple[InputFile, str]] = []
+  visited = set(_ancestor_ids(root))  # a link to a folder above `root` is a loop too
+  stack: list[tuple[str, frozenset]] = [(root, frozenset(visited))]  # (folder, its ancestors' ids)
+  while stack:
+    folder, ancestors = stack.pop()
+    try:
+      with os.scandir(folder) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    except OSError as e:
+      rejects.append((InputFile.of(folder), f"unreadable folder: {_os_reason(e)}"))
+      continue
+    below = []
+    for e in entries:
+      is_link = e.is_symlink()
+      try:
+        st = os.stat(e.path)
+      except OSError:
+        rejects.append((InputFile.of(e.path), _mode_of(e.path, is_link)[1]))
+        continue
+      if stat.S_ISDIR(st.st_mode):
+        key = (st.st_dev, st.st_ino)
+        if key in ancestors:
+          rejects.append((InputFile.of(e.path), "symbolic link loop"))
+        elif key in visited:
+          rejects.append((InputFile.of(e.path), "folder already listed through another path"))
+        else:
+          visited.add(key)
+          below.append((e.path, ancestors | {key}))
+      elif stat.S_ISREG(st.st_mode):
+        files.append(InputFile.of(e.path))
+      else:
+        rejects.append((InputFile.of(e.path), f"not a regular file ({_kind(st.st_mode)})"))
+    stack.extend(reversed(below))  # depth first, in name order
+  return Listing(files, rejects)
+
+
+# ---------------------------------------------------------------- gs://
+
+@functools.lru_cache(maxsize=4)
+def _client(emulator_host: str | None) -> storage.Client:
+  """One client per process (and emulator address, for tests)."""
+  if emulator_host:
+    from google.auth.credentials import AnonymousCredentials
+
+    return storage.Client(project="emulator", credentials=AnonymousCredentials())
+  return storage.Client()
+
+
+def _gcs_client() -> storage.Client:
+  return _client(os.environ.get("STORAGE_EMULATOR_HOST"))
+
+
+def _split_gcs(path: str) -> tuple[str, str]:
+  bucket, _, name = path[len("gs://"):].partition("/")
+  return bucket, name
+
+
+def _list_gcs(root: str, budget: float) -> Listing:
+  bucket, name = _split_gcs(root)
+  prefix = name.rstrip("/") + "/" if name else ""
+
+  def names(timeout: float) -> list[str]:
+    blobs = _gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
+    return [b.name for b in blobs]
+
+  found = with_retries(names, f"listing {root}", budget)
+  return Listing([InputFile(f"gs://{bucket}/{n}") for n in sorted(found) if not n.endswith("/")], [])
+
+
+def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS) -> Listing:
+  """Every file below `folder` (recursively, literally), sorted, and the rejects.
+
+      list_tree("/data/scans[2024]")  # the folder of that name, not a pattern
+  """
+  return _list_gcs(folder, budget) if is_gcs(folder) else _list_local(folder)
+
+
+# ---------------------------------------------------------------- reading
+
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, n) for n in ("ETIMEDOUT", "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EHOSTUNREACH",
+                                "ENETUNREACH", "ENETDOWN", "ENETRESET", "EPIPE", "ESTALE") if hasattr(errno, n))
+_TRANSIENT_TYPES = (
+    gexc.TooManyRequests, gexc.ServerError, requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError,
+    auth_exc.TransportError, storage_exc.DataCorruption, ConnectionError, TimeoutError,
+)
+
+
+def is_transient(e: BaseException) -> bool:
+  """True for errors that may pass on a retry: HTTP 5xx/429/408, timeouts, dropped connections."""
+  if isinstance(e, storage_exc.InvalidResponse):
+    status = getattr(getattr(e, "response", None), "status_code", 0) or 0
+    return status >= 500 or status in (408, 429)
+  if isinstance(e, _TRANSIENT_TYPES):
+    return True
+  return isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS
+
+
+def with_retries(fn: Callable[[float], _T], what: str, budget: float) -> _T:
+  """`fn(timeout)`, retried on transient errors with exponential backoff and full
+  jitter for up to `budget` seconds; then TransientInputError naming `what`."""
+  deadline = time.monotonic() + budget
+  attempts = 0
+  while True:
+    attempts += 1
+    remaining = deadline - time.monotonic()
+    try:
+      return fn(max(1.0, min(_ATTEMPT_TIMEOUT_S, remaining)))
+    except Exception as e:
+      if not is_transient(e):
+        raise
+      remaining = deadline - time.monotonic()
+      if remaining <= 0:
+        raise TransientInputError(
+            f"{what}: transient {type(e).__name__} persisted after {attempts} attempts in "
+            f"{budget:g} s (--transient_retry_seconds)") from e
+      # Jitter spreads the retries of many workers; it is timing only, never data.
+      delay = random.uniform(0, min(_MAX_DELAY_S, _FIRST_DELAY_S * 2 ** (attempts - 1)))
+      time.sleep(min(delay, remaining))
+
+
+def _read_local(location: str) -> bytes:
+  """The bytes of a regular file. O_NONBLOCK: opening a FIFO or a device never waits."""
+  try:
+    fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+  except OSError as e:
+    if e.errno in _TRANSIENT_ERRNOS:
+      raise
+    raise Unreadable(_os_reason(e)) from None
+  try:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+      raise Unreadable(f"not a regular file ({'folder' if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)})")
+    chunks = []
+    while chunk := os.read(fd, 1 << 24):
+      chunks.append(chunk)
+    return b"".join(chunks)
+  except OSError as e:
+    if e.errno in _TRANSIENT_ERRNOS:
+      raise
+    raise Unreadable(_os_reason(e)) from None
+  finally:
+    os.close(fd)
+
+
+def _read_gcs(path: str, timeout: float) -> bytes:
+  bucket, name = _split_gcs(path)
+  try:
+    return _gcs_client().bucket(bucket).blob(name).download_as_bytes(retry=None, timeout=timeout)
+  except gexc.NotFound:
+    raise Unreadable("vanished (listed, then gone)") from None
+  except gexc.Forbidden:
+    raise Unreadable("permission denied") from None
+
+
+def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS) -> bytes:
+  """The whole file at `path` (local with surrogate escapes, or gs://).
+
+  Raises Unreadable (a reject: the file's own fault) or TransientInputError (the
+  job's: transient errors persisted for `budget` seconds).
+  """
+  if is_gcs(path):
+    return with_retries(functools.partial(_read_gcs, path), f"reading {path}", budget)
+  return with_retries(lambda _: _read_local(path), f"reading {printable(path)}", budget)
+
+
+# ---------------------------------------------------------------- Beam
+
+class _ListFolderFn(beam.DoFn):
+  """(key, folder InputFile) → (key, InputFile) per file; (key, InputFile, reason) per reject."""
+
+  REJECTS = "rejects"
+
+  def __init__(self, budget: float):
+    self._budget = budget
+
+  def process(self, element) -> Iterator:
+    key, folder = element
+    listing = list_tree(folder.location, self._budget)
+    for f in listing.files:
+      yield key, f
+    for f, reason in listing.rejects:
+      yield beam.pvalue.TaggedOutput(self.REJECTS, (key, f, reason))
+
+
+class ListFiles(beam.PTransform):
+  """PCollection[(key, folder InputFile)] → files: (key, InputFile), rejects: (key, InputFile, reason).
+
+      listed = folders | ListFiles(budget)
+      listed.files, listed.rejects
+
+  Each folder is listed by one worker; the files are spread over workers after.
+  """
+
+  def __init__(self, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS):
+    super().__init__()
+    self._budget = budget
+
+  def expand(self, folders):
+    return folders | "ListFolder" >> beam.ParDo(_ListFolderFn(self._budget)).with_outputs(
+        _ListFolderFn.REJECTS, main="files")

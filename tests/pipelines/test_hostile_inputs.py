@@ -1,0 +1,272 @@
+"""Hostile inputs: whatever a file system holds, odd flags, transient faults.
+
+Each case asserts the invariant, not just the exit status: the output verifies,
+every entry of the input tree is counted once (records + rejects), nothing
+hangs (the CLI runs in a subprocess with a timeout), a bad flag is one line and
+exit 2 with nothing written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+import make_sample_ct as ct
+from formats import files, inspect
+from formats.manifest import Manifest
+from pipelines import _inputs, ct_volumes, image_folder
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+NON_UTF8 = b"caf\xe9.jpg"  # Latin-1 "café.jpg": not valid UTF-8
+
+
+def _jpeg(seed: int) -> bytes:
+  buf = io.BytesIO()
+  Image.new("RGB", (16, 12), (seed * 40 % 256, 80, 160)).save(buf, "JPEG")
+  return buf.getvalue()
+
+
+def _write(path: str | bytes, data: bytes) -> None:
+  with open(path, "wb") as f:
+    f.write(data)
+
+
+def _socket_at(path: str) -> None:
+  """A UNIX socket file at `path` (bound at a short name, then moved: sun_path is short)."""
+  short = f"/tmp/s{os.getpid()}-{len(path)}"
+  s = socket.socket(socket.AF_UNIX)
+  try:
+    s.bind(short)
+  finally:
+    s.close()
+  os.rename(short, path)
+
+
+def make_hostile_tree(root: str) -> tuple[int, dict[str, str]]:
+  """Two classes of good images among every odd entry a local file system can hold.
+
+  Returns (number of images that must become records, {printable relative path:
+  reason prefix} of the entries that must be rejects).
+  """
+  for cls in ("cat", "dog"):
+    os.makedirs(os.path.join(root, cls))
+    for i in range(2):
+      _write(os.path.join(root, cls, f"{cls}{i}.jpg"), _jpeg(i))
+  cat, dog = os.path.join(root, "cat"), os.path.join(root, "dog")
+  _write(os.path.join(os.fsencode(cat), NON_UTF8), _jpeg(7))  # a good image with a non-UTF-8 name
+  os.symlink("loop.jpg", os.path.join(cat, "loop.jpg"))  # a self-referencing link
+  os.symlink("nowhere.jpg", os.path.join(cat, "gone.jpg"))  # a dangling link
+  os.mkfifo(os.path.join(cat, "pipe.jpg"))  # a FIFO: opening it would wait for a writer forever
+  _socket_at(os.path.join(cat, "sock.jpg"))
+  os.symlink("/dev/null", os.path.join(cat, "null.jpg"))  # a character device, without root
+  os.symlink("..", os.path.join(cat, "up"))  # a link to an ancestor: a loop
+  os.makedirs(os.path.join(dog, "x"))
+  os.makedirs(os.path.join(dog, "y"))
+  os.symlink("../y", os.path.join(dog, "x", "to_y"))  # x/to_y -> y and y/to_x -> x: a loop between folders
+  os.symlink("../x", os.path.join(dog, "y", "to_x"))
+  _write(os.path.join(dog, "y", "deep.jpg"), _jpeg(3))  # listed once, as y/deep.jpg: real folders first
+  os.symlink("../dog/dog0.jpg", os.path.join(cat, "linked.jpg"))  # a link to a good image: a record
+  rejects = {
+      "cat/loop.jpg": "symbolic link loop", "cat/gone.jpg": "dangling symbolic link",
+      "cat/pipe.jpg": "not a regular file (FIFO)", "cat/sock.jpg": "not a regular file (socket)",
+      "cat/null.jpg": "not a regular file (character device)", "cat/up": "symbolic link loop",
+      "dog/x/to_y": "folder already listed", "dog/y/to_x": "folder already listed",
+  }
+  return 4 + 1 + 1 + 1, rejects  # cat0 cat1 dog0 dog1, café, deep, linked
+
+
+def _run_cli(module: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        env={**os.environ, "PYTHONPATH": REPO}, timeout=timeout)
+
+
+def _manifest(out: str) -> Manifest:
+  return Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+
+
+def _rejected(out: str, m: Manifest) -> dict[str, str]:
+  rows = [json.loads(line) for line in files.read_bytes(files.join(out, m.rejected.path)).splitlines()]
+  return {r["input"]: r["reason"] for r in rows}
+
+
+# ------------------------------------------------------------------ listing, pure
+
+def test_listing_rejects_every_odd_entry_and_never_opens_them(tmp_path):
+  root = str(tmp_path / "in")
+  num_good, expected = make_hostile_tree(root)
+  listing = _inputs.list_tree(root)
+  rel = lambda f: f.path[len(root) + 1:]
+  assert sorted(rel(f) for f in listing.files) == sorted(
+      ["cat/cat0.jpg", "cat/cat1.jpg", "cat/caf\\xe9.jpg", "cat/linked.jpg", "dog/dog0.jpg", "dog/dog1.jpg",
+       "dog/y/deep.jpg"])
+  assert len(listing.files) == num_good
+  got = {rel(f): reason for f, reason in listing.rejects}
+  assert got.keys() == expected.keys()
+  for path, reason in expected.items():
+    assert got[path].startswith(reason), (path, got[path])
+  (odd,) = [f for f in listing.files if f.undecodable]
+  assert odd.raw.endswith(NON_UTF8) and _inputs.read_input(odd.location) == _jpeg(7)
+
+
+def test_read_input_never_blocks_on_a_fifo_and_names_the_reason(tmp_path):
+  fifo = str(tmp_path / "pipe.jpg")
+  os.mkfifo(fifo)
+  with pytest.raises(_inputs.Unreadable, match=r"not a regular file \(FIFO\)"):
+    _inputs.read_input(fifo)
+  with pytest.raises(_inputs.Unreadable, match="vanished"):
+    _inputs.read_input(str(tmp_path / "absent.jpg"))
+
+
+def test_unreadable_file_is_a_permission_reject(tmp_path):
+  if IS_ROOT:
+    pytest.skip("running as root: chmod 000 does not stop root from reading, so there is no error to see")
+  path = str(tmp_path / "secret.jpg")
+  _write(path, _jpeg(1))
+  os.chmod(path, 0)
+  with pytest.raises(_inputs.Unreadable, match="^permission denied$"):
+    _inputs.read_input(path)
+
+
+# ------------------------------------------------------------------ image_folder end to end
+
+def test_hostile_tree_converts_with_every_entry_counted(tmp_path):
+  root = str(tmp_path / "in")
+  num_good, expected = make_hostile_tree(root)
+  out = str(tmp_path / "out")
+  # --layout: cat/up links to the root, so "auto" would see cat and dog as split folders.
+  r = _run_cli("pipelines.image_folder", f"--input={root}", f"--output={out}", "--layout=classes", timeout=240)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert inspect.main([out, "--verify"]) == 0
+  m = _manifest(out)
+  assert m.splits["train"].num_records == num_good
+  rejected = {p[len(root) + 1:]: reason for p, reason in _rejected(out, m).items()}
+  assert rejected.keys() == expected.keys()  # every odd entry counted once, none lost
+  for path, reason in expected.items():
+    assert rejected[path].startswith(reason), (path, rejected[path])
+  assert any("not valid UTF-8" in w for w in m.warnings), m.warnings
+
+
+def test_non_utf8_name_is_a_record_with_an_escaped_file_name(tmp_path):
+  root = tmp_path / "in"
+  (root / "cat").mkdir(parents=True)
+  _write(os.path.join(os.fsencode(str(root / "cat")), NON_UTF8), _jpeg(1))
+  _write(str(root / "cat" / "plain.jpg"), _jpeg(2))
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={root}", f"--output={out}"])
+  m = _manifest(out)
+  from tests.pipelines.test_image_folder import read_split
+
+  names = sorted(rec["file_name"] for rec in read_split(out, m, "train"))
+  assert names == ["cat/caf\\xe9.jpg", "cat/plain.jpg"]
+  assert m.rejected.count == 0 and inspect.main([out, "--verify"]) == 0
+  assert any("1 input name is not valid UTF-8" in w for w in m.warnings), m.warnings
+
+
+def test_symlink_loop_at_the_top_is_a_reject_not_a_traceback(tmp_path):
+  root = tmp_path / "in"
+  (root / "cat").mkdir(parents=True)
+  _write(str(root / "cat" / "a.jpg"), _jpeg(1))
+  os.symlink("self", str(root / "self"))
+  os.symlink("missing", str(root / "dangling"))
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={root}", f"--output={out}"])
+  m = _manifest(out)
+  assert m.splits["train"].num_records == 1
+  assert {os.path.basename(p): r for p, r in _rejected(out, m).items()} == {
+      "self": "symbolic link loop", "dangling": "dangling symbolic link"}
+
+
+@pytest.mark.parametrize("folder_name", ["scans[2024]", "a*b?c"])
+def test_input_path_with_glob_characters_is_a_path(tmp_path, folder_name):
+  root = tmp_path / folder_name
+  for cls in ("cat[1]", "dog"):  # a class folder with glob characters works too
+    (root / cls).mkdir(parents=True)
+    _write(str(root / cls / "x.jpg"), _jpeg(1))
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={root}", f"--output={out}"])
+  m = _manifest(out)
+  assert m.splits["train"].num_records == 2 and m.rejected.count == 0
+  assert m.features["label"].names == ("cat[1]", "dog")
+
+
+def test_ct_input_path_with_glob_characters_is_a_path(tmp_path):
+  root = str(tmp_path / "scans[2024]")
+  ct.write_series(os.path.join(root, "p1"), patient_id="P1", seed=1, rows=8, cols=8, num_slices=3)
+  _write(os.path.join(root, "notes.txt"), b"not dicom")
+  out = str(tmp_path / "out")
+  ct_volumes.run([f"--input={root}", f"--output={out}", "--id_salt=s", "--splits=train=1"])
+  m = _manifest(out)
+  assert m.num_records == 1 and m.rejected.count == 1
+  assert inspect.main([out, "--verify"]) == 0
+
+
+def test_ct_hostile_entries_are_counted(tmp_path):
+  root = str(tmp_path / "dicom")
+  ct.write_series(os.path.join(root, "p1"), patient_id="P1", seed=1, rows=8, cols=8, num_slices=3)
+  os.mkfifo(os.path.join(root, "pipe.dcm"))
+  os.symlink("nowhere.dcm", os.path.join(root, "gone.dcm"))
+  os.symlink("..", os.path.join(root, "p1", "up"))
+  out = str(tmp_path / "out")
+  r = _run_cli("pipelines.ct_volumes", f"--input={root}", f"--output={out}", "--id_salt=s", "--splits=train=1")
+  assert r.returncode == 0, r.stderr[-3000:]
+  m = _manifest(out)
+  assert m.num_records == 1
+  reasons = {os.path.basename(p): reason for p, reason in _rejected(out, m).items()}
+  assert reasons == {"pipe.dcm": "not a regular file (FIFO)", "gone.dcm": "dangling symbolic link",
+                     "up": "symbolic link loop"}
+
+
+# ------------------------------------------------------------------ flags
+
+@pytest.fixture
+def small_folder(tmp_path) -> str:
+  root = tmp_path / "small"
+  (root / "cat").mkdir(parents=True)
+  _write(str(root / "cat" / "a.jpg"), _jpeg(1))
+  return str(root)
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--image_size=100000,100000", "--image_size sides must be <= "),
+    ("--runner=NoSuchRunner", "--runner 'NoSuchRunner' is not a Beam runner"),
+    ("--direct_num_workers=-3", "--direct_num_workers must be >= 0"),
+    ("--direct_num_workers=two", "--direct_num_workers"),
+    ("--num_workers=-1", "--num_workers must be >= 1"),
+    ("--max_image_pixels=0", "--max_image_pixels must be >= 1"),
+    ("--transient_retry_seconds=-5", "--transient_retry_seconds must be"),
+])
+def test_bad_flags_exit_2_before_any_work(small_folder, tmp_path, flag, message):
+  out = str(tmp_path / "out")
+  r = _run_cli("pipelines.image_folder", f"--input={small_folder}", f"--output={out}", flag, timeout=120)
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr[-3000:]
+  assert not os.path.exists(out)
+
+
+def test_output_through_a_symlink_into_the_input_is_refused(small_folder, tmp_path):
+  link = str(tmp_path / "elsewhere")
+  os.symlink(small_folder, link)
+  r = _run_cli("pipelines.image_folder", f"--input={small_folder}", f"--output={link}/out", timeout=120)
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert r.returncode == 2 and len(lines) == 1 and "must not be inside --input" in lines[0], r.stderr[-3000:]
+  assert sorted(os.listdir(small_folder)) == ["cat"]
+
+
+def test_output_naming_an_existing_file_is_refused_at_launch(small_folder, tmp_path):
+  out = str(tmp_path / "a_file")
+  _write(out, b"mine")
+  for module, extra in (("pipelines.image_folder", []), ("pipelines.ct_volumes", ["--id_salt=s"])):
+    r = _run_cli(module, f"--input={small_folder}", f"--output={out}", *extra, timeout=120)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "is a file" in lines[0], r.stderr[-3000:]
+    assert open(out, "rb").read() == b"mine"
