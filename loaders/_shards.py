@@ -36,16 +36,6 @@ def load_manifest(path: str) -> Manifest:
   return Manifest.loads(files.read_bytes(manifest_path))
 
 
-def tfrecord_damage(path: str) -> str | None:
-  """The first record of a TFRecord file whose framing or checksums are wrong, if any."""
-  try:
-    for _ in tfrecord.read_file(path):
-      pass
-  except tfrecord.TFRecordCorruptError as e:
-    return str(e)[len(path) + 2:]  # "record N at byte B: reason"
-  return None
-
-
 def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: Verify = "sha256",
                 file_format: str = "") -> str:
   """A local path of `shard`: itself when local (checked at level `verify`), else a verified cached download.
@@ -88,6 +78,17 @@ def tfrecord_index(path: str) -> tuple[list[int], list[int]]:
       pos += 16 + length
       f.seek(pos)
   return offsets, lengths
+
+
+def tfrecord_damage(path: str) -> str | None:
+  """The first record of a TFRecord file whose framing or checksums are wrong, if any."""
+  try:
+    tfrecord_index(path)  # the framing first: no read is longer than the file
+    for _ in tfrecord.read_file(path):
+      pass
+  except (CorruptRecordError, tfrecord.TFRecordCorruptError) as e:
+    return str(e)[len(path) + 2:]  # "record N ...: reason"
+  return None
 
 
 class _TFRecordShard:
