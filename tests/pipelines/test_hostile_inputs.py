@@ -270,3 +270,55 @@ def test_output_naming_an_existing_file_is_refused_at_launch(small_folder, tmp_p
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "is a file" in lines[0], r.stderr[-3000:]
     assert open(out, "rb").read() == b"mine"
+
+
+# ------------------------------------------------------------------ transient faults (gs://)
+
+@pytest.mark.gcs
+def test_transient_errors_are_retried_not_rejected(gcs_faults, small_folder, tmp_path):
+  from tests.conftest import upload_tree
+
+  src = f"gs://{gcs_faults.bucket}/transient_ok/in"
+  upload_tree(small_folder, src)
+  gcs_faults.add_fault("transient_ok/in/cat/a.jpg", status=503, times=2)
+  gcs_faults.add_fault("transient_ok/in/cat/a.jpg", mode="drop", times=1)
+  gcs_faults.add_fault("transient_ok/in/cat/a.jpg", status=429, times=1)
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={src}", f"--output={out}", "--transient_retry_seconds=60"])
+  m = _manifest(out)
+  assert m.splits["train"].num_records == 1 and m.rejected.count == 0
+  assert gcs_faults.requests_seen("transient_ok/in/cat/a.jpg") >= 5
+
+
+@pytest.mark.gcs
+@pytest.mark.parametrize("mode", ["status", "stall"])
+def test_persistent_transient_errors_fail_the_job_and_keep_the_previous_output(gcs_faults, small_folder, tmp_path,
+                                                                               mode):
+  from tests.conftest import upload_tree
+
+  src = f"gs://{gcs_faults.bucket}/transient_{mode}/in"
+  upload_tree(small_folder, src)
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={src}", f"--output={out}"])
+  before = open(os.path.join(out, "manifest.json"), "rb").read()
+  gcs_faults.add_fault(f"transient_{mode}/in/cat/a.jpg", status=503, mode=mode, stall_seconds=8)
+  with pytest.raises(Exception) as info:
+    image_folder.run([f"--input={src}", f"--output={out}", "--overwrite=true", "--transient_retry_seconds=2"])
+  assert "persisted" in str(info.value) and "transient" in str(info.value), info.value
+  assert open(os.path.join(out, "manifest.json"), "rb").read() == before  # no new manifest
+  assert inspect.main([out, "--verify"]) == 0
+
+
+@pytest.mark.gcs
+def test_ct_persistent_transient_error_fails_the_job(gcs_faults, tmp_path):
+  from tests.conftest import upload_tree
+
+  local = str(tmp_path / "dicom")
+  ct.write_series(os.path.join(local, "p1"), patient_id="P1", seed=1, rows=8, cols=8, num_slices=3)
+  src = f"gs://{gcs_faults.bucket}/transient_ct/dicom"
+  upload_tree(local, src)
+  gcs_faults.add_fault("transient_ct/dicom/p1/", status=503)
+  out = str(tmp_path / "out")
+  with pytest.raises(Exception, match="persisted"):
+    ct_volumes.run([f"--input={src}", f"--output={out}", "--id_salt=s", "--transient_retry_seconds=1"])
+  assert not os.path.exists(os.path.join(out, "manifest.json"))
