@@ -34,8 +34,8 @@ def gcs_inputs(gcs_emulator, class_folder, tmp_path_factory):
 
 
 EXPECTED_STEPS = {
-    "image_folder": {"MatchFiles", "Convert", "Write"},
-    "ct_volumes": {"MatchFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "SpreadVolumes", "ReadVolumes", "Write"},
+    "image_folder": {"ListFiles", "Convert", "Write"},
+    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "SpreadVolumes", "ReadVolumes", "Write"},
     "ogb_graphs": {"EdgeSources", "ReadEdges", "GroupByPartition", "SortPartitions", "Assemble"},
 }
 MODULES = {"image_folder": image_folder, "ct_volumes": ct_volumes, "ogb_graphs": ogb_graphs}
