@@ -62,7 +62,7 @@ def read_records(f: BinaryIO, name: str = "<stream>", verify: bool = True) -> It
     (length_crc,) = _CRC.unpack_from(header, 8)
     if verify and masked_crc32c(header[:8]) != length_crc:
       raise TFRecordCorruptError(f"{name}: record {index} at byte {offset}: bad length checksum")
-    data = f.read(length)
+    data = _read_at_most(f, length)
     footer = f.read(4)
     if len(data) < length or len(footer) < 4:
       raise TFRecordCorruptError(f"{name}: record {index} at byte {offset}: truncated data")
@@ -71,6 +71,21 @@ def read_records(f: BinaryIO, name: str = "<stream>", verify: bool = True) -> It
     yield data
     index += 1
     offset += 16 + length
+
+
+def _read_at_most(f: BinaryIO, n: int, chunk: int = 16 << 20) -> bytes:
+  """Up to `n` bytes, in chunks: a header claiming a huge length (its CRC may be forged)
+  must not allocate that much before the stream runs out."""
+  if n <= chunk:
+    return f.read(n)
+  parts, got = [], 0
+  while got < n:
+    part = f.read(min(chunk, n - got))
+    if not part:
+      break
+    parts.append(part)
+    got += len(part)
+  return b"".join(parts)
 
 
 def read_file(path: str, verify: bool = True) -> Iterator[bytes]:

@@ -38,3 +38,21 @@ def test_truncation_is_an_error():
   data = tfrecord.frame(b"payload")[:-3]
   with pytest.raises(tfrecord.TFRecordCorruptError, match="truncated"):
     list(tfrecord.read_records(io.BytesIO(data)))
+
+
+def test_a_forged_huge_length_is_truncated_data_not_a_huge_allocation(tmp_path):
+  import struct
+  import tracemalloc
+
+  from formats.tfrecord import TFRecordCorruptError, masked_crc32c, read_file
+
+  length = struct.pack("<Q", 1 << 36)  # 64 GiB, with a valid length CRC
+  path = tmp_path / "forged.tfrecord"
+  path.write_bytes(length + struct.pack("<I", masked_crc32c(length)) + b"x" * 100)
+  tracemalloc.start()
+  try:
+    with pytest.raises(TFRecordCorruptError, match="record 0 at byte 0: truncated data"):
+      list(read_file(str(path)))
+    assert tracemalloc.get_traced_memory()[1] < 64 << 20
+  finally:
+    tracemalloc.stop()
