@@ -33,8 +33,8 @@ from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines import _cli, _inputs
 from pipelines._ct_assembly import (
-    DEFAULT_TOLERANCE, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
-from pipelines._ct_headers import Rejected, read_slices, salted_hash
+    DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
+from pipelines._ct_headers import MAX_FILE_BYTES, Rejected, read_slices, salted_hash
 from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
 
 PIPELINE = "pipelines.ct_volumes"
@@ -53,6 +53,11 @@ class CtVolumesOptions(PipelineOptions):
                         help="auto (int16, float32 if a rescale is not integral), int16 or float32.")
     parser.add_argument("--slice_tolerance", default=str(DEFAULT_TOLERANCE),
                         help="Largest relative deviation of a slice gap from the mean spacing.")
+    parser.add_argument("--max_file_bytes", default=str(MAX_FILE_BYTES),
+                        help="Largest decoded pixel data of one DICOM file (Rows x Columns x frames x "
+                             "BitsAllocated / 8), checked from the header before any pixel is read.")
+    parser.add_argument("--max_volume_voxels", default=str(MAX_VOLUME_VOXELS),
+                        help="Largest volume in voxels; a larger series is rejected before any pixel is read.")
 
 
 def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
@@ -121,9 +126,10 @@ class _ReadHeadersFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, salt: str, retry_seconds: float):
+  def __init__(self, salt: str, retry_seconds: float, max_file_bytes: int = MAX_FILE_BYTES):
     self._salt = salt
     self._retry_seconds = retry_seconds
+    self._max_file_bytes = max_file_bytes
 
   def setup(self):
     self._files = Metrics.counter(PIPELINE, "files_read")
@@ -134,7 +140,7 @@ class _ReadHeadersFn(beam.DoFn):
     self._files.inc()
     try:
       data = _inputs.read_input(f.location, self._retry_seconds)  # a transient error fails the job
-      slices = read_slices(io.BytesIO(data), f.path, self._salt)
+      slices = read_slices(io.BytesIO(data), f.path, self._salt, self._max_file_bytes)
     except (Rejected, _inputs.Unreadable) as e:
       self._rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
@@ -149,12 +155,13 @@ class _PlanFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, tolerance: float):
+  def __init__(self, tolerance: float, max_volume_voxels: int = MAX_VOLUME_VOXELS):
     self._tolerance = tolerance
+    self._max_volume_voxels = max_volume_voxels
 
   def process(self, element):
     _, slices = element
-    plans, rejected = plan_volumes(list(slices), self._tolerance)
+    plans, rejected = plan_volumes(list(slices), self._tolerance, self._max_volume_voxels)
     for path, reason, frames in rejected:
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, units=frames))
     yield from plans
@@ -165,10 +172,12 @@ class _ReadVolumeFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, splits, features_by_dtype: dict[str, Features], retry_seconds: float):
+  def __init__(self, splits, features_by_dtype: dict[str, Features], retry_seconds: float,
+               max_volume_voxels: int = MAX_VOLUME_VOXELS):
     self._splits = splits
     self._features = features_by_dtype
     self._retry_seconds = retry_seconds
+    self._max_volume_voxels = max_volume_voxels
 
   def setup(self):
     self._volumes = Metrics.counter(PIPELINE, "volumes_written")
@@ -179,7 +188,7 @@ class _ReadVolumeFn(beam.DoFn):
     split = split_of(plan.patient_id, self._splits)
     opener = _Opener(raw_paths, self._retry_seconds)
     try:
-      volume, dropped = read_volume(plan, opener, dtype)
+      volume, dropped = read_volume(plan, opener, dtype, self._max_volume_voxels)
     except SeriesRejected as e:
       transient = [x for x in opener.errors.values() if isinstance(x, _inputs.TransientInputError)]
       if transient:
@@ -242,6 +251,8 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
       seed=_cli.int_flag("seed", c.seed, 0), salt=o.id_salt, splits=splits,
       volume_dtype=o.volume_dtype, tolerance=tolerance,
       retry_seconds=_cli.seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
+      max_file_bytes=_cli.int_flag("max_file_bytes", o.max_file_bytes, 1),
+      max_volume_voxels=_cli.int_flag("max_volume_voxels", o.max_volume_voxels, 1),
   )
 
 
@@ -258,7 +269,8 @@ def build(p: beam.Pipeline, args: dict):
       description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
       source={"pipeline": PIPELINE, "input": _inputs.printable(args["root"]), "splits": dict(splits),
               "volume_dtype": policy, "slice_tolerance": args["tolerance"], "seed": args["seed"],
-              "num_shards": args["num_shards"]},
+              "num_shards": args["num_shards"], "max_file_bytes": args["max_file_bytes"],
+              "max_volume_voxels": args["max_volume_voxels"]},
   )
   retry_seconds = args["retry_seconds"]
   listed = (
@@ -274,12 +286,12 @@ def build(p: beam.Pipeline, args: dict):
       | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
       | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
   )
-  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"], retry_seconds)).with_outputs(
+  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"], retry_seconds, args["max_file_bytes"])).with_outputs(
       _ReadHeadersFn.REJECTS, main="slices")
   planned = (
       headers.slices
       | "GroupBySeries" >> beam.GroupByKey()
-      | "PlanVolumes" >> beam.ParDo(_PlanFn(args["tolerance"])).with_outputs(_PlanFn.REJECTS, main="plans")
+      | "PlanVolumes" >> beam.ParDo(_PlanFn(args["tolerance"], args["max_volume_voxels"])).with_outputs(_PlanFn.REJECTS, main="plans")
   )
   dtype = (
       planned.plans
@@ -291,7 +303,7 @@ def build(p: beam.Pipeline, args: dict):
       planned.plans
       | "SpreadVolumes" >> beam.Reshuffle()
       | "ReadVolumes" >> beam.ParDo(
-          _ReadVolumeFn(splits, features_by_dtype, retry_seconds), dtype=beam.pvalue.AsSingleton(dtype),
+          _ReadVolumeFn(splits, features_by_dtype, retry_seconds, args["max_volume_voxels"]), dtype=beam.pvalue.AsSingleton(dtype),
           raw_paths=beam.pvalue.AsDict(raw_paths)
       ).with_outputs(_ReadVolumeFn.REJECTS, main="records")
   )

@@ -235,10 +235,10 @@ def test_short_pixel_data_is_found_before_anything_is_allocated(tmp_path):
 # --------------------------------------------------------------------------- end to end
 
 
-def _run_pipeline(src: str, out: str) -> dict:
+def _run_pipeline(src: str, out: str, *flags: str) -> dict:
   from pipelines import ct_volumes
 
-  ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--splits=train=1.0"])
+  ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--splits=train=1.0", *flags])
   with open(os.path.join(out, "manifest.json")) as f:
     return json.load(f)
 
@@ -296,3 +296,26 @@ def test_huge_dimension_files_do_not_stop_the_job(tmp_path):
   rejects = _rejects(out, manifest)
   assert set(rejects) == big
   assert all(r.startswith("pixel data over the size limit") and "Rows (0028,0010)" in r for r in rejects.values())
+
+
+@pytest.mark.slow
+def test_the_caps_are_flags_of_the_pipeline(tmp_path):
+  from pipelines import _cli
+
+  src = str(tmp_path / "in")
+  os.makedirs(src)
+  files = _series(src, 3)
+  rows, cols = _headers(files[0])[0].rows, _headers(files[0])[0].columns
+  m = _run_pipeline(src, str(tmp_path / "vox"), f"--max_volume_voxels={3 * rows * cols - 1}")
+  assert m["splits"]["train"]["num_records"] == 0 and m["rejected"]["count"] == 3
+  assert all("volume over the size limit" in r for r in _rejects(str(tmp_path / "vox"), m).values())
+  m = _run_pipeline(src, str(tmp_path / "file"), f"--max_file_bytes={rows * cols * 2 - 1}")
+  assert m["rejected"]["count"] == 3
+  assert all(r.startswith("pixel data over the size limit") for r in _rejects(str(tmp_path / "file"), m).values())
+  m = _run_pipeline(src, str(tmp_path / "ok"), f"--max_volume_voxels={3 * rows * cols}",
+                    f"--max_file_bytes={rows * cols * 2}")
+  assert m["splits"]["train"]["num_records"] == 1 and m["rejected"]["count"] == 0
+  for bad in ("--max_file_bytes=0", "--max_volume_voxels=-1", "--max_file_bytes=lots"):
+    with pytest.raises(_cli.UsageError, match=bad.split("=")[0]):
+      _run_pipeline(src, str(tmp_path / "bad"), bad)
+  assert not os.path.exists(tmp_path / "bad")
