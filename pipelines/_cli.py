@@ -259,9 +259,24 @@ def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pip
   return result
 
 
+# Errors `main` reports as one line: Beam's own log of their traceback is noise.
+_ONE_LINE_ERRORS = (UsageError, InputDataError, _inputs.TransientInputError, commit.CommitConflict)
+
+
+class _OneLineErrors(logging.Filter):
+  """Drops Beam's ERROR records (a full traceback) for errors `main` prints as one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (record.name.startswith("apache_beam") and isinstance(exc, _ONE_LINE_ERRORS))
+
+
 def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:
-  """Runs `run(sys.argv[1:])`: one-line errors with exit status 2 for bad arguments."""
+  """Runs `run(sys.argv[1:])`: one-line errors, exit status 2 for bad arguments and 1 for
+  unusable input, persistent transient faults and a lost race to another run."""
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(_OneLineErrors())
   for noisy in ("apache_beam", "google", "urllib3", "absl"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   try:
@@ -270,12 +285,16 @@ def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:
     print(f"{prog}: error: {e}", file=sys.stderr)
     sys.exit(2)
   except InputDataError as e:  # the whole input is unusable: no output was marked complete
-    print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)
+    print(f"{prog}: error: {_message(e)}", file=sys.stderr)
     sys.exit(1)
   except _inputs.TransientInputError as e:  # the job failed before its switch: no new manifest
-    print(f"{prog}: error: {str(e).split(' [while running')[0]}; nothing was committed, run again",
-          file=sys.stderr)
+    print(f"{prog}: error: {_message(e)}; nothing was committed, run again", file=sys.stderr)
     sys.exit(1)
   except commit.CommitConflict as e:  # lost a race to another run: its output stands
-    print(f"{prog}: error: {str(e).split(' [while running')[0]}", file=sys.stderr)
+    print(f"{prog}: error: {_message(e)}", file=sys.stderr)
     sys.exit(1)
+
+
+def _message(e: Exception) -> str:
+  """The error's own text, without the step name Beam appends."""
+  return str(e).split(" [while running")[0]

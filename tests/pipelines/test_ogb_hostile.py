@@ -96,14 +96,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def _one_line_error(r: subprocess.CompletedProcess, text: str) -> None:
-  """Exit 1, and stderr ends with the one line `prog: error: ...text...`, the only such line.
-
-  (Beam's DirectRunner also logs a failing DoFn's traceback; see the report on issue 9.)
-  """
+  """Exit 1, and stderr ends with the one line `prog: error: ...text...`, the only such line,
+  with no traceback (Beam's own log of the failing step's traceback is filtered by _cli.main)."""
   assert r.returncode == 1, r.stderr
   last = r.stderr.rstrip("\n").splitlines()[-1]
   assert last.startswith("pipelines.ogb_graphs: error: " + text), r.stderr
   assert "[while running" not in last and r.stderr.count("pipelines.ogb_graphs: error:") == 1, r.stderr
+  assert "Traceback" not in r.stderr and " ERROR " not in r.stderr, r.stderr
 
 
 # --------------------------------------------------------------------------- observed cases
