@@ -310,6 +310,27 @@ def test_persistent_transient_errors_fail_the_job_and_keep_the_previous_output(g
 
 
 @pytest.mark.gcs
+def test_persistent_transient_error_is_one_line_and_exit_1_from_the_cli(gcs_faults, small_folder, tmp_path):
+  """What an operator sees when the network stays down: one line, exit 1, nothing written."""
+  from tests.conftest import upload_tree
+
+  src = f"gs://{gcs_faults.bucket}/transient_cli/in"
+  upload_tree(small_folder, src)
+  gcs_faults.add_fault("transient_cli/in/cat/a.jpg", status=503)
+  out = str(tmp_path / "out")
+  r = subprocess.run([sys.executable, "-m", "pipelines.image_folder", f"--input={src}", f"--output={out}",
+                      "--transient_retry_seconds=2"], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 1, r.stderr
+  last = r.stderr.rstrip("\n").splitlines()[-1]
+  assert last.startswith("pipelines.image_folder: error: reading gs://") and "transient" in last, r.stderr
+  assert last.endswith("nothing was committed, run again") and "Traceback" not in r.stderr, r.stderr
+  assert not os.path.exists(os.path.join(out, "manifest.json"))
+  assert not [d for d in os.listdir(out) if d.startswith("gen-")] if os.path.isdir(out) else True
+  assert gcs_faults.requests_seen("transient_cli/in/cat/a.jpg") >= 2  # retried, not given up at once
+
+
+@pytest.mark.gcs
 def test_ct_persistent_transient_error_fails_the_job(gcs_faults, tmp_path):
   from tests.conftest import upload_tree
 
