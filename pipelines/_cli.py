@@ -56,6 +56,8 @@ class ConverterOptions(PipelineOptions):
     parser.add_argument("--seed", default="0", help="Seed of the record order.")
     parser.add_argument("--overwrite", default="false",
                         help="true: replace an output folder that already holds a complete output.")
+    parser.add_argument("--max_input_bytes", default=str(_inputs.DEFAULT_MAX_INPUT_BYTES),
+                        help="Largest input file read; a larger one is a reject (default 2 GiB).")
     parser.add_argument("--transient_retry_seconds", default=str(int(_inputs.DEFAULT_TRANSIENT_RETRY_SECONDS)),
                         help="How long to retry an input that answers a transient error (HTTP 5xx/429, "
                              "timeout, dropped connection) before the job fails (default 300).")
@@ -124,6 +126,13 @@ def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
   if maximum is not None and n > maximum:
     raise UsageError(f"--{name} must be <= {maximum}, got {n}")
   return n
+
+
+def read_policy(options: PipelineOptions) -> _inputs.ReadPolicy:
+  """How the converter reads its inputs, from the shared flags."""
+  c = options.view_as(ConverterOptions)
+  return _inputs.ReadPolicy(seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
+                            int_flag("max_input_bytes", c.max_input_bytes, 1))
 
 
 def seconds_flag(name: str, value) -> float:

@@ -28,6 +28,7 @@ Only the `ListFiles` transform at the end needs Beam.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+import dataclasses
 import errno
 import functools
 import os
@@ -45,6 +46,8 @@ import requests
 import urllib3
 
 DEFAULT_TRANSIENT_RETRY_SECONDS = 300.0
+# Largest input file read; a larger one is a reject, found before it is read into memory.
+DEFAULT_MAX_INPUT_BYTES = 2 << 30
 _ATTEMPT_TIMEOUT_S = 60.0  # one HTTP request; a stalled one is retried within the budget
 _FIRST_DELAY_S = 0.5
 _MAX_DELAY_S = 30.0
@@ -60,6 +63,23 @@ class Unreadable(Exception):
 
 class TransientInputError(RuntimeError):
   """A transient error (5xx, timeout, connection reset) persisted past the retry budget."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadPolicy:
+  """How inputs are read: the transient-error retry budget and the largest file accepted."""
+
+  retry_seconds: float = DEFAULT_TRANSIENT_RETRY_SECONDS
+  max_bytes: int = DEFAULT_MAX_INPUT_BYTES
+
+  def __post_init__(self):
+    if not 0 <= self.retry_seconds < float("inf"):
+      raise ValueError(f"retry_seconds must be >= 0 and finite, got {self.retry_seconds}")
+    if self.max_bytes < 1:
+      raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+
+  def read(self, path: str) -> bytes:
+    return read_input(path, self.retry_seconds, self.max_bytes)
 
 
 class InputFile(NamedTuple):
@@ -304,7 +324,11 @@ def with_retries(fn: Callable[[float], _T], what: str, budget: float) -> _T:
       time.sleep(min(delay, remaining))
 
 
-def _read_local(location: str) -> bytes:
+def _too_large(size: int | str, max_bytes: int) -> Unreadable:
+  return Unreadable(f"file too large: {size} bytes > {max_bytes} (--max_input_bytes)")
+
+
+def _read_local(location: str, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
   """The bytes of a regular file. O_NONBLOCK: opening a FIFO or a device never waits."""
   try:
     fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -316,9 +340,14 @@ def _read_local(location: str) -> bytes:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
       raise Unreadable(f"not a regular file ({'folder' if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)})")
-    chunks = []
+    if st.st_size > max_bytes:
+      raise _too_large(st.st_size, max_bytes)
+    chunks, total = [], 0
     while chunk := os.read(fd, 1 << 24):
       chunks.append(chunk)
+      total += len(chunk)
+      if total > max_bytes:  # it grew while being read
+        raise _too_large(f"more than {max_bytes}", max_bytes)
     return b"".join(chunks)
   except OSError as e:
     if e.errno in _TRANSIENT_ERRNOS:
@@ -328,25 +357,32 @@ def _read_local(location: str) -> bytes:
     os.close(fd)
 
 
-def _read_gcs(path: str, timeout: float) -> bytes:
+def _read_gcs(path: str, timeout: float, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
   bucket, name = _split_gcs(path)
   try:
-    return _gcs_client().bucket(bucket).blob(name).download_as_bytes(retry=None, timeout=timeout)
+    # One byte past the cap tells a too-large object without downloading all of it.
+    data = _gcs_client().bucket(bucket).blob(name).download_as_bytes(
+        start=0, end=max_bytes, retry=None, timeout=timeout)
+    if len(data) > max_bytes:
+      raise _too_large(f"more than {max_bytes}", max_bytes)
+    return data
   except gexc.NotFound:
     raise Unreadable("vanished (listed, then gone)") from None
   except gexc.Forbidden:
     raise Unreadable("permission denied") from None
 
 
-def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS) -> bytes:
+def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS,
+               max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
   """The whole file at `path` (local with surrogate escapes, or gs://).
 
-  Raises Unreadable (a reject: the file's own fault) or TransientInputError (the
-  job's: transient errors persisted for `budget` seconds).
+  Raises Unreadable (a reject: the file's own fault, including a file larger
+  than `max_bytes`) or TransientInputError (the job's: transient errors
+  persisted for `budget` seconds).
   """
   if is_gcs(path):
-    return with_retries(functools.partial(_read_gcs, path), f"reading {path}", budget)
-  return with_retries(lambda _: _read_local(path), f"reading {printable(path)}", budget)
+    return with_retries(lambda timeout: _read_gcs(path, timeout, max_bytes), f"reading {path}", budget)
+  return with_retries(lambda _: _read_local(path, max_bytes), f"reading {printable(path)}", budget)
 
 
 # ---------------------------------------------------------------- Beam

@@ -107,15 +107,15 @@ class _Opener:
   to their bytes. Remembers the errors it raised, which read_volume turns into a
   series reject: a transient one must fail the job instead."""
 
-  def __init__(self, raw: dict[str, bytes], retry_seconds: float):
+  def __init__(self, raw: dict[str, bytes], read_policy: _inputs.ReadPolicy):
     self._raw = raw
-    self._retry_seconds = retry_seconds
+    self._read_policy = read_policy
     self.errors: dict[str, Exception] = {}
 
   def __call__(self, path: str) -> io.BytesIO:
     f = _inputs.InputFile(path, self._raw.get(path, b""))
     try:
-      return io.BytesIO(_inputs.read_input(f.location, self._retry_seconds))
+      return io.BytesIO(self._read_policy.read(f.location))
     except (_inputs.Unreadable, _inputs.TransientInputError) as e:
       self.errors[path] = e
       raise
@@ -126,9 +126,9 @@ class _ReadHeadersFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, salt: str, retry_seconds: float, max_file_bytes: int = MAX_FILE_BYTES):
+  def __init__(self, salt: str, read_policy: _inputs.ReadPolicy, max_file_bytes: int = MAX_FILE_BYTES):
     self._salt = salt
-    self._retry_seconds = retry_seconds
+    self._read_policy = read_policy
     self._max_file_bytes = max_file_bytes
 
   def setup(self):
@@ -139,7 +139,7 @@ class _ReadHeadersFn(beam.DoFn):
   def process(self, f: _inputs.InputFile):
     self._files.inc()
     try:
-      data = _inputs.read_input(f.location, self._retry_seconds)  # a transient error fails the job
+      data = self._read_policy.read(f.location)  # a transient error fails the job
       slices = read_slices(io.BytesIO(data), f.path, self._salt, self._max_file_bytes)
     except (Rejected, _inputs.Unreadable) as e:
       self._rejected.inc()
@@ -172,11 +172,11 @@ class _ReadVolumeFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, splits, features_by_dtype: dict[str, Features], retry_seconds: float,
+  def __init__(self, splits, features_by_dtype: dict[str, Features], read_policy: _inputs.ReadPolicy,
                max_volume_voxels: int = MAX_VOLUME_VOXELS):
     self._splits = splits
     self._features = features_by_dtype
-    self._retry_seconds = retry_seconds
+    self._read_policy = read_policy
     self._max_volume_voxels = max_volume_voxels
 
   def setup(self):
@@ -186,7 +186,7 @@ class _ReadVolumeFn(beam.DoFn):
 
   def process(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
-    opener = _Opener(raw_paths, self._retry_seconds)
+    opener = _Opener(raw_paths, self._read_policy)
     try:
       volume, dropped = read_volume(plan, opener, dtype, self._max_volume_voxels)
     except SeriesRejected as e:
@@ -250,7 +250,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
       file_format=c.file_format, num_shards=_cli.int_flag("num_shards", c.num_shards, 0),
       seed=_cli.int_flag("seed", c.seed, 0), salt=o.id_salt, splits=splits,
       volume_dtype=o.volume_dtype, tolerance=tolerance,
-      retry_seconds=_cli.seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
+      read_policy=_cli.read_policy(options),
       max_file_bytes=_cli.int_flag("max_file_bytes", o.max_file_bytes, 1),
       max_volume_voxels=_cli.int_flag("max_volume_voxels", o.max_volume_voxels, 1),
   )
@@ -272,11 +272,11 @@ def build(p: beam.Pipeline, args: dict):
               "num_shards": args["num_shards"], "max_file_bytes": args["max_file_bytes"],
               "max_volume_voxels": args["max_volume_voxels"]},
   )
-  retry_seconds = args["retry_seconds"]
+  read_policy = args["read_policy"]
   listed = (
       p
       | "InputFolder" >> beam.Create([("", _inputs.InputFile.of(args["root"]))])
-      | "ListFiles" >> _inputs.ListFiles(retry_seconds)
+      | "ListFiles" >> _inputs.ListFiles(read_policy.retry_seconds)
   )
   files = listed.files | "DropKey" >> beam.Values() | "SpreadFiles" >> beam.Reshuffle()
   listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda _, f, reason: Reject(f.path, reason))
@@ -286,7 +286,7 @@ def build(p: beam.Pipeline, args: dict):
       | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
       | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
   )
-  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"], retry_seconds, args["max_file_bytes"])).with_outputs(
+  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"], read_policy, args["max_file_bytes"])).with_outputs(
       _ReadHeadersFn.REJECTS, main="slices")
   planned = (
       headers.slices
@@ -303,7 +303,7 @@ def build(p: beam.Pipeline, args: dict):
       planned.plans
       | "SpreadVolumes" >> beam.Reshuffle()
       | "ReadVolumes" >> beam.ParDo(
-          _ReadVolumeFn(splits, features_by_dtype, retry_seconds, args["max_volume_voxels"]), dtype=beam.pvalue.AsSingleton(dtype),
+          _ReadVolumeFn(splits, features_by_dtype, read_policy, args["max_volume_voxels"]), dtype=beam.pvalue.AsSingleton(dtype),
           raw_paths=beam.pvalue.AsDict(raw_paths)
       ).with_outputs(_ReadVolumeFn.REJECTS, main="records")
   )

@@ -113,12 +113,12 @@ class _ConvertImageFn(beam.DoFn):
   REJECTS = "rejects"
 
   def __init__(self, root: str, class_names: Sequence[str], features: Features,
-               image_options: _imaging.ImageOptions, retry_seconds: float):
+               image_options: _imaging.ImageOptions, read_policy: _inputs.ReadPolicy):
     self._root = _inputs.printable(root).rstrip("/") + "/"
     self._labels = {c: i for i, c in enumerate(class_names)}
     self._features = features
     self._image_options = image_options
-    self._retry_seconds = retry_seconds
+    self._read_policy = read_policy
 
   def setup(self):
     self._read = Metrics.counter(PIPELINE, "images_read")
@@ -141,7 +141,7 @@ class _ConvertImageFn(beam.DoFn):
     label = self._labels[class_name]
     self._read.inc()
     try:
-      data = _inputs.read_input(f.location, self._retry_seconds)
+      data = self._read_policy.read(f.location)
     except _inputs.Unreadable as e:  # the file's own fault; a transient error fails the job
       self._rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e), split))
@@ -209,7 +209,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
       image_options=_imaging.ImageOptions(size=size, encoding=o.encoding, jpeg_quality=quality,
                                           max_pixels=max_pixels),
       layout=o.layout, overwrite=overwrite,
-      retry_seconds=_cli.seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
+      read_policy=_cli.read_policy(options),
   )
   return options, args
 
@@ -242,11 +242,11 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
       p
       | "ClassFolders" >> beam.Create(
           [((s, _inputs.printable(c)), _inputs.InputFile.of(f)) for s, c, f in folders])
-      | "ListFiles" >> _inputs.ListFiles(args["retry_seconds"])
+      | "ListFiles" >> _inputs.ListFiles(args["read_policy"].retry_seconds)
   )
   files = listed.files | "Rebalance" >> beam.Reshuffle()
   converted = files | "Convert" >> beam.ParDo(
-      _ConvertImageFn(layout.root, layout.class_names, features, opts, args["retry_seconds"])
+      _ConvertImageFn(layout.root, layout.class_names, features, opts, args["read_policy"])
   ).with_outputs(_ConvertImageFn.REJECTS, main="records")
   listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
       lambda key, f, reason: Reject(f.path, reason, key[0]))

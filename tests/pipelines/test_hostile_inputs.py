@@ -343,3 +343,27 @@ def test_ct_persistent_transient_error_fails_the_job(gcs_faults, tmp_path):
   with pytest.raises(Exception, match="persisted"):
     ct_volumes.run([f"--input={src}", f"--output={out}", "--id_salt=s", "--transient_retry_seconds=1"])
   assert not os.path.exists(os.path.join(out, "manifest.json"))
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_file_over_the_input_cap_is_a_reject_found_before_it_is_read(where, small_folder, tmp_path, request):
+  """A huge file named .jpg must not be read into a worker's memory: its size is the reason."""
+  big = os.path.join(small_folder, "cat", "huge.jpg")
+  _write(big, _jpeg(2) + b"\0" * 50_000)
+  cap = os.path.getsize(os.path.join(small_folder, "cat", "a.jpg"))  # a.jpg is exactly at the cap: accepted
+  src = small_folder
+  if where == "gcs":
+    from tests.conftest import upload_tree
+
+    bucket = request.getfixturevalue("gcs_emulator")
+    src = f"gs://{bucket}/input_cap/{tmp_path.name}"
+    upload_tree(small_folder, src)
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={src}", f"--output={out}", f"--max_input_bytes={cap}"])
+  m = Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+  assert m.splits["train"].num_records == 1 and m.rejected.count == 1
+  (reject,) = [json.loads(line) for line in open(os.path.join(out, m.rejected.path))]
+  assert reject["input"].endswith("cat/huge.jpg")
+  assert reject["reason"].startswith("file too large: ") and f"> {cap} (--max_input_bytes)" in reject["reason"]
+  with pytest.raises(image_folder._cli.UsageError, match="--max_input_bytes must be >= 1"):
+    image_folder.run([f"--input={src}", f"--output={tmp_path / 'o2'}", "--max_input_bytes=0"])
