@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from formats import arrayrecord, commit, files, tfrecord
-from formats.features import ClassLabel, Features, Image, Tensor
+from formats.features import ClassLabel, Features, Tensor
 from formats.graphbin import GraphBin
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, sha256_file
 

@@ -10,14 +10,14 @@ from the loader's per-element generator, so a seed fixes it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 import dataclasses
 import io
 
 import numpy as np
 from PIL import Image as PILImage, ImageOps
 
-from formats.features import ClassLabel, Features, Image, Tensor
+from formats.features import ClassLabel, Features, Tensor
 
 PADDING_HU = -1024
 

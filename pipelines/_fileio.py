@@ -14,7 +14,6 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from formats import files, naming
 
 _COPY_CHUNK = 16 << 20
 
@@ -82,30 +81,3 @@ def write_bytes(path: str, data: bytes) -> None:
   else:
     with FileSystems.create(path, mime_type="application/octet-stream") as f:
       f.write(data)
-
-
-def exists(path: str) -> bool:
-  return FileSystems.exists(path)
-
-
-def delete(paths: list[str]) -> None:
-  if paths:
-    FileSystems.delete(paths)
-
-
-def list_files(folder: str) -> list[str]:
-  """Paths of the files directly in `folder` (not below it)."""
-  pattern = join(folder, "*")
-  try:
-    result = FileSystems.match([pattern])[0]
-  except Exception:  # an absent folder matches nothing
-    return []
-  return sorted(m.path for m in result.metadata_list)
-
-
-def list_dirs(folder: str) -> list[str]:
-  """Names of the sub-folders directly in `folder` (none when it does not exist)."""
-  try:
-    return files.list_dir(folder)[0]
-  except (FileNotFoundError, NotADirectoryError):
-    return []

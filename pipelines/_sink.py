@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 import dataclasses
 import hashlib
 import json
@@ -41,7 +41,6 @@ from apache_beam.transforms.window import GlobalWindows
 from formats import arrayrecord, commit, naming, tfrecord
 from formats.features import Features
 from formats.manifest import (
-    ERRORS_DIR,
     MANIFEST_FILENAME,
     REJECTED_FILENAME,
     Manifest,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import logging
-import os
 import re
 import time
 

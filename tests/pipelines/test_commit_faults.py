@@ -128,8 +128,8 @@ def test_the_proxy_enforces_generation_preconditions(gcs_faults):
 # --------------------------------------------------------------------------- real runs in subprocesses
 
 
-def _run(*flags: str, env: dict | None = None, wait: bool = True):
-  cmd = [sys.executable, "-m", "pipelines.image_folder", *flags]
+def _run(*flags: str, env: dict | None = None, wait: bool = True, module: str = "pipelines.image_folder"):
+  cmd = [sys.executable, "-m", module, *flags]
   full_env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
   if not wait:
     return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -302,3 +302,29 @@ def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_pa
   assert sorted(os.listdir(out / gen)) == sorted([commit.MARKER_FILENAME, "errors", os.path.basename(m.files[0].path)])
   assert (out / "gen-notes" / "keep.txt").read_text() == "a user's"
   assert inspect.verify(str(out), m) == 0
+
+
+def test_graph_outputs_use_the_same_switch(tmp_path):
+  """The graph pipeline writes its own manifest (a .graphbin, no shards): the same
+  compare-and-swap, so an overlapping graph run loses the same way."""
+  import make_sample_ogb
+
+  src = tmp_path / "ogbn_arxiv"
+  make_sample_ogb.write_homogeneous_node(src, seed=0, num_nodes=200, num_edges=800)
+  out = str(tmp_path / "out")
+  flag = str(tmp_path / "go")
+  run = lambda *flags, **kw: _run(f"--input={src}", f"--output={out}", *flags, module="pipelines.ogb_graphs", **kw)
+  slow = run(env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False)
+  deadline = time.monotonic() + 240
+  while not os.path.exists(flag + ".reached"):
+    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+    time.sleep(0.2)
+  fast = run("--csc=true")
+  assert fast.returncode == 0, fast.stderr
+  winner = _read_manifest(out)
+  open(flag, "w").close()
+  _, err = slow.communicate(timeout=240)
+  assert slow.returncode == 1 and "another run committed" in err.strip().splitlines()[-1], err
+  assert _read_manifest(out) == winner and winner.graph["csc"] is True
+  assert inspect.verify(out, winner) == 0
+  assert _generations(out) == [winner.files[0].path.split("/")[0]]

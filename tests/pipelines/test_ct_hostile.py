@@ -14,7 +14,6 @@ import textwrap
 import tracemalloc
 import warnings
 
-import numpy as np
 import pydicom
 from pydicom.data import get_testdata_file
 from pydicom.dataelem import RawDataElement

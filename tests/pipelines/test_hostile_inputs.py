@@ -12,7 +12,6 @@ import io
 import json
 import os
 import socket
-import stat
 import subprocess
 import sys
 
