@@ -225,7 +225,7 @@ class _Heartbeat:
 
   def __exit__(self, *exc):
     self._stop.set()
-    self._thread.join(timeout=5)
+    self._thread.join()  # a beat in flight ends before the caller records the end of the run
 
 
 def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pipeline, dict], object],
@@ -243,12 +243,12 @@ def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pip
   commit.repair(output)  # an earlier run killed between its switch and its clean-up
   commit.claim(output, generation, {"pipeline": prog})
   manifest_path = fs.join(output, MANIFEST_FILENAME)
-  with _Heartbeat(output, generation, prog):
-    try:
+  try:
+    with _Heartbeat(output, generation, prog):  # stopped before finish: no beat may re-create the marker
       result = p.run()
       result.wait_until_finish()
-    finally:
-      commit.finish(output, generation)
+  finally:
+    commit.finish(output, generation)
   if fs.exists(manifest_path):
     m = Manifest.loads(fs.read_bytes(manifest_path))
     if m.files:

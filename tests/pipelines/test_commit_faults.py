@@ -328,3 +328,20 @@ def test_graph_outputs_use_the_same_switch(tmp_path):
   assert _read_manifest(out) == winner and winner.graph["csc"] is True
   assert inspect.verify(out, winner) == 0
   assert _generations(out) == [winner.files[0].path.split("/")[0]]
+
+
+def test_the_launcher_heartbeat_keeps_a_long_run_alive_and_stops_before_the_run_ends(tmp_path, monkeypatch):
+  from pipelines import _cli
+
+  out = str(tmp_path / "out")
+  monkeypatch.setattr(commit, "HEARTBEAT_SECONDS", 0.05)
+  gen, _ = commit.begin(out)
+  marker = os.path.join(out, gen, commit.MARKER_FILENAME)
+  os.utime(marker, (time.time() - 3600, time.time() - 3600))  # as if the run had been going for an hour
+  with _cli._Heartbeat(out, gen, "test"):
+    time.sleep(0.5)
+  assert time.time() - os.path.getmtime(marker) < 60
+  assert commit.cleanup(out, lease_seconds=600) == []  # alive: another run's clean-up leaves it
+  assert not commit.finish(out, gen)  # never committed: removed
+  time.sleep(0.3)
+  assert not os.path.exists(os.path.join(out, gen))  # no late beat re-created it
