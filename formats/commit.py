@@ -190,12 +190,28 @@ def finish(output: str, generation: str, committed: bool | None = None) -> bool:
   any other is abandoned and removed at once. (`committed`, the caller's own
   belief, is not needed: the output is the record.)
   """
-  if generation in (current_generation(output), _tfds_generation(output)):
+  if not abandon(output, generation):
     _write_marker(output, generation, "committed")
     return True
-  _write_marker(output, generation, "abandoned")
   remove_generation(output, generation)
   return False
+
+
+def abandon(output: str, generation: str) -> bool:
+  """Marks `generation` abandoned unless the manifest or the TFDS metadata names it;
+  returns whether it did. After it, the generation's data may be deleted.
+
+  The mark comes first and the check second, and `commit` checks the mark before
+  its switch and again after it (undoing a switch that raced with this call): of
+  an abandon and a commit of the same generation, exactly one wins. Locally both
+  also hold the lock of the output.
+  """
+  with _lock_if_local(output):
+    _write_marker(output, generation, "abandoned")
+    if generation in (current_generation(output), _tfds_generation(output)):
+      _write_marker(output, generation, "committed")
+      return False
+  return True
 
 
 def _marker(output: str, generation: str) -> tuple[dict | None, float]:
@@ -238,6 +254,15 @@ def _local_lock(output: str) -> Iterator[None]:
     os.close(fd)  # releases the lock; so does the death of the process
 
 
+@contextlib.contextmanager
+def _lock_if_local(output: str) -> Iterator[None]:
+  if files.is_gcs(output):
+    yield
+  else:
+    with _local_lock(output):
+      yield
+
+
 def _conflict(output: str, generation: str) -> CommitConflict:
   return CommitConflict(
       f"{output}: another run committed a new manifest.json after this run started; this run's "
@@ -255,25 +280,30 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
   if _generation_of(manifest) != generation:
     raise ValueError(f"the manifest's files are not all in generation {generation!r}")
   expected = expected or Version()
-  if _marker(output, generation)[0] is None:
-    raise CommitConflict(f"{output}: this run's generation {generation} is gone (removed by another run's "
-                         "cleanup after this run stopped heartbeating); nothing was committed")
+  _check_claim(output, generation)
   data = manifest.dumps()
   path = _manifest_path(output)
   fault_point("commit:before_switch")
   current, version = read_manifest_versioned(output)
   replaced = Manifest.loads(current) if current is not None and version == expected else None
   if files.is_gcs(path):
+    blob = files.gcs_blob(path)
     try:
-      files.gcs_blob(path).upload_from_string(
-          data, content_type="application/json",
-          if_generation_match=int(expected.token) if expected.exists else 0)
+      blob.upload_from_string(data, content_type="application/json",
+                              if_generation_match=int(expected.token) if expected.exists else 0)
     except files.gcs_precondition_failed():
       if current_generation(output) != generation:  # not our own earlier, acknowledged-late upload
         raise _conflict(output, generation) from None
       replaced = None
+    else:
+      try:
+        _check_claim(output, generation)  # abandoned (and being deleted) while we switched?
+      except CommitConflict:
+        _undo_switch(blob, int(blob.generation), current if replaced is not None else None)
+        raise
   else:
     with _local_lock(output):
+      _check_claim(output, generation)
       current, version = read_manifest_versioned(output)
       if version != expected:
         if current is not None and _generation_of(Manifest.loads(current)) == generation:
@@ -286,6 +316,27 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
       _fsync_dir(output)
   fault_point("commit:after_switch")
   return replaced
+
+
+def _check_claim(output: str, generation: str) -> None:
+  """Raises CommitConflict unless the run still holds its generation (marker state running)."""
+  marker, _ = _marker(output, generation)
+  if marker is None or marker.get("state") not in ("running", "committed"):
+    raise CommitConflict(
+        f"{output}: this run's generation {generation} is "
+        f"{'gone' if marker is None else marker.get('state')} (removed by a clean-up after this run "
+        "stopped heartbeating, or its launcher gave it up); nothing was committed")
+
+
+def _undo_switch(blob, our_generation: int, previous: bytes | None) -> None:
+  """Puts back the manifest our switch replaced, if nothing replaced ours since."""
+  try:
+    if previous is None:
+      blob.delete(if_generation_match=our_generation)
+    else:
+      blob.upload_from_string(previous, content_type="application/json", if_generation_match=our_generation)
+  except files.gcs_precondition_failed():
+    pass  # another run switched after ours: its manifest stands
 
 
 def _fsync_dir(path: str) -> None:
@@ -326,31 +377,73 @@ def sync_tfds_metadata(output: str, description: str = "") -> None:
   removed first and written last: in between a TFDS reader finds no dataset
   (a clear error), never old shards with new class names.
 
-  Safe to run by any number of processes at any time: every write is derived
-  from the manifest as it is now, and it repeats until the manifest has not
-  changed under it.
+  Safe to run by any number of processes at any time: syncs are serialised
+  (locally by the output's lock, on gs:// by a lease object), every write is
+  derived from the manifest as it is now, and it repeats until the manifest
+  has not changed under it.
   """
   for _ in range(10):
-    data, version = read_manifest_versioned(output)
-    if data is None:
-      return
-    manifest = Manifest.loads(data)
-    if manifest.file_format not in naming.FILE_FORMATS:
-      return  # graph outputs have no TFDS view
-    wanted = tfds_metadata.metadata_files(manifest, description)
-    info_name = tfds_metadata.DATASET_INFO_FILENAME
-    stale = {rel for rel, content in wanted.items() if _read_or_none(files.join(output, rel)) != content}
-    staging = _generation_of(manifest)
-    if stale - {info_name}:
-      files.delete_many([files.join(output, info_name)], missing_ok=True)
-      fault_point("tfds:info_removed")
-    for rel in sorted(stale - {info_name}):
-      _write_root_file(output, rel, wanted[rel], staging)
-      fault_point(f"tfds:wrote_{rel}")
-    if stale:
-      _write_root_file(output, info_name, wanted[info_name], staging)
+    with _sync_lock(output):
+      data, version = read_manifest_versioned(output)
+      if data is None:
+        return
+      manifest = Manifest.loads(data)
+      if manifest.file_format not in naming.FILE_FORMATS:
+        return  # graph outputs have no TFDS view
+      wanted = tfds_metadata.metadata_files(manifest, description)
+      info_name = tfds_metadata.DATASET_INFO_FILENAME
+      stale = {rel for rel, content in wanted.items() if _read_or_none(files.join(output, rel)) != content}
+      staging = _generation_of(manifest)
+      if stale - {info_name}:
+        files.delete_many([files.join(output, info_name)], missing_ok=True)
+        fault_point("tfds:info_removed")
+      for rel in sorted(stale - {info_name}):
+        _write_root_file(output, rel, wanted[rel], staging)
+        fault_point(f"tfds:wrote_{rel}")
+      if stale:
+        _write_root_file(output, info_name, wanted[info_name], staging)
     if read_version(output) == version:
       return
+
+
+SYNC_LOCK_FILENAME = ".tfds-sync.lock"
+SYNC_LEASE_SECONDS = 30.0  # a gs:// sync lock older than this belongs to a killed process
+
+
+@contextlib.contextmanager
+def _sync_lock(output: str) -> Iterator[None]:
+  """Serialises TFDS metadata syncs: the output's flock locally; on gs:// an object created
+  only if absent (ifGenerationMatch=0) and deleted after, taken over once its lease expired."""
+  if not files.is_gcs(output):
+    with _local_lock(output):
+      yield
+    return
+  blob = files.gcs_blob(files.join(output, SYNC_LOCK_FILENAME))
+  deadline = time.monotonic() + 4 * SYNC_LEASE_SECONDS
+  while True:
+    try:
+      blob.upload_from_string(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode(),
+                              if_generation_match=0)
+      break
+    except files.gcs_precondition_failed():
+      try:
+        blob.reload()
+        if time.time() - blob.updated.timestamp() > SYNC_LEASE_SECONDS:
+          blob.delete(if_generation_match=blob.generation)  # its holder died
+          continue
+      except (files.gcs_not_found(), files.gcs_precondition_failed()):
+        continue
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"{output}: the TFDS metadata sync lock is held by another process") from None
+      time.sleep(0.2)
+  owned = blob.generation
+  try:
+    yield
+  finally:
+    try:
+      blob.delete(if_generation_match=owned)
+    except (files.gcs_not_found(), files.gcs_precondition_failed()):
+      pass  # taken over after our lease expired
 
 
 def tfds_metadata_lags(output: str, description: str | None = None) -> bool:
@@ -412,6 +505,8 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
       continue  # not written by the toolkit (or not recognisably): never touched
     if marker.get("state") == "running" and age < lease_seconds:
       continue  # a live run's
+    if marker.get("state") != "abandoned" and not abandon(output, d):
+      continue  # committed meanwhile
     remove_generation(output, d)
     removed.append(d)
     if log:

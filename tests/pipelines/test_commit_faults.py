@@ -382,3 +382,73 @@ def test_gcs_a_kill_at_a_step_leaves_the_old_or_the_new_output(gcs_faults, old_o
   assert again.returncode == 0, again.stderr
   final = _read_manifest(out)
   assert inspect.verify(out, final) == 0 and not commit.tfds_metadata_lags(out)
+
+
+def test_an_abandoned_generation_cannot_be_committed(output):
+  """A launcher that gives its run up (Ctrl-C while its Dataflow job goes on), or another run's
+  clean-up of a run that stopped heartbeating, marks the generation abandoned before deleting it:
+  the job's switch then fails instead of naming deleted shards."""
+  gen, expected = commit.begin(output)
+  assert commit.abandon(output, gen)
+  with pytest.raises(commit.CommitConflict, match="is abandoned"):
+    commit.commit(output, gen, _manifest(gen), expected)
+  assert not files.exists(files.join(output, "manifest.json"))
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_a_switch_that_raced_an_abandon_is_undone_on_gcs(gcs_emulator, tmp_path, monkeypatch, previous):
+  """gs:// has no lock: the abandon lands between the switch's check and its upload. The
+  switch sees the mark right after its upload and puts the previous manifest back."""
+  output = f"gs://{gcs_emulator}/undo/{tmp_path.name}"
+  if previous:
+    old, expected = commit.begin(output)
+    commit.commit(output, old, _manifest(old), expected)
+  before = files.read_bytes(files.join(output, "manifest.json")) if previous else None
+  gen, expected = commit.begin(output)
+  real = commit._check_claim
+  calls = []
+
+  def racing(out, g):
+    calls.append(g)
+    if len(calls) == 2:  # after the upload: the launcher's finish() got in just before
+      assert commit.abandon(out, g) is False  # too late: the manifest names it now...
+      commit._write_marker(out, g, "abandoned")  # ...so force the interleaving the lock-free race allows
+    return real(out, g)
+
+  monkeypatch.setattr(commit, "_check_claim", racing)
+  with pytest.raises(commit.CommitConflict, match="is abandoned"):
+    commit.commit(output, gen, _manifest(gen, 2), expected)
+  if previous:
+    assert files.read_bytes(files.join(output, "manifest.json")) == before
+  else:
+    assert not files.exists(files.join(output, "manifest.json"))
+
+
+def test_tfds_syncs_are_serialised_and_a_dead_holders_lock_expires(output, monkeypatch):
+  """Two syncs with different manifests must not interleave their writes (old dataset_info.json
+  over new label files); a lock left by a killed process is taken over after its lease."""
+  import threading
+
+  gen, expected = commit.begin(output)
+  commit.commit(output, gen, _manifest(gen), expected)
+  monkeypatch.setattr(commit, "SYNC_LEASE_SECONDS", 1.0)
+  if files.is_gcs(output):  # a lock object left behind by a killed process
+    files.write_bytes(files.join(output, commit.SYNC_LOCK_FILENAME), b"{}")
+    t0 = time.monotonic()
+    commit.sync_tfds_metadata(output)
+    assert time.monotonic() - t0 >= 0.9  # it waited for the lease, then took the lock over
+    assert not files.exists(files.join(output, commit.SYNC_LOCK_FILENAME))
+  else:
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+      with commit._local_lock(output):
+        held.set()
+        time.sleep(0.5)
+        done.set()
+
+    threading.Thread(target=hold).start()
+    held.wait()
+    commit.sync_tfds_metadata(output)
+    assert done.is_set()  # the sync ran only after the holder let go
+  assert commit._tfds_generation(output) == gen
