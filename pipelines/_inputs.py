@@ -200,10 +200,32 @@ def _ancestor_ids(folder: str) -> list[tuple[int, int]]:
     path = parent
 
 
-def _list_local(root: str) -> Listing:
+COLLIDING_NAME = "name not valid UTF-8, and its escaped form is another entry's name"
+OTHER_PART_OF_INPUT = "folder already listed through another path"
+
+
+def colliding(names: list[str]) -> set[str]:
+  """The names (as the OS gives them) among siblings `names` that are not valid UTF-8 and whose
+  printable form equals another sibling's: `\\xNN` escapes are not injective, so such a name is
+  a reject, never a second entry under the same printable path (or class)."""
+  by_shown: dict[str, list[str]] = {}
+  for n in names:
+    by_shown.setdefault(printable(n), []).append(n)
+  return {n for group in by_shown.values() if len(group) > 1 for n in group if printable(n) != n}
+
+
+def _inside(path: str, folder: str) -> bool:
+  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _list_local(root: str, input_root: str | None = None) -> Listing:
+  """`input_root`: the whole input `root` is one part of; a link from `root` to a folder
+  elsewhere in the input would list those files twice (under another label): a reject."""
   files: list[InputFile] = []
   rejects: list[tuple[InputFile, str]] = []
   visited = set(_ancestor_ids(root))  # a link to a folder above `root` is a loop too
+  real_root = os.path.realpath(root)
+  real_input = os.path.realpath(input_root) if input_root else None
   stack: list[tuple[str, frozenset]] = [(root, frozenset(visited))]  # (folder, its ancestors' ids)
   while stack:
     folder, ancestors = stack.pop()
@@ -214,7 +236,11 @@ def _list_local(root: str) -> Listing:
       rejects.append((InputFile.of(folder), f"unreadable folder: {_os_reason(e)}"))
       continue
     below = []
+    clashes = colliding([e.name for e in entries])
     for e in entries:
+      if e.name in clashes:
+        rejects.append((InputFile.of(e.path), COLLIDING_NAME))
+        continue
       is_link = e.is_symlink()
       try:
         st = os.stat(e.path)
@@ -226,7 +252,10 @@ def _list_local(root: str) -> Listing:
         if key in ancestors:
           rejects.append((InputFile.of(e.path), "symbolic link loop"))
         elif key in visited:
-          rejects.append((InputFile.of(e.path), "folder already listed through another path"))
+          rejects.append((InputFile.of(e.path), OTHER_PART_OF_INPUT))
+        elif (is_link and real_input and _inside(real := os.path.realpath(e.path), real_input)
+              and not _inside(real, real_root)):
+          rejects.append((InputFile.of(e.path), OTHER_PART_OF_INPUT))
         else:
           visited.add(key)
           below.append((e.path, ancestors | {key}))
@@ -271,12 +300,14 @@ def _list_gcs(root: str, budget: float) -> Listing:
   return Listing([InputFile(f"gs://{bucket}/{n}") for n in sorted(found) if not n.endswith("/")], [])
 
 
-def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS) -> Listing:
+def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None) -> Listing:
   """Every file below `folder` (recursively, literally), sorted, and the rejects.
 
       list_tree("/data/scans[2024]")  # the folder of that name, not a pattern
+
+  `input_root`: the input `folder` is part of (a class folder's input), see _list_local.
   """
-  return _list_gcs(folder, budget) if is_gcs(folder) else _list_local(folder)
+  return _list_gcs(folder, budget) if is_gcs(folder) else _list_local(folder, input_root)
 
 
 # ---------------------------------------------------------------- reading
@@ -392,12 +423,13 @@ class _ListFolderFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, budget: float):
+  def __init__(self, budget: float, input_root: str | None):
     self._budget = budget
+    self._input_root = input_root
 
   def process(self, element) -> Iterator:
     key, folder = element
-    listing = list_tree(folder.location, self._budget)
+    listing = list_tree(folder.location, self._budget, self._input_root)
     for f in listing.files:
       yield key, f
     for f, reason in listing.rejects:
@@ -413,10 +445,11 @@ class ListFiles(beam.PTransform):
   Each folder is listed by one worker; the files are spread over workers after.
   """
 
-  def __init__(self, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS):
+  def __init__(self, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None):
     super().__init__()
     self._budget = budget
+    self._input_root = input_root
 
   def expand(self, folders):
-    return folders | "ListFolder" >> beam.ParDo(_ListFolderFn(self._budget)).with_outputs(
+    return folders | "ListFolder" >> beam.ParDo(_ListFolderFn(self._budget, self._input_root)).with_outputs(
         _ListFolderFn.REJECTS, main="files")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import logging
+import os
 import re
 import time
 
@@ -57,12 +58,34 @@ def split_and_class(rel: str, split_layout: bool) -> tuple[str, str]:
   return (parts[0], parts[1]) if split_layout else (DEFAULT_SPLIT, parts[0])
 
 
-def _scan(folder: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
-  """(folder names, file names, (name, reason) of other entries) directly in `folder`."""
+def _scan(folder: str, root: str, taken: list[str]) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+  """(folder names, file names, (name, reason) of other entries) directly in `folder`.
+
+  Locally a sub-folder is judged by where it leads: back to `root` or above it
+  is a link loop; into a folder already `taken` (real paths of the layout's
+  folders so far, extended here) or one that holds it lists files twice (under
+  another label): both are odd entries, as are names whose escaped form collides.
+  """
   if fs.is_gcs(folder):
     dirs, files = fs.list_dir(folder)
     return dirs, files, []
-  return _inputs.scan_dir(folder)
+  dirs, files, others = _inputs.scan_dir(folder)
+  clashes = _inputs.colliding([*dirs, *files])
+  others += [(n, _inputs.COLLIDING_NAME) for n in sorted(clashes)]
+  files = [f for f in files if f not in clashes]
+  real_root, kept = os.path.realpath(root), []
+  for d in dirs:
+    if d in clashes:
+      continue
+    real = os.path.realpath(os.path.join(folder, d))
+    if real == real_root or real_root.startswith(real.rstrip(os.sep) + os.sep):
+      others.append((d, "symbolic link loop"))
+    elif any(real == t or real.startswith(t + os.sep) or t.startswith(real + os.sep) for t in taken):
+      others.append((d, _inputs.OTHER_PART_OF_INPUT))
+    else:
+      taken.append(real)
+      kept.append(d)
+  return kept, files, sorted(others)
 
 
 class _Layout:
@@ -74,8 +97,10 @@ class _Layout:
 
   def __init__(self, root: str, layout: str):
     self.root = root
-    dirs, root_files, root_others = _scan(root)
-    below = {d: _scan(fs.join(root, d)) for d in dirs}
+    dirs, root_files, root_others = _scan(root, root, [])
+    below = {}
+    for d in dirs:  # each split's class folders: no two of the whole input may overlap
+      below[d] = _scan(fs.join(root, d), root, [os.path.realpath(fs.join(root, e)) for e in dirs if e != d])
     if layout == "auto":
       layout = "splits" if dirs and all(below[d][0] for d in dirs) else "classes"
     self.layout = layout
@@ -241,7 +266,7 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
       p
       | "ClassFolders" >> beam.Create(
           [((s, _inputs.printable(c)), _inputs.InputFile.of(f)) for s, c, f in folders])
-      | "ListFiles" >> _inputs.ListFiles(args["read_policy"].retry_seconds)
+      | "ListFiles" >> _inputs.ListFiles(args["read_policy"].retry_seconds, input_root=layout.root)
   )
   files = listed.files | "Rebalance" >> beam.Reshuffle()
   converted = files | "Convert" >> beam.ParDo(

@@ -366,3 +366,54 @@ def test_a_file_over_the_input_cap_is_a_reject_found_before_it_is_read(where, sm
   assert reject["reason"].startswith("file too large: ") and f"> {cap} (--max_input_bytes)" in reject["reason"]
   with pytest.raises(image_folder._cli.UsageError, match="--max_input_bytes must be >= 1"):
     image_folder.run([f"--input={src}", f"--output={tmp_path / 'o2'}", "--max_input_bytes=0"])
+
+
+def _classes_and_rejects(out: str) -> tuple[list[str], int, dict[str, str]]:
+  m = Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+  rejects = {json.loads(line)["input"]: json.loads(line)["reason"] for line in open(os.path.join(out, m.rejected.path))}
+  return list(m.features["label"].names), m.splits["train"].num_records, rejects
+
+
+def test_links_between_parts_of_the_input_never_duplicate_records(tmp_path):
+  """`loop -> .` at class level made the whole dataset a third class (12 records from 6 images);
+  a class folder linked twice, or a link from one class into another, listed files twice
+  under two labels."""
+  root = tmp_path / "in"
+  for cls in ("cat", "dog"):
+    os.makedirs(root / cls)
+    for i in range(3):
+      _write(str(root / cls / f"{i}.jpg"), _jpeg(i))
+  os.symlink(".", root / "loop")  # the input itself
+  os.symlink("..", root / "cat" / "up")  # above the class folder
+  os.symlink("cat", root / "kitty")  # another name for a class folder
+  os.symlink("../dog", root / "cat" / "dogs")  # one class into another
+  outside = tmp_path / "elsewhere" / "bird"  # a class kept outside the input: a legitimate link
+  os.makedirs(outside)
+  _write(str(outside / "b.jpg"), _jpeg(7))
+  os.symlink(outside, root / "bird")
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={root}", f"--output={out}"])
+  classes, records, rejects = _classes_and_rejects(out)
+  assert classes == ["bird", "cat", "dog"] and records == 7
+  assert {os.path.relpath(p, root): r for p, r in rejects.items()} == {
+      "loop": "symbolic link loop", "cat/up": "symbolic link loop",
+      "kitty": _inputs.OTHER_PART_OF_INPUT, "cat/dogs": _inputs.OTHER_PART_OF_INPUT}
+  assert inspect.main([out, "--verify"]) == 0
+
+
+def test_escaped_names_that_collide_are_rejects_not_merged_classes(tmp_path):
+  """`\\xNN` escapes are not injective: a folder named with the byte 0xff and one named with the
+  text `\\xff` would be one class (and two records with one key)."""
+  root = tmp_path / "in"
+  raw_root = os.fsencode(str(root))
+  for name in (b"cat\xff", b"cat\\xff", b"dog"):
+    os.makedirs(raw_root + b"/" + name)
+    _write(raw_root + b"/" + name + b"/a.jpg", _jpeg(len(name)))
+  _write(raw_root + b"/dog/b\xff.jpg", _jpeg(1))
+  _write(raw_root + b"/dog/b\\xff.jpg", _jpeg(2))
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={root}", f"--output={out}"])
+  classes, records, rejects = _classes_and_rejects(out)
+  assert classes == ["cat\\xff", "dog"] and records == 3  # cat\xff (text), dog/a.jpg, dog/b\xff.jpg (text)
+  assert sorted(os.path.relpath(p, root) for p in rejects) == ["cat\\xff", "dog/b\\xff.jpg"]
+  assert set(rejects.values()) == {_inputs.COLLIDING_NAME}
