@@ -19,6 +19,8 @@ import time
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.portability import common_urns
+from apache_beam.runners.runner import PipelineRunner
 
 from formats import commit
 from formats import files as fs
@@ -31,7 +33,7 @@ from pipelines._errors import InputDataError, UsageError
 _BEAM_INT_MINIMUMS = {
     "direct_num_workers": 0,  # 0: one worker per CPU
     "num_workers": 1, "max_num_workers": 1, "disk_size_gb": 1, "number_of_worker_harness_threads": 1,
-    "max_cache_memory_usage_mb": 0,
+    "max_cache_memory_usage_mb": 0, "sdk_worker_parallelism": 0, "environment_cache_millis": 0,
 }
 
 
@@ -98,10 +100,11 @@ def _check_runner(name: str) -> None:
   module, _, cls = name.rpartition(".")
   if module:
     try:
-      if isinstance(getattr(importlib.import_module(module), cls, None), type):
-        return
+      found = getattr(importlib.import_module(module), cls, None)
     except ImportError:
-      pass
+      found = None
+    if isinstance(found, type) and issubclass(found, PipelineRunner):
+      return
   raise UsageError(f"--runner {name!r} is not a Beam runner; known: {', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}"
                    " or module.ClassName of a PipelineRunner")
 
@@ -111,6 +114,11 @@ def _check_beam_flags(options: PipelineOptions) -> None:
   values = options.get_all_options(drop_default=True)
   if values.get("runner"):
     _check_runner(str(values["runner"]))
+  env = values.get("environment_type")
+  if env is not None and not (str(env).startswith("beam:env:") or str(env) == "LOOPBACK"
+                              or hasattr(common_urns.environments, str(env))):
+    raise UsageError(f"--environment_type {env!r} is not a Beam environment (DOCKER, PROCESS, EXTERNAL, "
+                     "LOOPBACK or a beam:env: URN)")
   for name, minimum in _BEAM_INT_MINIMUMS.items():
     if values.get(name) is not None:
       int_flag(name, values[name], minimum)

@@ -243,6 +243,10 @@ def small_folder(tmp_path) -> str:
     ("--num_workers=-1", "--num_workers must be >= 1"),
     ("--max_image_pixels=0", "--max_image_pixels must be >= 1"),
     ("--transient_retry_seconds=-5", "--transient_retry_seconds must be"),
+    ("--runner=collections.OrderedDict", "is not a Beam runner"),  # importable, but not a runner
+    ("--sdk_worker_parallelism=-4", "--sdk_worker_parallelism must be >= 0"),
+    ("--environment_type=NOPE", "--environment_type 'NOPE' is not a Beam environment"),
+    ("--max_input_bytes=-1", "--max_input_bytes must be >= 1"),
 ])
 def test_bad_flags_exit_2_before_any_work(small_folder, tmp_path, flag, message):
   out = str(tmp_path / "out")
