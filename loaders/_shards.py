@@ -40,7 +40,8 @@ def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: Ve
                 file_format: str = "") -> str:
   """A local path of `shard`: itself when local (checked at level `verify`), else a verified cached download.
 
-  gs:// shards are always checked by SHA-256 once, when they are downloaded.
+  gs:// shards are checked by SHA-256 when they are downloaded, and their cached
+  copies at level `verify` like local shards.
   """
   src = files.join(output, shard.path)
   if not files.is_gcs(output):
@@ -48,10 +49,23 @@ def local_shard(output: str, shard: ShardInfo, cache_dir: str | None, verify: Ve
                      locate=tfrecord_damage if file_format == "tfrecord" else None)
     return src
   verify_level(verify)
-  try:
-    return files.cached_copy(src, shard.sha256, cache_dir or DEFAULT_CACHE)
-  except ValueError as e:
-    raise CorruptRecordError(str(e)) from None
+  for attempt in (1, 2):
+    try:
+      local = files.cached_copy(src, shard.sha256, cache_dir or DEFAULT_CACHE)
+    except ValueError as e:
+      raise CorruptRecordError(str(e)) from None
+    try:
+      # The cache outlives processes: its copy is checked like a local shard (by default
+      # hashed once per process), and a copy damaged since its download is fetched again.
+      check_local_file(local, shard.num_bytes, shard.sha256, verify)
+      return local
+    except CorruptRecordError:
+      if attempt == 2:
+        raise
+      for stale in (local + ".verified", local):
+        if os.path.exists(stale):
+          os.remove(stale)
+  raise AssertionError("unreachable")
 
 
 def tfrecord_index(path: str) -> tuple[list[int], list[int]]:

@@ -308,3 +308,27 @@ def test_xla_loader_refuses_a_swapped_shard(outputs, tmp_path):
   got = json.loads(r.stdout.strip().splitlines()[-1])
   assert shard in got["refused"] and expected[:12] in got["refused"] and actual[:12] in got["refused"]
   assert got["batches"] == 9 and not got["tf"]
+
+
+@pytest.mark.gcs
+def test_a_cached_gcs_shard_damaged_after_its_download_is_fetched_again(outputs, gcs_emulator, tmp_path):
+  """The shard cache outlives processes; its `.verified` marker used to vouch for the copy forever."""
+  import hashlib
+
+  from tests.conftest import upload_tree
+
+  key = sorted(outputs)[0]
+  gs = f"gs://{gcs_emulator}/hostile_cache/{tmp_path.name}"
+  upload_tree(outputs[key], gs)
+  cache = str(tmp_path / "cache")
+  first = ShardedRecords(gs, "train", cache_dir=cache)
+  expected = [first.raw(i) for i in range(len(first))]
+  shard = first.manifest.splits["train"].shards[0]
+  (copy,) = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs
+             if f == os.path.basename(shard.path)]
+  data = bytearray(open(copy, "rb").read())
+  data[len(data) // 2] ^= 0xFF  # bit rot in the cache, same size
+  open(copy, "wb").write(bytes(data))
+  again = ShardedRecords(gs, "train", cache_dir=cache)
+  assert [again.raw(i) for i in range(len(again))] == expected
+  assert hashlib.sha256(open(copy, "rb").read()).hexdigest() == shard.sha256  # fetched again
