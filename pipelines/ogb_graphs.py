@@ -376,13 +376,15 @@ class _BuildPartFn(beam.DoFn):
     self._plan = plan
     self._parts_dir = parts_dir
 
-  def setup(self):
-    self._tmp = tempfile.mkdtemp(prefix="ogb-parts-")
-
-  def teardown(self):
-    shutil.rmtree(self._tmp, ignore_errors=True)
-
   def process(self, element):
+    # One temp folder per part, removed here: runners do not promise to call teardown.
+    tmp = tempfile.mkdtemp(prefix="ogb-parts-")
+    try:
+      yield self._build(element, tmp)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+
+  def _build(self, element, tmp: str):
     (key_rel, p), chunks = element
     chunks = sorted(chunks, key=lambda c: c[0])  # file order, whatever order the shuffle gave
     relation = key_rel.removeprefix("csc:")
@@ -397,14 +399,14 @@ class _BuildPartFn(beam.DoFn):
     cols = self._plan.num_nodes[head if key_rel.startswith("csc:") else tail]
     indptr, indices, order = csr_from_coo(src - start, dst, rows, cols)
     dest = _fileio.join(self._parts_dir, f"{key_rel.replace(':', '_') or 'graph'}-{p:06d}.graphbin")
-    local = _fileio.local_staging_path(dest, self._tmp)
+    local = _fileio.local_staging_path(dest, tmp)
     with GraphBinWriter(local) as w:
       w.add("indptr", indptr)
       w.add("indices", indices.astype(index_dtype(cols), copy=False))
       for name, values in sorted(extras.items()):
         w.add(name, values[order])
     _fileio.publish(local, dest)
-    yield key_rel, p, len(src), dest
+    return key_rel, p, len(src), dest
 
 
 def _relation_types(relation: str) -> tuple[str, str]:
