@@ -214,9 +214,11 @@ def main(argv=None) -> int:
   print(summary(manifest))
   status = 0
   if a.verify and commit.tfds_metadata_lags(a.output):
-    print("verify: the TFDS metadata does not describe the committed manifest yet (a run was stopped between "
-          "its switch and its TFDS update); TFDS readers see the previous output. Fix: --repair")
-    status = 1
+    # The output the manifest describes is complete (checked below); TFDS's view is the
+    # previous complete one, or none while class names change (docs/manifest.md).
+    print("verify: warning: the TFDS metadata does not describe the committed manifest yet (a run was "
+          "stopped between its switch and its TFDS update): TFDS readers see the previous output, or none. "
+          "Fix: --repair (or the next run)")
   if a.verify and verify(a.output, manifest):
     status = 1
   if a.grid:

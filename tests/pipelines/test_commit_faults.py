@@ -211,7 +211,7 @@ def old_output(tmp_path_factory, class_folder):
 
 
 @pytest.mark.parametrize("step", _STEPS)
-def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_path, step):
+def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_path, step, capsys):
   import shutil
 
   old_out, old, new_input = old_output
@@ -234,8 +234,10 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_pat
         ({"train": m.splits["train"].num_records}, tuple(m.features["label"].names)) for m in (old, now)]
     if step in ("commit:after_switch",):  # the switch happened, TFDS not yet synced: it still serves the old output
       assert names == tuple(old.features["label"].names)
-      assert inspect.main([out, "--verify"]) == 1  # says so, and how to fix it
+      assert inspect.main([out, "--verify"]) == 0  # the committed output is complete...
+      assert "--repair" in capsys.readouterr().out  # ...and the lagging TFDS view is reported, with the fix
       assert inspect.main([out, "--repair", "--verify"]) == 0
+      assert "TFDS metadata does not describe" not in capsys.readouterr().out
       assert _tfds_view(out) == ({"train": now.splits["train"].num_records}, tuple(now.features["label"].names))
   # The retry (what Airflow does) completes the job and repairs whatever the kill left.
   again = _run(f"--input={new_input}", f"--output={out}", "--num_shards=3", "--overwrite=true")
