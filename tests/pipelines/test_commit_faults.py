@@ -136,6 +136,17 @@ def _run(*flags: str, env: dict | None = None, wait: bool = True, module: str = 
   return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
 
 
+def _paused_at_switch(tmp_path, *flags: str, module: str = "pipelines.image_folder"):
+  """A run started now and held just before its switch; returns (process, release())."""
+  flag = str(tmp_path / "go")
+  slow = _run(*flags, env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False, module=module)
+  deadline = time.monotonic() + 240
+  while not os.path.exists(flag + ".reached"):
+    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+    time.sleep(0.2)
+  return slow, lambda: open(flag, "w").close()
+
+
 def _tfds_view(out: str) -> tuple[dict[str, int], tuple[str, ...]]:
   """What TFDS serves: {split: records it reads}, class names. Raises if TFDS cannot open it."""
   code = f"""
@@ -173,18 +184,12 @@ def test_two_overlapping_runs_never_leave_a_manifest_that_fails_verify(class_fol
   committed. It must lose loudly, and the winner's output must stay whole (the old clean-up
   deleted the slow run's shards, or the slow run's manifest then named deleted shards)."""
   out = str(tmp_path / "out")
-  flag = str(tmp_path / "go")
-  slow = _run(f"--input={class_folder}", f"--output={out}", "--num_shards=2",
-              env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False)
-  deadline = time.monotonic() + 240
-  while not os.path.exists(flag + ".reached"):
-    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
-    time.sleep(0.2)
+  slow, release = _paused_at_switch(tmp_path, f"--input={class_folder}", f"--output={out}", "--num_shards=2")
   fast = _run(f"--input={class_folder}", f"--output={out}", "--num_shards=3")
   assert fast.returncode == 0, fast.stderr
   winner = _complete(out)
   assert len(_generations(out)) == 2  # the slow run's generation is live: not the fast run's to delete
-  open(flag, "w").close()
+  release()
   _, err = slow.communicate(timeout=240)
   assert slow.returncode == 1
   assert "another run committed a new manifest.json after this run started" in err.strip().splitlines()[-1]
@@ -256,17 +261,11 @@ def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults
   src = f"gs://{gcs_faults.bucket}/overlap-in/pets"
   upload_tree(class_folder, src)
   out = f"gs://{gcs_faults.bucket}/overlap-out/{tmp_path.name}"
-  flag = str(tmp_path / "go")
-  slow = _run(f"--input={src}", f"--output={out}", "--num_shards=2",
-              env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False)
-  deadline = time.monotonic() + 240
-  while not os.path.exists(flag + ".reached"):
-    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
-    time.sleep(0.2)
+  slow, release = _paused_at_switch(tmp_path, f"--input={src}", f"--output={out}", "--num_shards=2")
   fast = _run(f"--input={src}", f"--output={out}", "--num_shards=3")
   assert fast.returncode == 0, fast.stderr
   winner = _read_manifest(out)
-  open(flag, "w").close()
+  release()
   _, err = slow.communicate(timeout=240)
   assert slow.returncode == 1 and "another run committed" in err
   assert _read_manifest(out) == winner
@@ -323,17 +322,11 @@ def test_graph_outputs_use_the_same_switch(tmp_path):
   src = tmp_path / "ogbn_arxiv"
   make_sample_ogb.write_homogeneous_node(src, seed=0, num_nodes=200, num_edges=800)
   out = str(tmp_path / "out")
-  flag = str(tmp_path / "go")
-  run = lambda *flags, **kw: _run(f"--input={src}", f"--output={out}", *flags, module="pipelines.ogb_graphs", **kw)
-  slow = run(env={commit.FAULT_POINT_ENV: f"commit:before_switch=pause:{flag}"}, wait=False)
-  deadline = time.monotonic() + 240
-  while not os.path.exists(flag + ".reached"):
-    assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
-    time.sleep(0.2)
-  fast = run("--csc=true")
+  slow, release = _paused_at_switch(tmp_path, f"--input={src}", f"--output={out}", module="pipelines.ogb_graphs")
+  fast = _run(f"--input={src}", f"--output={out}", "--csc=true", module="pipelines.ogb_graphs")
   assert fast.returncode == 0, fast.stderr
   winner = _read_manifest(out)
-  open(flag, "w").close()
+  release()
   _, err = slow.communicate(timeout=240)
   assert slow.returncode == 1 and "another run committed" in err.strip().splitlines()[-1], err
   assert _read_manifest(out) == winner and winner.graph["csc"] is True
