@@ -6,17 +6,21 @@ object-name prefix. Listing is recursive and literal:
 
 - local folders are walked with `os.scandir`; symbolic links are followed, and
   every real folder is listed once (a visited set of (st_dev, st_ino)), so a
-  link loop ends as a reject "symbolic link loop";
+  link loop ends as a reject "symbolic link loop"; a link from one part of
+  the input (a class folder) into another is a reject too (its files would be
+  listed twice, under two labels);
 - anything that is not a regular file or a folder (FIFO, socket, device,
   dangling link, link loop, unreadable folder) is a reject with a fixed reason;
   no such entry is ever opened, so nothing blocks on a FIFO;
 - names that are not valid UTF-8 are kept exactly (`InputFile.raw`, the bytes) and
   shown with Python's backslashreplace escapes (byte 0xff → `\\xff`) in
-  `InputFile.path`, which is what records and errors/ hold;
+  `InputFile.path`, which is what records and errors/ hold; escapes are not
+  injective, so a name whose escaped form equals a sibling's is a reject;
 - gs:// objects whose names end with "/" are folder markers, not files.
 
-`read_input` reads a whole file. Errors that are properties of the file (not a
-regular file, vanished, permission denied) raise `Unreadable`, a reject.
+`read_input` reads a whole file, up to a cap (`ReadPolicy.max_bytes`). Errors
+that are properties of the file (not a regular file, vanished, permission
+denied, over the cap) raise `Unreadable`, a reject.
 Transient errors (HTTP 5xx/429, timeouts, connection resets or aborts) are
 retried with exponential backoff and jitter for up to `budget` seconds, then raise
 `TransientInputError`, which fails the job: a network blip never becomes a reject.
