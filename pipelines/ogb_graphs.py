@@ -62,7 +62,7 @@ class OgbGraphsOptions(PipelineOptions):
   def _add_argparse_args(cls, parser):
     parser.add_argument("--add_inverse_edges", default="auto",
                         help="auto (as OGB's master.csv says for --name), true or false.")
-    parser.add_argument("--feature_dtype", default="float32", help="float32 or float16 for float features.")
+    parser.add_argument("--feature_dtype", default="float32", help="float32 or float16 for float node and edge features.")
     parser.add_argument("--csc", default="false", help="true: also store the reverse (in-neighbour) CSC.")
     parser.add_argument("--edges_per_partition", default=str(DEFAULT_EDGES_PER_PARTITION),
                         help="Edges per sort partition: bounds a worker's memory (~40 bytes/edge).")
@@ -341,8 +341,9 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error"
 class _ReadEdgesFn(beam.DoFn):
   """An EdgeSource → ((relation, partition), chunk) with OGB's inverse edges interleaved."""
 
-  def __init__(self, plan: GraphPlan, chunk_rows: int = 1 << 21):
+  def __init__(self, plan: GraphPlan, feature_dtype: str = "float32", chunk_rows: int = 1 << 21):
     self._plan = plan
+    self._feature_dtype = feature_dtype
     self._chunk_rows = chunk_rows
 
   def setup(self):
@@ -353,6 +354,8 @@ class _ReadEdgesFn(beam.DoFn):
     key_rel = ("csc:" if source.reverse else "") + source.relation
     for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat")):
       self._edges.inc(len(src))
+      # As the section stores them (docs/graphbin.md): `edge/feat` as features, other edge files as OGB types them.
+      extras = {k: _cast(v, "float" if k == "edge/feat" else "auto", self._feature_dtype) for k, v in extras.items()}
       pos = np.arange(first, first + len(src), dtype=np.int64)
       if self._plan.add_inverse:
         src, dst = interleave_inverse(src, dst)
@@ -391,7 +394,13 @@ class _BuildPartFn(beam.DoFn):
     part_size = self._plan.part_size[relation]
     src = np.concatenate([c[1] for c in chunks])
     dst = np.concatenate([c[2] for c in chunks])
-    extras = {k: np.concatenate([c[4][k] for c in chunks]) for k in chunks[0][4]}
+    extras = {}
+    for k in chunks[0][4]:
+      kinds = {c[4][k].dtype.kind for c in chunks}
+      if len(kinds) > 1:  # one chunk all integers, another not: never widen silently
+        raise OgbFormatError(f"{dict(self._plan_extras(relation))[k]}: integer and non-integer rows mixed "
+                             f"(section {k})")
+      extras[k] = np.concatenate([c[4][k] for c in chunks])
     start = p * part_size
     head, tail = _relation_types(relation)
     rows_total = self._plan.num_nodes[tail if key_rel.startswith("csc:") else head]
@@ -407,6 +416,10 @@ class _BuildPartFn(beam.DoFn):
         w.add(name, values[order])
     _fileio.publish(local, dest)
     return key_rel, p, len(src), dest
+
+
+  def _plan_extras(self, relation: str) -> tuple[tuple[str, str], ...]:
+    return next((s.extras for s in self._plan.edge_files if s.relation == relation), ())
 
 
 def _relation_types(relation: str) -> tuple[str, str]:
@@ -579,7 +592,7 @@ class _AssembleFn(beam.DoFn):
           g = part(p)
           if g is not None:
             s.write(g["indices"])
-      for section, _ in extras:
+      for section, path in extras:
         first = next((part(p)[section] for p in range(num_parts) if part(p) is not None), None)
         if first is None:
           continue
@@ -587,6 +600,8 @@ class _AssembleFn(beam.DoFn):
           for p in range(num_parts):
             g = part(p)
             if g is not None:
+              if g[section].dtype != first.dtype:
+                raise OgbFormatError(f"{path}: integer and non-integer rows mixed (section {prefix + section})")
               s.write(g[section])
     finally:
       opened.clear()
@@ -744,7 +759,7 @@ def build(p: beam.Pipeline, args: dict):
       p
       | "EdgeSources" >> beam.Create(sources)
       | "SpreadSources" >> beam.Reshuffle()
-      | "ReadEdges" >> beam.ParDo(_ReadEdgesFn(plan))
+      | "ReadEdges" >> beam.ParDo(_ReadEdgesFn(plan, args["feature_dtype"]))
       | "GroupByPartition" >> beam.GroupByKey()
       | "SortPartitions" >> beam.ParDo(_BuildPartFn(plan, parts_dir))
   )
