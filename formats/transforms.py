@@ -1,13 +1,152 @@
-"""Constants of the record transforms that writers and every reader share. No framework.
+"""The record transforms that writers and every reader share, defined once. No framework (numpy only).
 
 The CT values here are part of the on-disk contract: the converter writes
 `CT_PADDING_HU` where a slice has no data (PixelPaddingValue), and every loader
 pads patches that reach outside a volume with the same value.
+
+The rest is the specification of the fixed-shape transforms the loaders apply
+(loaders._transforms with numpy/Pillow for grain and torch_xla,
+loaders.tfdata with TensorFlow ops); tests/loaders/test_parity.py proves the
+implementations bit-equal:
+
+- **CT patches.** A patch of `patch_size` (D, H, W) starts at
+  `center_patch_start` (`max(shape - patch, 0) // 2`) or at
+  `random_patch_start`, drawn from `element_rng(seed, position, slot)`: the
+  generator of the batch at `position` (counted over all epochs) and the
+  example's `slot` in it, so a seed fixes every patch. Voxels past the volume's
+  far end are `CT_PADDING_HU`. Then float32 values are clipped to the HU window
+  and, with normalisation, mapped to [0, 1] as `(x - low) / (high - low)` with
+  the float32 constants of `hu_window_constants`.
+- **Images stored at their own size** become uint8 [H, W, 3] as Pillow does it:
+  a JPEG is decoded with libjpeg's accurate integer DCT (TensorFlow's
+  `dct_method="INTEGER_ACCURATE"`), at the reduced scale `jpeg_draft_scale`
+  picks (Pillow's `draft`); then, unless it already has the size, the centre
+  region of the target aspect ratio (`fit_box`, crop first) is resized with
+  Pillow's BILINEAR filter (`bilinear_taps`: its support, rounding and 22-bit
+  fixed-point arithmetic), horizontally then vertically, each pass rounded to
+  uint8.
 """
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
 
 # Hounsfield units written for padding and used to fill patches outside a volume (air is -1000).
 CT_PADDING_HU = -1024
 # The HU range a loader keeps by default (clipped): the padding value up to the 12-bit maximum.
 DEFAULT_HU_WINDOW = (-1024.0, 3071.0)
+# Where a CT patch is placed.
+PATCH_MODES = ("random", "center")
+# libjpeg's DCT that Pillow uses (JDCT_ISLOW), by TensorFlow's name for it.
+JPEG_DCT_METHOD = "INTEGER_ACCURATE"
+# The reduced scales libjpeg decodes at (1/s), the largest first.
+JPEG_DRAFT_SCALES = (8, 4, 2, 1)
+# Fixed-point bits of Pillow's 8-bit resampling coefficients (32 - 8 - 2).
+RESAMPLE_PRECISION_BITS = 22
+
+
+def center_patch_start(shape, patch_size) -> np.ndarray:
+  """Start (int64 per axis) of the centred patch: max(shape - patch, 0) // 2 (the patch then pads at the far end)."""
+  return np.maximum(np.asarray(shape, np.int64) - np.asarray(patch_size, np.int64), 0) // 2
+
+
+def element_rng(seed: int, position: int, slot: int) -> np.random.Generator:
+  """The generator of one example: batch `position` (over all epochs) and `slot` in that batch."""
+  return np.random.default_rng([seed, position, slot])
+
+
+def random_patch_start(shape, patch_size, rng: np.random.Generator) -> np.ndarray:
+  """A uniformly drawn start (int64 per axis, first axis drawn first) in [0, max(shape - patch, 0)]."""
+  room = np.maximum(np.asarray(shape, np.int64) - np.asarray(patch_size, np.int64), 0)
+  return np.array([rng.integers(0, r + 1) for r in room], np.int64)
+
+
+def seeded_patch_start(shape, patch_size, seed: int, position: int, slot: int) -> np.ndarray:
+  """`random_patch_start` with `element_rng(seed, position, slot)`: what every loader draws."""
+  return random_patch_start(shape, patch_size, element_rng(seed, position, slot))
+
+
+def hu_window_constants(hu_window: tuple[float, float]) -> tuple[np.float32, np.float32, np.float32]:
+  """(low, high, high - low) as the float32 values clipping and normalisation use.
+
+  The span is subtracted in float64 and rounded once: normalised = (clip(x) - low) / span, float32.
+  """
+  lo, hi = hu_window
+  return np.float32(lo), np.float32(hi), np.float32(hi - lo)
+
+
+def jpeg_draft_scale(height: int, width: int, size: tuple[int, int]) -> int:
+  """The reduced scale (8, 4, 2 or 1) a JPEG of height x width is decoded at for a target (H, W).
+
+  Pillow's `draft`: the largest scale s with s <= min(width // W, height // H),
+  1 for an image smaller than the target; the decoded image is
+  ceil(width / s) x ceil(height / s), never below the target.
+  """
+  scale = min(width // size[1], height // size[0])
+  return next((s for s in JPEG_DRAFT_SCALES if scale >= s), 1)
+
+
+def fit_box(height: int, width: int, size: tuple[int, int]) -> tuple[float, float, float, float]:
+  """(left, top, right, bottom) of the centred region with the aspect ratio of `size` (H, W); Pillow's ImageOps.fit."""
+  image_ratio, output_ratio = width / height, size[1] / size[0]
+  if image_ratio == output_ratio:
+    crop_w, crop_h = float(width), float(height)
+  elif image_ratio >= output_ratio:
+    crop_w, crop_h = output_ratio * height, float(height)
+  else:
+    crop_w, crop_h = float(width), width / output_ratio
+  left, top = (width - crop_w) * 0.5, (height - crop_h) * 0.5
+  return left, top, left + crop_w, top + crop_h
+
+
+def bilinear_taps(in_size: int, box0: float, box1: float, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Pillow's BILINEAR taps along one axis for `out_size` outputs from [box0, box1) of `in_size` inputs.
+
+  Returns (first, weights): int32 [out] first input index and int32 [out, k]
+  fixed-point weights (2**22 is 1.0; zero past each output's last input, whose
+  indices are first + j clamped to in_size - 1). An output is
+  clip((2**21 + sum_j pixel[first + j] * weights[j]) >> 22, 0, 255).
+  The box is float32 and the filter is widened by the scale when shrinking
+  (antialiasing), as in Pillow's Resample.c.
+  """
+  b0, b1 = np.float32(box0), np.float32(box1)
+  scale = float(np.float32(b1 - b0)) / out_size
+  filterscale = max(scale, 1.0)
+  support, ss = 1.0 * filterscale, 1.0 / filterscale
+  k = int(math.ceil(support)) * 2 + 1
+  first = np.zeros(out_size, np.int32)
+  weights = np.zeros((out_size, k), np.int32)
+  one = 1 << RESAMPLE_PRECISION_BITS
+  for xx in range(out_size):
+    center = float(b0) + (xx + 0.5) * scale
+    xmin = max(int(center - support + 0.5), 0)
+    xmax = min(int(center + support + 0.5), in_size) - xmin
+    w = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * ss)) for x in range(xmax)]
+    total = 0.0
+    for v in w:  # summed in order, as Pillow does
+      total += v
+    if total != 0.0:
+      w = [v / total for v in w]
+    first[xx] = xmin
+    weights[xx, :xmax] = [int(-0.5 + v * one) if v < 0 else int(0.5 + v * one) for v in w]
+  return first, weights
+
+
+def resize_plan(height: int, width: int, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(row_first, row_weights, col_first, col_weights): the taps of resizing `fit_box` of an image to `size`."""
+  left, top, right, bottom = fit_box(height, width, size)
+  rows = bilinear_taps(height, top, bottom, size[0])
+  cols = bilinear_taps(width, left, right, size[1])
+  return (*rows, *cols)
+
+
+def apply_taps(pixels: np.ndarray, first: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
+  """One resampling pass of `bilinear_taps` over uint8 `pixels` along `axis`, rounded to uint8 (a reference)."""
+  n = pixels.shape[axis]
+  idx = np.minimum(first[:, None] + np.arange(weights.shape[1]), n - 1)
+  taken = np.take(pixels.astype(np.int64), idx, axis=axis)  # axis becomes [out, k]
+  w = weights.astype(np.int64).reshape((1,) * axis + weights.shape + (1,) * (pixels.ndim - axis - 1))
+  acc = (taken * w).sum(axis=axis + 1) + (1 << (RESAMPLE_PRECISION_BITS - 1))
+  return np.clip(acc >> RESAMPLE_PRECISION_BITS, 0, 255).astype(np.uint8)

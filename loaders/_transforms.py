@@ -3,9 +3,14 @@
 `example_transform(features, options)` picks the transform from the schema:
 images (decoded to uint8 [H, W, 3], resized when the shards are not already
 fixed-size), CT volumes (fixed-size patches, HU clipped and normalised,
-padding -1024) and graph-property records (padded to node/edge budgets, with
-masks). Each transform takes (record, rng): randomness (patch positions) comes
-from the loader's per-element generator, so a seed fixes it.
+padding formats.transforms.CT_PADDING_HU) and graph-property records (padded
+to node/edge budgets, with masks). Each transform takes (record, rng):
+randomness (patch positions) comes from the loader's per-element generator
+(formats.transforms.element_rng), so a seed fixes it.
+
+This is the numpy/Pillow implementation of the specification in
+formats.transforms; loaders.tfdata implements the same one with TensorFlow
+ops, and tests/loaders/test_parity.py proves the two bit-equal.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import numpy as np
 from PIL import Image as PILImage, ImageOps
 
 from formats.features import ClassLabel, Features, Tensor
-
-PADDING_HU = -1024
+from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, PATCH_MODES, center_patch_start,
+                                hu_window_constants, random_patch_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +32,8 @@ class ExampleOptions:
   """How records become fixed-shape examples.
 
   image_size: (H, W) for images stored at their own size (required then).
-  patch_size: (D, H, W) of CT patches; patch: "random" or "center".
+  patch_size: (D, H, W) of CT patches; patch: "random" or "center" (placement:
+  formats.transforms.center_patch_start / random_patch_start).
   hu_window: HU range kept (clipped); normalize: map it to [0, 1] float32.
   max_nodes / max_edges: budgets of graph records.
   """
@@ -35,13 +41,13 @@ class ExampleOptions:
   image_size: tuple[int, int] | None = None
   patch_size: tuple[int, int, int] | None = None
   patch: str = "random"
-  hu_window: tuple[float, float] = (-1024.0, 3071.0)
+  hu_window: tuple[float, float] = DEFAULT_HU_WINDOW
   normalize: bool = True
   max_nodes: int | None = None
   max_edges: int | None = None
 
-  def __post_init__(self):
-    if self.patch not in ("random", "center"):
+  def __post_init__(self) -> None:
+    if self.patch not in PATCH_MODES:
       raise ValueError(f"patch must be random or center, got {self.patch!r}")
     if self.hu_window[0] >= self.hu_window[1]:
       raise ValueError(f"hu_window must be (low, high) with low < high, got {self.hu_window}")
@@ -58,9 +64,10 @@ def record_kind(features: Features) -> str:
 
 
 def _decode_image(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
+  """uint8 [H, W, 3]: decoded (JPEG at jpeg_draft_scale), then fit_box resized with Pillow's BILINEAR."""
   im = PILImage.open(io.BytesIO(data))
   if size is not None and im.format == "JPEG":
-    im.draft("RGB", (size[1], size[0]))  # let libjpeg decode at a reduced scale
+    im.draft("RGB", (size[1], size[0]))  # let libjpeg decode at a reduced scale (formats.transforms.jpeg_draft_scale)
   if im.mode != "RGB":
     im = im.convert("RGB")
   if size is not None and im.size != (size[1], size[0]):
@@ -94,25 +101,20 @@ def _image_transform(features: Features, o: ExampleOptions) -> Callable:
 def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
   if o.patch_size is None:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
-  patch = np.asarray(o.patch_size)
-  lo, hi = o.hu_window
+  lo, hi, span = hu_window_constants(o.hu_window)
 
   def crop(rec, rng=None):
     vol = rec["volume"]
-    shape = np.asarray(vol.shape)
-    room = np.maximum(shape - patch, 0)
     if o.patch == "random":
-      rng = rng or np.random.default_rng(0)
-      start = np.array([rng.integers(0, r + 1) for r in room])
+      start = random_patch_start(vol.shape, o.patch_size, rng or np.random.default_rng(0))
     else:
-      start = room // 2
-    sl = tuple(slice(s, s + p) for s, p in zip(start, patch))
-    part = vol[sl]
-    out = np.full(o.patch_size, PADDING_HU, np.float32)
+      start = center_patch_start(vol.shape, o.patch_size)
+    part = vol[tuple(slice(s, s + p) for s, p in zip(start, o.patch_size))]
+    out = np.full(o.patch_size, CT_PADDING_HU, np.float32)
     out[tuple(slice(0, n) for n in part.shape)] = part
     np.clip(out, lo, hi, out=out)
     if o.normalize:
-      out = (out - lo) / (hi - lo)
+      out = (out - lo) / span
     return {"volume": out.astype(np.float32), "spacing": np.asarray(rec["spacing"], np.float32),
             "patch_start": start.astype(np.int64)}
   return crop

@@ -22,6 +22,7 @@ import threading
 import grain
 import numpy as np
 
+from formats.transforms import element_rng
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 from loaders._verify import Verify
@@ -61,7 +62,8 @@ class _ReadBatch:
   seeded permutation of this shard's records (computed once per epoch,
   vectorised), so every epoch is shuffled differently and the sequence is a
   pure function of (seed, shard, position): grain's iterator state (the next
-  position) is all a resume needs.
+  position) is all a resume needs. Random draws (patch positions) use
+  formats.transforms.element_rng(seed, position, slot), as loaders.tfdata does.
   """
 
   def __init__(self, source: ShardedRecords, transform, batch_size: int, seed: int, shuffle: bool,
@@ -92,7 +94,7 @@ class _ReadBatch:
 
     def examples():
       for j, i in enumerate(indices):
-        rng = np.random.default_rng([self._seed, position, j]) if self._needs_rng else None
+        rng = element_rng(self._seed, position, j) if self._needs_rng else None
         yield self._transform(self._source.get(int(i), copy=False), rng)
     return fill_batch(examples(), self._batch_size, with_mask=not self._drop)
 
