@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from formats.features import ClassLabel, Image, Tensor, Text
 from formats.manifest import ShardInfo
+from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
+                                hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)
 from loaders._shards import load_manifest, local_shard, tfrecord_index
 from loaders._transforms import ExampleOptions, record_kind
 from loaders._verify import CorruptRecordError, Verify, verify_level
@@ -44,49 +47,57 @@ def _parse_spec(features) -> dict:
   return spec
 
 
-def _kept_samples(n_in: tf.Tensor, n_out: tf.Tensor, keep: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-  """Bilinear taps along one axis for the `keep` center outputs of resizing n_in → n_out.
+def _sizes_function(func, inputs: list, dtypes: list, shapes: list) -> list[tf.Tensor]:
+  """Calls a pure numpy function of sizes from formats.transforms (the one definition), static shapes set."""
+  out = tf.numpy_function(tf.autograph.experimental.do_not_convert(func), inputs, dtypes, stateful=False)
+  out = out if isinstance(out, (list, tuple)) else [out]
+  for t, shape in zip(out, shapes):
+    t.set_shape(shape)
+  return list(out)
 
-  The arithmetic of tf.image.resize's kernel (half-pixel centers, float32):
-  position (i + 0.5) * n_in / n_out - 0.5, neighbours clamped to the image.
-  Returns (lower, upper, weight of upper) for those outputs only.
-  """
-  scale = tf.cast(n_in, tf.float32) / tf.cast(n_out, tf.float32)
-  start = tf.maximum((n_out - keep) // 2, 0)  # resize_with_crop_or_pad's offset
-  pos = (tf.cast(tf.range(start, start + keep), tf.float32) + 0.5) * scale - 0.5
-  floor = tf.math.floor(pos)
-  lower = tf.maximum(tf.cast(floor, tf.int32), 0)
-  upper = tf.minimum(tf.cast(tf.math.ceil(pos), tf.int32), n_in - 1)
-  return lower, upper, pos - floor
+
+def _decode_jpeg(data: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
+  """uint8 [h, w, 3] decoded as Pillow does for a target `size`: accurate integer DCT, at jpeg_draft_scale."""
+  shape = tf.image.extract_jpeg_shape(data)
+
+  def draft_branch(height, width):
+    return np.int32(JPEG_DRAFT_SCALES.index(jpeg_draft_scale(int(height), int(width), size)))
+
+  branch, = _sizes_function(draft_branch, [shape[0], shape[1]], [tf.int32], [[]])
+  return tf.switch_case(branch, [
+      lambda r=r: tf.io.decode_jpeg(data, channels=3, ratio=r, dct_method=JPEG_DCT_METHOD)
+      for r in JPEG_DRAFT_SCALES])
+
+
+def _resample(pixels: tf.Tensor, first: tf.Tensor, weights: tf.Tensor, axis: int) -> tf.Tensor:
+  """One pass of formats.transforms.bilinear_taps along `axis` (0 or 1) of int32 pixels: Pillow's fixed point."""
+  idx = tf.minimum(first[:, None] + tf.range(tf.shape(weights)[1]), tf.shape(pixels)[axis] - 1)
+  taken = tf.gather(pixels, idx, axis=axis)  # the axis becomes [out, k]
+  w = weights[:, :, None, None] if axis == 0 else weights[None, :, :, None]
+  acc = tf.reduce_sum(taken * w, axis=axis + 1) + (1 << (RESAMPLE_PRECISION_BITS - 1))
+  return tf.clip_by_value(tf.bitwise.right_shift(acc, RESAMPLE_PRECISION_BITS), 0, 255)
 
 
 def _resize_center_crop(img: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
-  """Aspect-preserving bilinear resize so the image covers `size`, then the center crop (as the pipeline does).
+  """The centre region of the target aspect ratio (fit_box, crop first) resized to `size` with Pillow's BILINEAR.
 
-  Computed crop first: only the pixels the crop keeps are interpolated, with
-  tf.image.resize's arithmetic, so the result is the same as resizing the
-  whole image and cropping, without that image (a 2000x1 image would become
-  448000x224 floats on the way to 224x224).
+  The taps come from formats.transforms.resize_plan; only the rows the
+  output uses are resampled horizontally, then the vertical pass, each
+  rounded to uint8, so the pixels equal Pillow's ImageOps.fit.
   """
+  img = tf.convert_to_tensor(img)
   shape = tf.shape(img)
-  h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
-  scale = tf.maximum(size[0] / h, size[1] / w)
-  new_h, new_w = tf.cast(tf.math.ceil(h * scale), tf.int32), tf.cast(tf.math.ceil(w * scale), tf.int32)
-  y0, y1, wy = _kept_samples(shape[0], new_h, size[0])
-  x0, x1, wx = _kept_samples(shape[1], new_w, size[1])
-  r0, c0 = y0[0], x0[0]
-  region = img[r0:y1[-1] + 1, c0:x1[-1] + 1]  # the part of the image the crop keeps
-  rows_above, rows_below = tf.gather(region, y0 - r0), tf.gather(region, y1 - r0)
 
-  def left_right(rows):
-    return (tf.cast(tf.gather(rows, x0 - c0, axis=1), tf.float32),
-            tf.cast(tf.gather(rows, x1 - c0, axis=1), tf.float32))
+  def plan(height, width):
+    return resize_plan(int(height), int(width), size)
 
-  (tl, tr), (bl, br) = left_right(rows_above), left_right(rows_below)
-  wx, wy = wx[None, :, None], wy[:, None, None]
-  top = tl + (tr - tl) * wx  # the kernel's order of operations, so the floats are the same
-  bottom = bl + (br - bl) * wx
-  return tf.cast(tf.clip_by_value(top + (bottom - top) * wy, 0, 255), tf.uint8)
+  row_first, row_w, col_first, col_w = _sizes_function(
+      plan, [shape[0], shape[1]], [tf.int32] * 4, [[size[0]], [size[0], None], [size[1]], [size[1], None]])
+  r0 = row_first[0]
+  r1 = tf.minimum(row_first[-1] + tf.shape(row_w)[1], shape[0])
+  rows = tf.cast(img[r0:r1], tf.int32)
+  across = _resample(rows, col_first, col_w, axis=1)
+  return tf.cast(_resample(across, row_first - r0, row_w, axis=0), tf.uint8)
 
 
 def _checked_shards(path: str, shards: Sequence[ShardInfo], cache_dir: str | None, verify: Verify) -> list[str]:
@@ -109,9 +120,20 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
             shuffle_buffer: int = 10_000, verify: Verify = "sha256", **example_options) -> tf.data.Dataset:
   """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards; images and CT volumes.
 
+  The batches have loaders.grain's keys, dtypes and values (formats.transforms
+  is the one specification): every epoch is this shard's records (strided by
+  record index), shuffled with `seed` when `shuffle`, cut to whole batches
+  (drop_remainder), and random patches are drawn from
+  element_rng(seed, batch position, slot). With shuffle=False the batches
+  equal grain's bit for bit; shuffled orders differ (tf.data's shuffle buffer
+  is not grain's permutation), and so do the random patches a record gets.
   verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
   """
   verify_level(verify)
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  if num_epochs < 1:
+    raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
   manifest = load_manifest(path)
   if manifest.file_format != "tfrecord":
     raise ValueError(f"{path} holds {manifest.file_format} shards; tf.data reads tfrecord (use loaders.grain)")
@@ -123,9 +145,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
   shards = manifest.splits[split].shards
   paths = _checked_shards(path, shards, cache_dir, verify)
   total = sum(s.num_records for s in shards)
+  per_shard = total // shard_count
   spec = _parse_spec(features)
-  ds = tf.data.TFRecordDataset(paths).take(total - total % shard_count)
-  ds = ds.enumerate().shard(shard_count, shard_index)
 
   if kind == "image":
     image = features["image"]
@@ -133,16 +154,16 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     if size is None:
       raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")
 
-    def convert(index, serialized):
-      ex = dict(tf.io.parse_single_example(serialized, spec), record_index=index)
+    def convert(n, index, serialized):
+      ex = tf.io.parse_single_example(serialized, spec)
       if isinstance(image, Tensor):
         img = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), image.shape)
       else:
-        img = tf.io.decode_jpeg(ex["image"], channels=3)
-        if None in image.shape[:2] or tuple(image.shape[:2]) != tuple(size):
-          img = _resize_center_crop(img, size)
+        img = _decode_jpeg(ex["image"], size)
+        same = tf.reduce_all(tf.shape(img)[:2] == tf.constant(size))
+        img = tf.cond(same, lambda: img, lambda: _resize_center_crop(img, size))
       img.set_shape((*size, 3))
-      out = {"image": img, "record_index": ex["record_index"]}
+      out = {"image": img, "record_index": index}
       if "label" in ex:
         out["label"] = ex["label"]
       return out
@@ -150,25 +171,37 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     if o.patch_size is None:
       raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
     vdtype = tf.int16 if features["volume"].dtype == "int16" else tf.float32
-    lo, hi = o.hu_window
+    lo, hi, span = hu_window_constants(o.hu_window)
+    patch = tf.constant(o.patch_size, tf.int64)
 
-    def convert(index, serialized):
+    def draw(shape, n):
+      position, slot = divmod(int(n), batch_size)
+      return seeded_patch_start(shape, o.patch_size, seed, position, slot)
+
+    def convert(n, index, serialized):
       ex = tf.io.parse_single_example(serialized, spec)
       vol = tf.reshape(tf.io.decode_raw(ex["volume/value"], vdtype), ex["volume/shape"])
-      vol = tf.cast(vol, tf.float32)
-      pad = tf.maximum(tf.constant(o.patch_size, tf.int64) - tf.shape(vol, out_type=tf.int64), 0)
-      vol = tf.pad(vol, tf.stack([tf.zeros_like(pad), pad], axis=1), constant_values=-1024.0)
-      vol = tf.image.random_crop(vol, o.patch_size, seed=seed) if o.patch == "random" else vol[
-          tuple(slice(0, p) for p in o.patch_size)]
+      shape = tf.shape(vol, out_type=tf.int64)
+      if o.patch == "random":
+        start, = _sizes_function(draw, [shape, n], [tf.int64], [[3]])
+      else:
+        start = tf.maximum(shape - patch, 0) // 2  # formats.transforms.center_patch_start
+      part = tf.cast(tf.slice(vol, start, tf.minimum(patch, shape - start)), tf.float32)
+      pad = patch - tf.shape(part, out_type=tf.int64)  # the far end, as in grain
+      vol = tf.pad(part, tf.stack([tf.zeros_like(pad), pad], axis=1), constant_values=float(CT_PADDING_HU))
       vol = tf.clip_by_value(vol, lo, hi)
       if o.normalize:
-        vol = (vol - lo) / (hi - lo)
+        vol = (vol - lo) / span
       vol.set_shape(o.patch_size)
-      return {"volume": vol, "spacing": ex["spacing"], "record_index": index}
+      return {"volume": vol, "spacing": ex["spacing"], "patch_start": start, "record_index": index}
   else:
     raise ValueError("loaders.tfdata reads image and CT records; use loaders.grain for graph records")
 
+  # This shard's records, strided by record index after trimming the split to a multiple of shard_count.
+  ds = tf.data.TFRecordDataset(paths).take(per_shard * shard_count).enumerate().shard(shard_count, shard_index)
   if shuffle:
     ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-  ds = ds.repeat(num_epochs).map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  # An epoch is whole batches (grain's drop_remainder per epoch); n counts examples over all epochs.
+  ds = ds.take(per_shard // batch_size * batch_size).repeat(num_epochs).enumerate()
+  ds = ds.map(lambda n, item: convert(n, *item), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

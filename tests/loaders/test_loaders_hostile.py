@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
-from PIL import Image as PILImage
+from PIL import Image as PILImage, ImageOps
 import pytest
 
 import make_sample_ogb as mo
@@ -119,20 +119,18 @@ def test_tfdata_checks_every_shard_count_against_the_manifest(outputs, tmp_path,
     _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8)))
 
 
-# ---- tf.data: crop first, then resize ----------------------------------------------------------
+# ---- tf.data: crop first, then resize (Pillow's fit) ----------------------------------------------------------
 
 
-def _resize_then_crop(img, size):
-  """The previous loaders.tfdata transform: the whole aspect-preserving resize, then the center crop."""
-  tf = pytest.importorskip("tensorflow")
-  h, w = tf.cast(tf.shape(img)[0], tf.float32), tf.cast(tf.shape(img)[1], tf.float32)
-  scale = tf.maximum(size[0] / h, size[1] / w)
-  new = tf.cast(tf.math.ceil(tf.stack([h * scale, w * scale])), tf.int32)
-  img = tf.image.resize(img, new, method="bilinear")
-  return tf.cast(tf.clip_by_value(tf.image.resize_with_crop_or_pad(img, size[0], size[1]), 0, 255), tf.uint8)
+def _pillow_fit(img, size):
+  """The reference (formats.transforms, grain's loader): Pillow's ImageOps.fit with BILINEAR on the whole image."""
+  im = PILImage.fromarray(img)
+  if im.size == (size[1], size[0]):
+    return img
+  return np.asarray(ImageOps.fit(im, (size[1], size[0]), method=PILImage.Resampling.BILINEAR))
 
 
-def test_tfdata_crop_first_gives_the_same_pixels_as_resize_then_crop():
+def test_tfdata_crop_first_gives_the_same_pixels_as_pillows_fit():
   tfdata = _tfdata()
   rng = np.random.default_rng(0)
   shapes = [(48, 64), (64, 48), (375, 500), (500, 375), (333, 333), (224, 224), (7, 300), (300, 7), (257, 511),
@@ -143,7 +141,7 @@ def test_tfdata_crop_first_gives_the_same_pixels_as_resize_then_crop():
     smooth = np.stack([(3 * x) % 256, (5 * y) % 256, (x + y) % 256], -1).astype(np.uint8)
     for img in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8), smooth):
       for size in sizes:
-        np.testing.assert_array_equal(tfdata._resize_center_crop(img, size).numpy(), _resize_then_crop(img, size),
+        np.testing.assert_array_equal(tfdata._resize_center_crop(img, size).numpy(), _pillow_fit(img, size),
                                       err_msg=f"{(h, w)} -> {size}")
 
 

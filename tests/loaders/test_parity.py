@@ -1,0 +1,179 @@
+"""One transform specification, three loaders: grain, torch_xla (host batches) and tf.data agree bit for bit.
+
+The same TFRecord outputs (images: raw, fixed-size JPEG, JPEG resized to a
+static shape, real photos included; CT volumes: centre and random patches,
+HU windows, normalisation, padding) are read by `loaders.grain`,
+`loaders.xla` (in its own process, without TensorFlow; batches copied back
+from the XLA CPU device into an .npz) and `loaders.tfdata`, in the same
+deterministic order, and every batch must hold the same keys, dtypes and
+values.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import make_sample_ct as ct
+import make_sample_images
+from loaders import grain as grain_loader
+from pipelines import ct_volumes, image_folder
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _real_photos() -> list[str]:
+  """JPEG photographs that ship with installed packages (scikit-learn's china.jpg and flower.jpg)."""
+  try:
+    import sklearn
+  except ImportError:
+    return []
+  return sorted(glob.glob(os.path.join(os.path.dirname(sklearn.__file__), "datasets", "images", "*.jpg")))
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict[str, str]:
+  base = tmp_path_factory.mktemp("parity")
+  folder = str(base / "photos")
+  make_sample_images.make_folder(folder, ["a", "b"], 5, None, (64, 48), 0, seed=3)
+  for i, photo in enumerate(_real_photos()):
+    shutil.copy(photo, os.path.join(folder, "ab"[i % 2], "real_" + os.path.basename(photo)))
+  out = {}
+  for key, flags in {
+      "jpeg": [],  # every image at its own size (real photos kept byte for byte)
+      "jpeg_fixed": ["--image_size=40,40"],
+      "raw": ["--encoding=raw", "--image_size=32,32"],
+  }.items():
+    image_folder.run([f"--input={folder}", f"--output={base / key}", "--format=tfrecord", "--num_shards=2", *flags])
+    out[key] = str(base / key)
+  dicom = str(base / "dicom")
+  ct.make_mixed_tree(dicom, seed=5)
+  ct_volumes.run([f"--input={dicom}", f"--output={base / 'ct'}", "--id_salt=s", "--splits=train=1.0",
+                  "--format=tfrecord"])
+  out["ct"] = str(base / "ct")
+  return out
+
+
+# name: (output, loader options). Every case is read unshuffled and shuffled-free random draws are seeded.
+CASES = {
+    "raw": ("raw", dict(batch_size=4)),
+    "jpeg_fixed": ("jpeg_fixed", dict(batch_size=4)),
+    "jpeg_small": ("jpeg", dict(batch_size=4, image_size=(24, 24))),  # real photos decoded at 1/8 scale
+    "jpeg_aspect": ("jpeg", dict(batch_size=4, image_size=(56, 40))),
+    "jpeg_mid": ("jpeg", dict(batch_size=4, image_size=(150, 200))),  # photos at 1/2 scale, others upscaled
+    "ct_center": ("ct", dict(batch_size=2, patch_size=(8, 40, 40), patch="center")),
+    "ct_random": ("ct", dict(batch_size=2, patch_size=(8, 40, 40), patch="random", seed=3, num_epochs=2)),
+    "ct_window": ("ct", dict(batch_size=2, patch_size=(6, 24, 56), patch="center", hu_window=(-200.0, 300.0),
+                             normalize=False)),
+    "ct_padded": ("ct", dict(batch_size=2, patch_size=(24, 72, 72), patch="random", seed=9, hu_window=(-500.0, 500.0))),
+}
+
+
+def _grain(outputs, case) -> list[dict]:
+  key, opts = CASES[case]
+  return list(grain_loader.dataset(outputs[key], shuffle=False, num_threads=2, **opts))
+
+
+def _tfdata(outputs, case) -> list[dict]:
+  tfdata = pytest.importorskip("loaders.tfdata")
+  key, opts = CASES[case]
+  return list(tfdata.dataset(outputs[key], shuffle=False, **opts).as_numpy_iterator())
+
+
+def _assert_same_batches(got: list[dict], want: list[dict], what: str) -> None:
+  assert len(got) == len(want) and want, f"{what}: {len(got)} batches, grain has {len(want)}"
+  for n, (g, w) in enumerate(zip(got, want)):
+    assert sorted(g) == sorted(w), f"{what} batch {n}: keys {sorted(g)} != grain's {sorted(w)}"
+    for k in w:
+      g_k, w_k = np.asarray(g[k]), np.asarray(w[k])
+      assert g_k.dtype == w_k.dtype and g_k.shape == w_k.shape, (
+          f"{what} batch {n} {k}: {g_k.dtype}{g_k.shape} != grain's {w_k.dtype}{w_k.shape}")
+      if not np.array_equal(g_k, w_k):
+        diff = np.abs(g_k.astype(np.float64) - w_k.astype(np.float64))
+        raise AssertionError(f"{what} batch {n} {k}: {int((diff > 0).sum())} values differ, max {diff.max()}")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tfdata_equals_grain(outputs, case):
+  _assert_same_batches(_tfdata(outputs, case), _grain(outputs, case), f"tf.data {case}")
+
+
+def test_real_photos_are_in_the_jpeg_cases(outputs):
+  """The JPEG cases include real photographs stored as their original bytes (when the packages ship some)."""
+  from loaders._shards import ShardedRecords
+
+  photos = _real_photos()
+  if not photos:
+    pytest.skip("no real JPEG photographs in the installed packages")
+  stored = {bytes(r["image"]) for r in ShardedRecords(outputs["jpeg"])}
+  assert all(open(p, "rb").read() in stored for p in photos)
+
+
+def test_random_patch_starts_follow_the_seed_in_both(outputs):
+  """Same seed → same patch_start in grain and tf.data; another seed moves the patches."""
+  a = np.concatenate([b["patch_start"] for b in _tfdata(outputs, "ct_random")])
+  assert np.array_equal(a, np.concatenate([b["patch_start"] for b in _grain(outputs, "ct_random")]))
+  key, opts = CASES["ct_random"]
+  other = list(grain_loader.dataset(outputs[key], shuffle=False, **dict(opts, seed=4)))
+  assert not np.array_equal(a, np.concatenate([b["patch_start"] for b in other]))
+
+
+def test_center_patch_is_the_centre(outputs):
+  """The centre rule (formats.transforms): start = max(shape - patch, 0) // 2, in every loader."""
+  from loaders._shards import ShardedRecords
+
+  records = ShardedRecords(outputs["ct"])
+  for b in _tfdata(outputs, "ct_center"):
+    for start, idx in zip(b["patch_start"], b["record_index"]):
+      shape = np.asarray(records[int(idx)]["volume"].shape)
+      assert start.tolist() == (np.maximum(shape - (8, 40, 40), 0) // 2).tolist()
+
+
+_XLA_DUMP = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from loaders import xla
+assert "tensorflow" not in sys.modules
+cases = json.loads(sys.argv[2])
+for name, (path, opts) in cases.items():
+  if "hu_window" in opts:
+    opts["hu_window"] = tuple(opts["hu_window"])
+  for k in ("image_size", "patch_size"):
+    if k in opts:
+      opts[k] = tuple(opts[k])
+  arrays = {}
+  for n, batch in enumerate(xla.device_loader(path, shuffle=False, shard_index=0, shard_count=1, num_threads=2,
+                                              **opts)):
+    for k, v in batch.items():
+      arrays[f"{n}/{k}"] = v.cpu().numpy()
+  np.savez(f"{sys.argv[3]}/{name}.npz", **arrays)
+print(json.dumps({"tf": "tensorflow" in sys.modules}))
+"""
+
+
+def test_xla_host_batches_equal_grain_and_tfdata(outputs, tmp_path):
+  cases = {name: (outputs[key], opts) for name, (key, opts) in CASES.items()}
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_DUMP, REPO, json.dumps(cases), str(tmp_path)], capture_output=True,
+                     text=True, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.loads(r.stdout.strip().splitlines()[-1]) == {"tf": False}
+  for name in CASES:
+    with np.load(tmp_path / f"{name}.npz") as z:
+      batches: dict[int, dict] = {}
+      for key in z.files:
+        n, k = key.split("/", 1)
+        batches.setdefault(int(n), {})[k] = z[key]
+    xla_batches = [batches[n] for n in sorted(batches)]
+    grain_batches = _grain(outputs, name)
+    _assert_same_batches(xla_batches, grain_batches, f"torch_xla {name}")
+    _assert_same_batches(_tfdata(outputs, name), grain_batches, f"tf.data {name}")
