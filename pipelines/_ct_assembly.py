@@ -15,7 +15,8 @@ HU array. The rules (see docs/ct_volumes.md):
   irregular spacing), so does a stack that is not along its normal (gantry tilt);
 - duplicates (same position): identical pixels → dropped; different → rejected;
 - HU = stored × slope + intercept per slice, stored values masked to BitsStored,
-  PixelPaddingValue (range) on stored values → -1024;
+  PixelPaddingValue (range) on stored values → CT_PADDING_HU (-1024); big-endian
+  stored values are byte-swapped to native order first;
 - bounded work: a volume of more than `max_volume_voxels` is rejected when
   planned, and `read_volume` checks that every file holds the pixel data its
   header promises before it allocates anything;
@@ -32,11 +33,12 @@ import math
 from typing import BinaryIO
 
 import numpy as np
-import pydicom
 
-from pipelines._ct_headers import SIZE_TAGS, SliceHeader, quiet_pydicom, tag_name
+from formats.transforms import CT_PADDING_HU
+from pipelines._ct_headers import (
+    MAX_HEADER_BYTES, SIZE_TAGS, Rejected, SliceHeader, quiet_pydicom, read_dataset, tag_name)
 
-PADDING_HU = -1024
+PADDING_HU = CT_PADDING_HU  # the name scripts/bench_ct_volumes.py imports; the value lives in formats
 DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
 MAX_TILT_DEGREES = 0.1
 DEFAULT_TOLERANCE = 0.01
@@ -214,10 +216,13 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
 
 
 def stored_values(arr: np.ndarray, bits_stored: int, pixel_representation: int) -> np.ndarray:
-  """Stored pixel values limited to BitsStored (sign-extended when signed), same width as `arr`."""
+  """Stored pixel values limited to BitsStored (sign-extended when signed), same width as
+  `arr`, in native byte order (pydicom gives big-endian arrays for Explicit VR Big Endian)."""
+  if not arr.dtype.isnative:
+    arr = arr.astype(arr.dtype.newbyteorder("="))  # same values, native bytes
   size = arr.dtype.itemsize
-  signed = np.dtype(f"<i{size}") if size > 1 else np.dtype(np.int8)
-  unsigned = np.dtype(f"<u{size}") if size > 1 else np.dtype(np.uint8)
+  signed = np.dtype(f"=i{size}") if size > 1 else np.dtype(np.int8)
+  unsigned = np.dtype(f"=u{size}") if size > 1 else np.dtype(np.uint8)
   bits = 8 * size
   if pixel_representation == 1:
     a = arr.view(signed) if arr.dtype.kind in "iu" and arr.dtype.itemsize == size else arr.astype(signed)
@@ -233,7 +238,7 @@ def stored_values(arr: np.ndarray, bits_stored: int, pixel_representation: int) 
 
 def slice_hu(stored: np.ndarray, s: SliceHeader, out: np.ndarray) -> np.ndarray:
   """Writes one slice in HU into `out`: slope/intercept, then padding (found on the
-  stored values) set to -1024. Integral rescales into int16 stay in integer arithmetic."""
+  stored values) set to -1024 (CT_PADDING_HU). Integral rescales into int16 stay in integer arithmetic."""
   slope, intercept = s.slope, s.intercept
   if out.dtype == np.int16 and float(slope).is_integer() and float(intercept).is_integer():
     hu = stored.astype(np.int32)
@@ -254,7 +259,7 @@ def slice_hu(stored: np.ndarray, s: SliceHeader, out: np.ndarray) -> np.ndarray:
   if s.padding is not None:
     lo, hi = s.padding
     mask = stored == lo if lo == hi else (stored >= lo) & (stored <= hi)
-    np.putmask(out, mask, PADDING_HU)
+    np.putmask(out, mask, CT_PADDING_HU)
   return out
 
 
@@ -267,8 +272,9 @@ def _undecodable(s: SliceHeader, why: str) -> SeriesRejected:
 class _Decoded:
   """Decoded stored values per (path, frame), one file open at a time.
 
-  Native little-endian single-frame files are read straight from the pixel data
-  offset found while reading the header; everything else goes through pydicom.
+  Native single-frame files are read straight from the pixel data offset found while
+  reading the header (big endian ones byte-swapped by `stored_values`); everything else,
+  deflated files included, goes through pydicom.
   """
 
   def __init__(self, open_file: Callable[[str], BinaryIO]):
@@ -278,7 +284,7 @@ class _Decoded:
 
   def _read_native(self, s: SliceHeader) -> np.ndarray:
     size = s.bits_allocated // 8
-    dtype = np.dtype(f"<{'i' if s.pixel_representation == 1 else 'u'}{size}") if size > 1 else np.dtype(
+    dtype = np.dtype(f"{s.byte_order}{'i' if s.pixel_representation == 1 else 'u'}{size}") if size > 1 else np.dtype(
         np.int8 if s.pixel_representation == 1 else np.uint8)
     nbytes = s.rows * s.columns * size
     with self._open(s.path) as f:
@@ -290,7 +296,7 @@ class _Decoded:
 
   def _decode(self, s: SliceHeader) -> np.ndarray:
     with self._open(s.path) as f:
-      ds = pydicom.dcmread(f)
+      ds, _ = read_dataset(f, s.file_pixel_bytes + MAX_HEADER_BYTES)
     # The file must still describe the image its header did, or decoding could
     # allocate what the header checks refused (a file replaced between the steps).
     # A tag now absent is left to the decoder, which cannot size an image without it.
@@ -316,6 +322,8 @@ class _Decoded:
             self._array = self._decode(s)
       except SeriesRejected:
         raise
+      except Rejected as e:  # a deflated file over its bound: the reason holds no header value
+        why = str(e)
       except Exception as e:  # noqa: BLE001 (a codec without a plugin, corrupt data)
         why = type(e).__name__  # pydicom's message may quote values: raised outside, without a context
       if why is not None:

@@ -28,19 +28,22 @@ import struct
 import threading
 from typing import BinaryIO
 import warnings
+import zlib
 
 import numpy as np
 import pydicom
 from pydicom.datadict import tag_for_keyword
 from pydicom.errors import InvalidDicomError
+from pydicom.filebase import DicomBytesIO
+from pydicom.pixels import get_decoder
 from pydicom.uid import UID, UID_dictionary
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
 LEGACY_ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.2"
 CT_SOP_CLASSES = {CT_IMAGE_STORAGE, ENHANCED_CT_STORAGE, LEGACY_ENHANCED_CT_STORAGE}
-_KNOWN_NON_CT = {
-    "1.2.840.10008.5.1.4.1.1.7": "secondary capture",
+_KNOWN_NON_CT_IMAGES = {"1.2.840.10008.5.1.4.1.1.7": "secondary capture"}
+_KNOWN_NON_IMAGES = {
     "1.2.840.10008.5.1.4.1.1.88.67": "dose report (structured report)",
     "1.2.840.10008.5.1.4.1.1.88.22": "structured report",
     "1.2.840.10008.5.1.4.1.1.88.33": "structured report",
@@ -56,6 +59,20 @@ SPACING_DECIMALS = 4
 MAX_FILE_BYTES = 1 << 30
 _NATIVE = {  # uncompressed transfer syntaxes: byte order, explicit VR
     "1.2.840.10008.1.2": ("<", False), "1.2.840.10008.1.2.1": ("<", True), "1.2.840.10008.1.2.2": (">", True)}
+EXPLICIT_BIG_ENDIAN = "1.2.840.10008.1.2.2"
+DEFLATED = "1.2.840.10008.1.2.1.99"  # the data set after the file meta is one deflate stream
+JPEG_EXTENDED = "1.2.840.10008.1.2.4.51"
+# Encapsulated syntaxes, decoded by pydicom's plugins: RLE, JPEG baseline/extended, JPEG
+# lossless (process 14, SV1), JPEG-LS lossless and near-lossless, JPEG 2000 lossless and
+# lossy. Each is proven exact by tests/pipelines/test_ct_syntaxes.py; any other syntax
+# (HTJ2K, JPEG 2000 Part 2, retired JPEG processes, video, JPIP) is a reject naming it.
+_ENCAPSULATED = frozenset({
+    "1.2.840.10008.1.2.5", "1.2.840.10008.1.2.4.50", JPEG_EXTENDED, "1.2.840.10008.1.2.4.57",
+    "1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.81", "1.2.840.10008.1.2.4.90",
+    "1.2.840.10008.1.2.4.91"})
+SUPPORTED_TRANSFER_SYNTAXES = frozenset(_NATIVE) | {DEFLATED} | _ENCAPSULATED
+# A deflated data set may inflate to at most the file's pixel data cap plus this much header.
+MAX_HEADER_BYTES = 64 << 20
 _GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
 
 
@@ -162,9 +179,10 @@ class SliceHeader:
   instance_number: int | None
   spacing_between_slices: float | None
   bits_allocated: int = 16
-  # Byte offset of native (uncompressed little-endian) single-frame pixel data in the
-  # file, so the pixels can be read directly; None: decode with pydicom.
+  # Byte offset of native (uncompressed) single-frame pixel data in the file, so the
+  # pixels can be read directly; None: decode with pydicom.
   pixel_offset: int | None = None
+  byte_order: str = "<"  # of the native pixel data: ">" for Explicit VR Big Endian
   file_frames: int = 1  # NumberOfFrames of the file this frame is in
   # Bytes of native pixel data the file really holds (a truncated file, or a header
   # promising more than is there, holds fewer than it needs); None: encapsulated.
@@ -261,15 +279,24 @@ def _sop_class(ds) -> UID:
   sop_class = _uid(ds, "SOPClassUID")
   if sop_class is None:
     raise Rejected(f"missing mandatory tag {tag_name('SOPClassUID')}")
-  if sop_class in _KNOWN_NON_CT:
-    raise Rejected(f"non-image object ({_KNOWN_NON_CT[sop_class]})")
+  if sop_class in _KNOWN_NON_IMAGES:
+    raise Rejected(f"non-image object ({_KNOWN_NON_IMAGES[sop_class]})")
+  if sop_class in _KNOWN_NON_CT_IMAGES:
+    raise Rejected(f"not a CT image ({_KNOWN_NON_CT_IMAGES[sop_class]})")
   if sop_class not in CT_SOP_CLASSES:
     name = UID_dictionary[sop_class][0] if sop_class in UID_dictionary else "unknown"
     raise Rejected(f"not a CT image (SOP class {name})")
   return sop_class
 
 
+def _syntax_name(syntax: str) -> str:
+  """The registered name of a transfer syntax (a UID outside the dictionary is a header value)."""
+  return UID_dictionary[syntax][0] if syntax in UID_dictionary else "unregistered"
+
+
 def _transfer_syntax(ds) -> str:
+  """The file's transfer syntax if the toolkit decodes it exactly ("" when the file does
+  not say), else Rejected naming it: "unsupported transfer syntax: JPEG 2000 Part 2 ..."."""
   meta = getattr(ds, "file_meta", None)
   if meta is None:
     return ""
@@ -278,7 +305,59 @@ def _transfer_syntax(ds) -> str:
     return ""
   if not syntax.is_transfer_syntax:
     raise Rejected(f"unsupported {tag_name('TransferSyntaxUID')}")
+  if syntax not in SUPPORTED_TRANSFER_SYNTAXES:
+    raise Rejected(f"unsupported transfer syntax: {_syntax_name(syntax)}")
+  if syntax in _ENCAPSULATED and not get_decoder(syntax).is_available:
+    raise Rejected(f"unsupported transfer syntax: {_syntax_name(syntax)} (no decoder installed)")
   return str(syntax)
+
+
+def _check_syntax_depth(transfer_syntax: str, bits_allocated: int, bits_stored: int) -> None:
+  """Rejects, naming the syntax, the sample depths a syntax's installed decoders cannot do."""
+  name = _syntax_name(transfer_syntax)
+  if transfer_syntax == JPEG_EXTENDED and bits_stored > 8 and "pylibjpeg" not in get_decoder(
+      transfer_syntax).available_plugins:  # pydicom's gdcm and pillow plugins refuse 12-bit JPEG
+    raise Rejected(f"unsupported transfer syntax: {name} with {tag_name('BitsStored')} over 8 "
+                   "(no 12-bit JPEG decoder installed)")
+  if transfer_syntax == EXPLICIT_BIG_ENDIAN and bits_allocated > 16:
+    # OW words are swapped 16 bits at a time: 32-bit samples have no one byte order
+    raise Rejected(f"unsupported transfer syntax: {name} with {tag_name('BitsAllocated')} over 16")
+
+
+def _at_pixel_data(tag, _vr, _length) -> bool:
+  return tag in (0x7FE00010, 0x7FE00008, 0x7FE00009)
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+  inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+  try:
+    out = inflater.decompress(data, limit + 1)
+  except zlib.error:
+    raise Rejected("unreadable deflated data set (not a deflate stream)") from None
+  if len(out) > limit:
+    raise Rejected(f"deflated data set over the size limit: it inflates to more than {limit} bytes")
+  return out
+
+
+def read_dataset(fileobj: BinaryIO, max_inflated: int, *, stop_before_pixels: bool = False
+                 ) -> tuple[pydicom.Dataset, BinaryIO]:
+  """pydicom.dcmread, and the stream the data set was read from (after stop_before_pixels
+  it sits at the pixel data tag). A deflated data set is inflated here, into memory, and
+  at most `max_inflated` bytes of it (pydicom would inflate a deflate bomb whole); the
+  stream is then the inflated data set, whose offsets are not the file's.
+  """
+  start = fileobj.tell()
+  preamble = pydicom.filereader.read_preamble(fileobj, False)
+  meta = pydicom.filereader._read_file_meta_info(fileobj)  # noqa: SLF001 (no public stream variant)
+  if meta.get("TransferSyntaxUID") != DEFLATED:
+    fileobj.seek(start)
+    return pydicom.dcmread(fileobj, stop_before_pixels=stop_before_pixels), fileobj
+  stream = DicomBytesIO(_inflate(fileobj.read(), max_inflated))
+  dataset = pydicom.filereader.read_dataset(stream, is_implicit_VR=False, is_little_endian=True,
+                                            stop_when=_at_pixel_data if stop_before_pixels else None)
+  ds = pydicom.dataset.FileDataset(getattr(fileobj, "name", ""), dataset, preamble, meta,
+                                   is_implicit_VR=False, is_little_endian=True)
+  return ds, stream
 
 
 def _file_size(fileobj: BinaryIO) -> int | None:
@@ -294,19 +373,21 @@ def _file_size(fileobj: BinaryIO) -> int | None:
 
 def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int
                 ) -> tuple[bool, int | None, int | None]:
-  """(has pixel data, offset of native little-endian pixel bytes or None, bytes of native
+  """(has pixel data, offset of native pixel bytes in the file or None, bytes of native
   pixel data present or None), reading just past the element header.
 
-  After dcmread(stop_before_pixels=True) the stream sits at the pixel data tag, if any.
+  After read_dataset(stop_before_pixels=True) the stream sits at the pixel data tag, if
+  any; for a deflated file that stream is the inflated data set (no offset in the file).
   """
   try:
     start = fileobj.tell()
     tag = fileobj.read(4)
     if tag not in _PIXEL_DATA_TAGS:
       return False, None, None
-    if transfer_syntax not in _NATIVE or tag not in _PIXEL_DATA_TAGS[:2]:
+    encoding = _NATIVE["1.2.840.10008.1.2.1"] if transfer_syntax == DEFLATED else _NATIVE.get(transfer_syntax)
+    if encoding is None or tag not in _PIXEL_DATA_TAGS[:2]:
       return True, None, None
-    order, explicit = _NATIVE[transfer_syntax]
+    order, explicit = encoding
     if explicit:
       vr_and_length = fileobj.read(8)  # VR, 2 reserved bytes, 4-byte length
       length, header = struct.unpack_from(order + "I", vr_and_length, 4)[0], 12
@@ -318,8 +399,8 @@ def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int
   size = _file_size(fileobj)
   if size is not None:
     present = min(present, max(size - start - header, 0))
-  # undefined length, odd padding, multi-frame, big endian: let pydicom decode
-  offset = start + header if order == "<" and length == expected_bytes else None
+  # undefined length, odd padding, multi-frame, deflated: let pydicom decode
+  offset = start + header if length == expected_bytes and transfer_syntax != DEFLATED else None
   return True, offset, present
 
 
@@ -362,9 +443,11 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int = M
 
 def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -> list[SliceHeader]:
   try:
-    ds = pydicom.dcmread(fileobj, stop_before_pixels=True)
+    ds, stream = read_dataset(fileobj, max_file_bytes + MAX_HEADER_BYTES, stop_before_pixels=True)
   except InvalidDicomError:
     raise Rejected("not DICOM (no DICM preamble)") from None
+  except Rejected:
+    raise
   except Exception as e:  # pydicom raises many types on a damaged header
     raise Rejected(f"unreadable or truncated DICOM header: {type(e).__name__}") from None
   _sop_class(ds)
@@ -378,7 +461,7 @@ def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -
   file_bytes = rows * columns * number_of_frames * bits_allocated // 8
   if file_bytes > max_file_bytes:
     raise Rejected(f"pixel data over the size limit: {SIZE_TAGS} exceeds {max_file_bytes} bytes per file")
-  has_pixels, pixel_offset, pixel_bytes = _pixel_data(fileobj, transfer_syntax, rows * columns * bits_allocated // 8)
+  has_pixels, pixel_offset, pixel_bytes = _pixel_data(stream, transfer_syntax, rows * columns * bits_allocated // 8)
   if not has_pixels:
     raise Rejected("no pixel data")
   if _is_localizer(_element(ds, "ImageType")):
@@ -391,6 +474,7 @@ def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -
   series = str(_require(ds, "SeriesInstanceUID"))
   frame_of_ref = str(_element(ds, "FrameOfReferenceUID") or "")
   bits_stored = _int(ds, "BitsStored", bits_allocated, low=1, high=bits_allocated)
+  _check_syntax_depth(transfer_syntax, bits_allocated, bits_stored)
   pixel_representation = _int(ds, "PixelRepresentation", required=True, low=0, high=1)
   patient = salted_hash(salt, "patient", str(_element(ds, "PatientID") or ""))
   series_id = salted_hash(salt, "series", study, series)
@@ -399,7 +483,8 @@ def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -
 
   common = dict(rows=rows, columns=columns, bits_stored=bits_stored, bits_allocated=bits_allocated,
                 pixel_representation=pixel_representation, padding=padding, patient_id=patient,
-                series_id=series_id, file_frames=number_of_frames, pixel_bytes=pixel_bytes)
+                series_id=series_id, file_frames=number_of_frames, pixel_bytes=pixel_bytes,
+                byte_order=">" if transfer_syntax == EXPLICIT_BIG_ENDIAN else "<")
 
   def key(orientation, pixel_spacing) -> str:
     return salted_hash(

@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from formats.transforms import CT_PADDING_HU
 from pipelines._ct_assembly import (
-    PADDING_HU, SeriesRejected, VolumePlan, plan_volumes, read_volume, slice_hu, stored_values)
+    SeriesRejected, VolumePlan, plan_volumes, read_volume, slice_hu, stored_values)
 from pipelines._ct_headers import SliceHeader, salted_hash
 
 AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
@@ -133,11 +134,23 @@ def test_stored_values_respect_bits_stored_and_sign():
   np.testing.assert_array_equal(stored_values(raw, 16, 0), raw)
 
 
+
+@pytest.mark.parametrize("kind", ["i", "u"])
+def test_big_endian_stored_values_keep_their_values(kind):
+  """pydicom gives '>i2'/'>u2' arrays for Explicit VR Big Endian: values, not bytes, count."""
+  values = np.array([-2000, -1, 0, 1, 2047, 4095] if kind == "i" else [0, 1, 255, 256, 4095, 65535])
+  big = values.astype(f">{kind}2")
+  for bits in (12, 16):
+    expected = stored_values(values.astype(f"<{kind}2"), bits, int(kind == "i"))
+    got = stored_values(big, bits, int(kind == "i"))
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype.isnative
+
 def test_padding_is_masked_on_stored_values_before_rescale():
   s = _slices([0])[0]
   s = dataclasses.replace(s, padding=(-2000, -2000), intercept=-1024.0, slope=1.0)
   stored = np.array([[-2000, 0, 1024]], np.int32)
-  np.testing.assert_array_equal(slice_hu(stored, s, np.empty((1, 3), np.int16)), [[PADDING_HU, -1024, 0]])
+  np.testing.assert_array_equal(slice_hu(stored, s, np.empty((1, 3), np.int16)), [[CT_PADDING_HU, -1024, 0]])
   half = dataclasses.replace(s, slope=0.5, intercept=-1000.0, padding=None)
   np.testing.assert_array_equal(slice_hu(np.array([[3, 2000]]), half, np.empty((1, 2), np.float32)), [[-998.5, 0.0]])
   rounded = slice_hu(np.array([[3, 2000]]), half, np.empty((1, 2), np.int16))
@@ -147,7 +160,7 @@ def test_padding_is_masked_on_stored_values_before_rescale():
                                 [[32767, -32768]])  # clipped, not wrapped
 
 
-def test_read_volume_drops_identical_and_rejects_conflicting_duplicates():
+def test_read_volume_drops_identical_and_rejects_conflicting_duplicates(monkeypatch):
   s = _slices([0, 1, 2])
   pixels = {f"f{i:03d}": np.full((4, 5), 1000 + i, np.int16) for i in range(3)}
   pixels["copy"] = pixels["f001"].copy()
@@ -160,22 +173,18 @@ def test_read_volume_drops_identical_and_rejects_conflicting_duplicates():
 
   import pipelines._ct_assembly as asm
 
-  def fake_dcmread(f):
+  def fake_read_dataset(f, max_inflated):
     class DS: pixel_array = pixels[f.path]
-    return DS()
+    return DS(), f
 
-  orig = asm.pydicom.dcmread
-  asm.pydicom.dcmread = fake_dcmread
-  try:
-    plan = _plan(s + [dataclasses.replace(s[1], path="copy")])
-    vol, dropped = read_volume(plan, _Opened, "int16")
-    assert vol.shape == (3, 4, 5) and vol[1, 0, 0] == 1001 - 1024
-    assert dropped == [("f001", "identical duplicate of another slice (dropped)")]  # "copy" sorts first
-    plan = _plan(s + [dataclasses.replace(s[1], path="bad")])
-    with pytest.raises(SeriesRejected, match="conflicting duplicate"):
-      read_volume(plan, _Opened, "int16")
-  finally:
-    asm.pydicom.dcmread = orig
+  monkeypatch.setattr(asm, "read_dataset", fake_read_dataset)
+  plan = _plan(s + [dataclasses.replace(s[1], path="copy")])
+  vol, dropped = read_volume(plan, _Opened, "int16")
+  assert vol.shape == (3, 4, 5) and vol[1, 0, 0] == 1001 - 1024
+  assert dropped == [("f001", "identical duplicate of another slice (dropped)")]  # "copy" sorts first
+  plan = _plan(s + [dataclasses.replace(s[1], path="bad")])
+  with pytest.raises(SeriesRejected, match="conflicting duplicate"):
+    read_volume(plan, _Opened, "int16")
 
 
 def test_salted_hash_depends_on_salt():

@@ -148,6 +148,17 @@ def test_a_well_formed_unknown_sop_class_is_not_named(tmp_path, said):
   assert "ZZPHI" not in said()
 
 
+
+def test_a_secondary_capture_is_called_an_image_that_is_not_ct(tmp_path, said):
+  """A secondary capture is an image (not a "non-image object"); a dose report is not one."""
+  sc = _ct(str(tmp_path / "sc"), SOPClassUID="1.2.840.10008.5.1.4.1.1.7", plant={"Modality": MARKER})
+  with pytest.raises(Rejected, match=r"^not a CT image \(secondary capture\)$"):
+    _headers(sc)
+  sr = _ct(str(tmp_path / "sr"), SOPClassUID="1.2.840.10008.5.1.4.1.1.88.67", plant={"Modality": MARKER})
+  with pytest.raises(Rejected, match=r"^non-image object \(dose report \(structured report\)\)$"):
+    _headers(sr)
+  assert "ZZPHI" not in said()
+
 def test_values_in_tags_the_toolkit_does_not_use_are_never_printed(tmp_path, said):
   """An invalid PatientAge (AS), an unknown character set, names: pydicom warns and logs
   them with their values; none of it may reach a log or the warnings."""
