@@ -4,16 +4,19 @@
 grayscale/palette/CMYK/alpha/16-bit images into 8-bit RGB, optionally resizes
 (aspect-preserving, then center crop) to a fixed size, and encodes JPEG or raw
 uint8 HxWx3 pixels. Baseline RGB JPEGs that need no change are kept byte for byte.
+Multi-frame files (animated GIF/PNG/WebP, multi-page TIFF) keep their first frame;
+`convert_image` says how many frames the file had, so the caller can report it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+from typing import NamedTuple
 import warnings
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, TiffImagePlugin
 
 _EXIF_ORIENTATION = 0x0112
 # Decompression bombs: images above this many pixels are refused from their header,
@@ -51,18 +54,43 @@ class ImageOptions:
       raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
 
 
+class Converted(NamedTuple):
+  """What `convert_image` made: the stored bytes, and the frames the file held (1 kept)."""
+
+  data: bytes
+  num_frames: int = 1
+
+  @property
+  def multi_frame(self) -> bool:
+    return self.num_frames > 1
+
+
+# Samples wider than 8 bits, one rule (docs/image_folder.md): integer modes are on the
+# 16-bit scale, pixel = round(value * 255 / 65535), clipped to [0, 255] (Pillow decodes
+# 16-bit PNG/TIFF as I;16* and 16-bit PGM as I, rescaling a PGM maxval to 65535); F is
+# on the 8-bit scale (Pillow's own F -> L rule), NaN -> 0. Never the image's own maximum:
+# a pixel value then means the same in every file.
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_SIXTEEN_BIT_MAX = 65535
+
+
+def wide_to_gray(arr: np.ndarray, mode: str) -> np.ndarray:
+  """uint8 gray from the samples of an I;16*, I or F image, by the rule above."""
+  if mode in _SIXTEEN_BIT_MODES:
+    scaled = np.clip(arr.astype(np.int64), 0, _SIXTEEN_BIT_MAX).astype(np.float32) / 257.0  # 257 = 65535 / 255
+  elif mode == "F":
+    scaled = np.nan_to_num(arr.astype(np.float64), nan=0.0)
+  else:
+    raise ValueError(f"mode {mode!r} has 8-bit samples")
+  return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
   """8-bit RGB from any mode Pillow decodes (alpha dropped, as torchvision's loader does)."""
   if im.mode == "RGB":
     return im
-  if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-    arr = np.asarray(im)
-    if im.mode.startswith("I;16"):
-      arr = arr.astype(np.float32) / 257.0
-    elif im.mode == "I":
-      arr = arr.astype(np.float64) * (255.0 / max(1, int(arr.max()))) if arr.max() > 255 else arr
-    arr = np.clip(np.rint(arr), 0, 255).astype(np.uint8)
-    return Image.fromarray(arr, "L").convert("RGB")
+  if im.mode in (*_SIXTEEN_BIT_MODES, "F"):
+    return Image.fromarray(wide_to_gray(np.asarray(im), im.mode), "L").convert("RGB")
   if im.mode == "P" and "transparency" in im.info:
     im = im.convert("RGBA")
   return im.convert("RGB")
@@ -76,8 +104,44 @@ def resize_center_crop(im: Image.Image, size: tuple[int, int]) -> Image.Image:
   return ImageOps.fit(im, (w, h), method=Image.Resampling.BILINEAR, centering=(0.5, 0.5))
 
 
+_TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
+
+
+def _unopenable_reason(data: bytes) -> str:
+  """Why Pillow found no reader for `data`: a TIFF Pillow's TIFF reader refuses, or no known format.
+
+  Pillow's `Image.open` turns a refusal by the reader of a recognised format into
+  "cannot identify image file"; the TIFF reader's own refusal is asked for here.
+  """
+  if data[:4] not in _TIFF_MAGIC:
+    return "not an image: format not recognised"
+  try:
+    ifd = TiffImagePlugin.ImageFileDirectory_v2(data[:8])
+    fp = io.BytesIO(data)
+    fp.seek(ifd.next)
+    ifd.load(fp)
+    compression = int(ifd.get(259, 1))
+  except Exception:
+    return "corrupt TIFF: unreadable first page directory"
+  if compression not in TiffImagePlugin.COMPRESSION_INFO:
+    return f"TIFF compression Pillow cannot decode: {compression}"
+  try:
+    TiffImagePlugin.TiffImageFile(io.BytesIO(data))
+  except Exception as e:  # the reader's refusal, as Image.open hid it
+    if str(e) == "unknown pixel mode":
+      return ("TIFF pixel layout Pillow cannot decode: photometric interpretation, samples per pixel or "
+              "bits per sample it does not support")
+    return f"TIFF Pillow's reader refuses: {type(e).__name__}"
+  return "not an image: format not recognised"
+
+
 def convert(data: bytes, options: ImageOptions) -> bytes:
   """Decoded, oriented, RGB, sized and re-encoded image bytes. Raises BadImage."""
+  return convert_image(data, options).data
+
+
+def convert_image(data: bytes, options: ImageOptions) -> Converted:
+  """As `convert`, with the number of frames the file held (the first one is kept)."""
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -85,13 +149,14 @@ def convert(data: bytes, options: ImageOptions) -> bytes:
       fmt = im.format
       if im.width * im.height > options.max_pixels:
         raise BadImage(f"image too large: {im.width}x{im.height} pixels > {options.max_pixels}")
+      num_frames = max(1, int(getattr(im, "n_frames", 1)))
       orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
       if (
           fmt == "JPEG" and im.mode == "RGB" and orientation == 1
           and options.size is None and options.encoding == "jpeg"
       ):
         im.load()  # decode once to prove the file is whole
-        return data
+        return Converted(data, num_frames)
       if options.size is not None and fmt == "JPEG":
         # Let libjpeg decode at a reduced scale (never below 2x the target).
         h, w = options.size
@@ -100,7 +165,7 @@ def convert(data: bytes, options: ImageOptions) -> bytes:
   except BadImage:
     raise
   except Image.UnidentifiedImageError:
-    raise BadImage("not an image: format not recognised") from None
+    raise BadImage(_unopenable_reason(data)) from None
   except (OSError, SyntaxError, ValueError, EOFError, Warning) as e:
     raise BadImage(f"corrupt or truncated image: {type(e).__name__}") from None
   try:
@@ -109,9 +174,9 @@ def convert(data: bytes, options: ImageOptions) -> bytes:
     if options.size is not None:
       im = resize_center_crop(im, options.size)
     if options.encoding == "raw":
-      return np.asarray(im, dtype=np.uint8).tobytes()
+      return Converted(np.asarray(im, dtype=np.uint8).tobytes(), num_frames)
     out = io.BytesIO()
     im.save(out, format="JPEG", quality=options.jpeg_quality)
-    return out.getvalue()
+    return Converted(out.getvalue(), num_frames)
   except (OSError, ValueError) as e:
     raise BadImage(f"cannot convert image: {type(e).__name__}") from None
