@@ -135,6 +135,7 @@ class _ConvertImageFn(beam.DoFn):
   """((split, class name), InputFile) → Record, or a Reject naming the file and the reason."""
 
   REJECTS = "rejects"
+  MULTI_FRAME = "multi_frame"  # paths of files whose first frame was kept, others dropped
 
   def __init__(self, root: str, class_names: Sequence[str], features: Features,
                image_options: _imaging.ImageOptions, read_policy: _inputs.ReadPolicy):
@@ -149,6 +150,7 @@ class _ConvertImageFn(beam.DoFn):
     self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
     self._rejected = Metrics.counter(PIPELINE, "images_rejected")
     self._converted = Metrics.counter(PIPELINE, "images_converted")
+    self._multi_frame = Metrics.counter(PIPELINE, "images_multi_frame")
     self._n = 0
     self._t0 = self._last_log = time.monotonic()
 
@@ -172,14 +174,17 @@ class _ConvertImageFn(beam.DoFn):
       return
     self._bytes_read.inc(len(data))
     try:
-      image = _imaging.convert(data, self._image_options)
+      image = _imaging.convert_image(data, self._image_options)
     except _imaging.BadImage as e:
       self._rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e), split))
       return
     self._converted.inc()
+    if image.multi_frame:
+      self._multi_frame.inc()
+      yield beam.pvalue.TaggedOutput(self.MULTI_FRAME, f.path)
     self._progress()
-    payload = self._features.encode({"image": image, "label": label, "file_name": rel})
+    payload = self._features.encode({"image": image.data, "label": label, "file_name": rel})
     yield Record(split, rel, payload)
 
 
@@ -192,13 +197,20 @@ def image_features(class_names: Sequence[str], options: _imaging.ImageOptions) -
   return Features({"image": image, "label": ClassLabel(class_names), "file_name": Text()})
 
 
+def multi_frame_warning(count: int) -> str:
+  """The manifest warning for `count` files stored as their first frame only."""
+  return f"{count} multi-frame image{'s' if count != 1 else ''}: first frame kept"
+
+
 def _summarize_inputs(_, counts, num_listing_rejects, num_undecodable, folders, num_launcher_rejects,
-                      num_launcher_undecodable) -> InputSummary:
+                      num_launcher_undecodable, num_multi_frame: int = 0) -> InputSummary:
   """Entries found (files + listing rejects + launcher rejects), a warning per empty
-  class folder and one for names that are not valid UTF-8."""
+  class folder, one for names that are not valid UTF-8 and one for multi-frame files."""
   warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not counts.get((split, cls))]
   if num_undecodable + num_launcher_undecodable:
     warnings.append(_inputs.undecodable_warning(num_undecodable + num_launcher_undecodable))
+  if num_multi_frame:
+    warnings.append(multi_frame_warning(num_multi_frame))
   return InputSummary(sum(counts.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
 
 
@@ -271,7 +283,8 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
   files = listed.files | "Rebalance" >> beam.Reshuffle()
   converted = files | "Convert" >> beam.ParDo(
       _ConvertImageFn(layout.root, layout.class_names, features, opts, args["read_policy"])
-  ).with_outputs(_ConvertImageFn.REJECTS, main="records")
+  ).with_outputs(_ConvertImageFn.REJECTS, _ConvertImageFn.MULTI_FRAME, main="records")
+  num_multi_frame = converted[_ConvertImageFn.MULTI_FRAME] | "CountMultiFrame" >> beam.combiners.Count.Globally()
   listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
       lambda key, f, reason: Reject(f.path, reason, key[0]))
   per_folder = (
@@ -295,6 +308,7 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
           _summarize_inputs, counts=beam.pvalue.AsDict(per_folder),
           num_listing_rejects=beam.pvalue.AsSingleton(num_listing_rejects),
           num_undecodable=beam.pvalue.AsSingleton(num_undecodable),
+          num_multi_frame=beam.pvalue.AsSingleton(num_multi_frame),
           num_launcher_undecodable=layout.num_undecodable(),
           folders=[(s, _inputs.printable(c), _inputs.printable(f)) for s, c, f in folders],
           num_launcher_rejects=len(launcher_rejects))

@@ -240,3 +240,31 @@ def test_cli_prints_a_summary(class_folder, tmp_path):
   assert r.returncode == 0, r.stderr
   summary = [l for l in r.stdout.splitlines() if l.startswith("pipelines.image_folder:")]
   assert summary and f"{len(CLASSES) * PER_CLASS} records" in summary[0] and f"{CORRUPT} rejected" in summary[0]
+
+
+def test_multi_frame_images_keep_their_first_frame_and_are_a_manifest_warning(tmp_path):
+  from PIL import Image
+
+  src = tmp_path / "in"
+  for cls in ("anim", "still"):
+    (src / cls).mkdir(parents=True)
+  frames = [Image.new("RGB", (12, 10), c) for c in ("red", "green", "blue")]
+  frames[0].save(src / "anim" / "a.gif", save_all=True, append_images=frames[1:], duration=40, loop=0)
+  frames[0].save(src / "anim" / "b.tif", save_all=True, append_images=frames[1:])
+  frames[1].save(src / "still" / "c.png")
+  frames[1].save(src / "still" / "d.tif")
+  out = str(tmp_path / "out")
+  m = convert(str(src), out, "--image_size=10,12", "--encoding=raw")
+  assert m.num_records == 4 and m.rejected.count == 0
+  assert "2 multi-frame images: first frame kept" in m.warnings
+  reds = [r for r in read_split(out, m, "train") if r["file_name"].startswith("anim/")]
+  assert len(reds) == 2
+  for r in reds:
+    pixels = np.frombuffer(r["image"], np.uint8).reshape(10, 12, 3)
+    assert pixels[..., 0].min() > 200 and pixels[..., 1].max() < 60  # red: the first frame
+  still = tmp_path / "in2" / "still"
+  still.mkdir(parents=True)
+  frames[1].save(still / "c.png")
+  frames[1].save(still / "d.tif")
+  m = convert(str(still.parent), str(tmp_path / "still_out"))
+  assert not any("multi-frame" in w for w in m.warnings)

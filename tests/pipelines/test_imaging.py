@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines._imaging import BadImage, ImageOptions, convert
+from pipelines._imaging import BadImage, ImageOptions, convert, convert_image
 
 
 def _encode(im: Image.Image, fmt: str, **kw) -> bytes:
@@ -113,3 +113,48 @@ def test_image_under_the_cap_but_over_pillows_limit_is_converted():
   Image.new("L", (9500, 9500), 128).save(buf, "PNG")
   out = convert(buf.getvalue(), ImageOptions(size=(4, 4), encoding="raw"))
   assert len(out) == 4 * 4 * 3 and set(out) == {128}
+
+
+# --------------------------------------------------------------------------- multi-frame files, true reasons
+
+
+def _pages(n: int, fmt: str, **kw) -> bytes:
+  frames = [Image.fromarray(np.full((8, 10), 40 * i + 20, np.uint8)).convert("RGB") for i in range(n)]
+  buf = io.BytesIO()
+  frames[0].save(buf, format=fmt, save_all=True, append_images=frames[1:], **kw)
+  return buf.getvalue()
+
+
+def _patch_first_ifd(data: bytes, tag: int, value: int) -> bytes:
+  """A little-endian TIFF with one SHORT tag of its first page set to `value`."""
+  import struct
+
+  b = bytearray(data)
+  offset = struct.unpack_from("<I", b, 4)[0]
+  for i in range(struct.unpack_from("<H", b, offset)[0]):
+    entry = offset + 2 + 12 * i
+    if struct.unpack_from("<H", b, entry)[0] == tag:
+      struct.pack_into("<H", b, entry + 8, value)
+      return bytes(b)
+  raise AssertionError(f"no tag {tag}")
+
+
+@pytest.mark.parametrize("fmt,kw", [("GIF", {"duration": 50, "loop": 0}), ("TIFF", {})])
+def test_multi_frame_files_keep_the_first_frame_and_say_so(fmt, kw):
+  data = _pages(3, fmt, **kw)
+  result = convert_image(data, ImageOptions(size=(8, 10), encoding="raw"))
+  assert result.num_frames == 3 and result.multi_frame
+  assert set(result.data[:3]) == {20}  # the first frame's gray
+  single = convert_image(_pages(1, fmt), ImageOptions(size=(8, 10), encoding="raw"))
+  assert single.num_frames == 1 and not single.multi_frame
+
+
+@pytest.mark.parametrize("tag,value,reason", [
+    (259, 34712, "TIFF compression Pillow cannot decode: 34712"),  # JPEG 2000 in TIFF
+    (262, 9, "TIFF pixel layout Pillow cannot decode"),  # photometric CIELab variant Pillow lacks
+])
+def test_a_valid_tiff_pillow_cannot_open_is_not_called_unrecognised(tag, value, reason):
+  data = _patch_first_ifd(_pages(2, "TIFF"), tag, value)
+  with pytest.raises(BadImage) as e:
+    convert(data, ImageOptions())
+  assert str(e.value).startswith(reason) and "not recognised" not in str(e.value)
