@@ -33,7 +33,7 @@ def _dataset_info(manifest: Manifest, description: str) -> dict:
           "shardLengths": [str(n) for n in split.shard_lengths],
       }
       for name, split in sorted(manifest.splits.items())
-      if split.num_records  # TFDS cannot open a split without shards
+      if split.num_records  # TFDS cannot open a split without records; pipelines list none
   ]
   return {
       "description": description,

@@ -13,6 +13,8 @@ Records arrive as `Record(split, key, payload)`; rejected inputs as `Reject`.
   4. one finalize step checks every shard is there, writes errors/ and the TFDS
      metadata, switches the output by writing manifest.json, then removes older
      generations and stale files (shards go to this run's generation folder).
+     A split without records is listed in neither (TFDS cannot open one); the
+     manifest's warnings name it.
 
 Memory: the step that computes boundaries holds the 16-byte sort keys of one
 split (about 100 bytes each with Python overhead: 130 MB for 1.3 M records);
@@ -298,7 +300,12 @@ class _FinalizeFn(beam.DoFn):
         raise RuntimeError(
             f"split {split!r}: shards hold {split_info.num_records} records, expected {layout.num_records}"
         )
-      splits[split] = split_info
+      if split_info.num_records:
+        splits[split] = split_info
+    # TFDS cannot open a split without records (a split of one empty shard file is refused by
+    # both as_data_source and as_dataset), so neither the manifest nor the metadata lists one.
+    empty = sorted((set(spec.splits) | set(layouts)) - set(splits))
+    empty_warning = (f"empty splits left out: {', '.join(empty)} (no records)",) if empty else ()
 
     rejects = sorted([*rejects, *self._launcher_rejects])
     used = sum(layout.num_inputs for layout in layouts.values())
@@ -316,7 +323,7 @@ class _FinalizeFn(beam.DoFn):
         splits=splits,
         rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
         source=spec.source,
-        warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())),
+        warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + empty_warning,
     )
 
     out = spec.output

@@ -90,3 +90,41 @@ def test_array_record_data_source_reads_shards(outputs):
   assert len(source) == m.splits["validation"].num_records
   labels = [m.features.decode(source[i])["label"] for i in range(len(source))]
   assert collections.Counter(labels) == {0: PER_CLASS, 1: PER_CLASS, 3: PER_CLASS}
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "tfrecord"])
+def test_a_split_without_records_is_absent_from_manifest_tfds_and_loaders_alike(tmp_path, file_format):
+  """validation/ holds an empty class folder and one corrupt file: no records. TFDS cannot open
+  such a split (tried: one empty shard file with shardLengths ["0"] is refused by as_data_source
+  and as_dataset), so no view lists it; every split a view lists opens in every other."""
+  from PIL import Image
+
+  from formats import inspect
+  from loaders import grain as lgrain
+  from loaders._shards import ShardedRecords
+
+  src = tmp_path / "in"
+  for cls in ("cat", "dog"):
+    (src / "train" / cls).mkdir(parents=True)
+    (src / "validation" / cls).mkdir(parents=True)
+    Image.new("RGB", (8, 6), cls == "cat" and "red" or "blue").save(src / "train" / cls / "a.png")
+  (src / "validation" / "dog" / "broken.jpg").write_bytes(b"not a jpeg")
+  out = str(tmp_path / "out")
+  m = convert(str(src), out, f"--format={file_format}")
+  assert sorted(m.splits) == ["train"] and m.rejected.count == 1
+  assert any("empty splits left out: validation" in w for w in m.warnings)
+  builder = tfds.builder_from_directory(out)
+  assert sorted(builder.info.splits) == sorted(m.splits)
+  for split in m.splits:
+    if file_format == "array_record":
+      assert len(builder.as_data_source(split)) == m.splits[split].num_records
+    else:
+      assert len(list(builder.as_dataset(split=split))) == m.splits[split].num_records
+  with pytest.raises(Exception, match="Unknown split"):
+    builder.as_dataset(split="validation")
+  assert inspect.main([out, "--verify"]) == 0
+  assert len(ShardedRecords(out, "train")) == 2
+  with pytest.raises(KeyError, match=r"has no split 'validation' \(it has \['train'\]\)"):
+    ShardedRecords(out, "validation")
+  with pytest.raises(KeyError, match="has no split 'validation'"):
+    lgrain.data_source(out, "validation")

@@ -137,3 +137,33 @@ def test_a_failed_shard_write_leaves_no_partial_file(tmp_path, monkeypatch):
     list(fn.process((("train", 0), [[(sort_key(0, "train", "a"), b"x")]]), {"train": layout}))
   fn.teardown()
   assert os.listdir(out) == []
+
+
+def test_an_empty_split_is_left_out_of_manifest_and_tfds_metadata_alike(tmp_path):
+  """TFDS cannot open a split without records (not even one empty shard file: array_record's
+  data source refuses no paths, as_dataset says "corresponds to no data"), so the manifest
+  does not list one either, and says so in its warnings."""
+  features = Features({"t": Text()})
+  out = str(tmp_path / "out")
+  spec = OutputSpec(out, "d", "array_record", features, ("test", "train", "validation"))
+  with TestPipeline() as p:
+    _ = {"records": p | "R" >> beam.Create([Record("train", "a", features.encode({"t": "x"}))]),
+         "rejects": p | "E" >> beam.Create([Reject("/in/v.dcm", "not an image: x", "validation")])} | WriteOutput(spec)
+  m = Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+  info = json.load(open(os.path.join(out, "dataset_info.json")))
+  assert sorted(m.splits) == ["train"] == sorted(s["name"] for s in info["splits"])
+  assert "empty splits left out: test, validation (no records)" in m.warnings
+  assert m.rejected.count == 1
+
+
+def test_an_output_whose_every_split_is_empty_lists_none(tmp_path):
+  features = Features({"t": Text()})
+  out = str(tmp_path / "out")
+  spec = OutputSpec(out, "d", "tfrecord", features, ("train",))
+  with TestPipeline() as p:
+    _ = {"records": p | "R" >> beam.Create([]),
+         "rejects": p | "E" >> beam.Create([Reject("/in/a", "not an image: x", "train")])} | WriteOutput(spec)
+  m = Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+  assert dict(m.splits) == {} and m.num_records == 0
+  assert "empty splits left out: train (no records)" in m.warnings
+  assert json.load(open(os.path.join(out, "dataset_info.json")))["splits"] == []
