@@ -317,7 +317,8 @@ def test_the_caps_are_flags_of_the_pipeline(tmp_path):
   files = _series(src, 3)
   rows, cols = _headers(files[0])[0].rows, _headers(files[0])[0].columns
   m = _run_pipeline(src, str(tmp_path / "vox"), f"--max_volume_voxels={3 * rows * cols - 1}")
-  assert m["splits"]["train"]["num_records"] == 0 and m["rejected"]["count"] == 3
+  # a split without records is left out of manifest.json (as of _sink 4f55b7f)
+  assert m["splits"].get("train", {"num_records": 0})["num_records"] == 0 and m["rejected"]["count"] == 3
   assert all("volume over the size limit" in r for r in _rejects(str(tmp_path / "vox"), m).values())
   m = _run_pipeline(src, str(tmp_path / "file"), f"--max_file_bytes={rows * cols * 2 - 1}")
   assert m["rejected"]["count"] == 3
