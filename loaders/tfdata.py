@@ -158,6 +158,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
       ex = tf.io.parse_single_example(serialized, spec)
       if isinstance(image, Tensor):
         img = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), image.shape)
+      elif tuple(image.shape[:2]) == tuple(size):  # stored at the target size: draft scale 1, no resize
+        img = tf.io.decode_jpeg(ex["image"], channels=3, dct_method=JPEG_DCT_METHOD)
       else:
         img = _decode_jpeg(ex["image"], size)
         same = tf.reduce_all(tf.shape(img)[:2] == tf.constant(size))

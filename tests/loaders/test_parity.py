@@ -177,3 +177,28 @@ def test_xla_host_batches_equal_grain_and_tfdata(outputs, tmp_path):
     grain_batches = _grain(outputs, name)
     _assert_same_batches(xla_batches, grain_batches, f"torch_xla {name}")
     _assert_same_batches(_tfdata(outputs, name), grain_batches, f"tf.data {name}")
+
+
+def test_the_specification_is_pillows_arithmetic():
+  """formats.transforms' numpy reference (draft scale, fit box, BILINEAR taps) gives Pillow's pixels exactly."""
+  import io
+
+  from PIL import Image, ImageOps
+
+  from formats import transforms as T
+
+  rng = np.random.default_rng(0)
+  for _ in range(60):
+    h, w = (int(v) for v in rng.integers(1, 160, 2))
+    size = tuple(int(v) for v in rng.integers(1, 120, 2))
+    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    want = np.asarray(ImageOps.fit(Image.fromarray(pixels), (size[1], size[0]), method=Image.Resampling.BILINEAR))
+    row_first, row_w, col_first, col_w = T.resize_plan(h, w, size)
+    got = T.apply_taps(T.apply_taps(pixels, col_first, col_w, axis=1), row_first, row_w, axis=0)
+    np.testing.assert_array_equal(got, want, err_msg=f"{(h, w)} -> {size}")
+    data = io.BytesIO()
+    Image.fromarray(pixels).save(data, format="JPEG")
+    im = Image.open(data)
+    im.draft("RGB", (size[1], size[0]))
+    s = T.jpeg_draft_scale(h, w, size)
+    assert im.size == (-(-w // s), -(-h // s)), f"{(h, w)} -> {size}: scale {s}"
