@@ -38,7 +38,6 @@ from formats.transforms import CT_PADDING_HU
 from pipelines._ct_headers import (
     MAX_HEADER_BYTES, SIZE_TAGS, Rejected, SliceHeader, quiet_pydicom, read_dataset, tag_name)
 
-PADDING_HU = CT_PADDING_HU  # the name scripts/bench_ct_volumes.py imports; the value lives in formats
 DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
 MAX_TILT_DEGREES = 0.1
 DEFAULT_TOLERANCE = 0.01
