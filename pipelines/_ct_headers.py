@@ -371,7 +371,7 @@ def _file_size(fileobj: BinaryIO) -> int | None:
     return None
 
 
-def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int
+def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int, bits_allocated: int = 16
                 ) -> tuple[bool, int | None, int | None]:
   """(has pixel data, offset of native pixel bytes in the file or None, bytes of native
   pixel data present or None), reading just past the element header.
@@ -388,8 +388,10 @@ def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int
     if encoding is None or tag not in _PIXEL_DATA_TAGS[:2]:
       return True, None, None
     order, explicit = encoding
+    vr = b""
     if explicit:
       vr_and_length = fileobj.read(8)  # VR, 2 reserved bytes, 4-byte length
+      vr = vr_and_length[:2]
       length, header = struct.unpack_from(order + "I", vr_and_length, 4)[0], 12
     else:
       length, header = struct.unpack(order + "I", fileobj.read(4))[0], 8
@@ -399,8 +401,11 @@ def _pixel_data(fileobj: BinaryIO, transfer_syntax: str, expected_bytes: int
   size = _file_size(fileobj)
   if size is not None:
     present = min(present, max(size - start - header, 0))
-  # undefined length, odd padding, multi-frame, deflated: let pydicom decode
-  offset = start + header if length == expected_bytes and transfer_syntax != DEFLATED else None
+  # undefined length, odd padding, multi-frame, deflated: let pydicom decode. So too 8-bit
+  # samples in a big-endian OW element: their bytes are swapped in 16-bit words on disk.
+  swapped_bytes = order == ">" and vr == b"OW" and bits_allocated == 8
+  offset = (start + header if length == expected_bytes and transfer_syntax != DEFLATED and not swapped_bytes
+            else None)
   return True, offset, present
 
 
@@ -461,7 +466,7 @@ def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -
   file_bytes = rows * columns * number_of_frames * bits_allocated // 8
   if file_bytes > max_file_bytes:
     raise Rejected(f"pixel data over the size limit: {SIZE_TAGS} exceeds {max_file_bytes} bytes per file")
-  has_pixels, pixel_offset, pixel_bytes = _pixel_data(stream, transfer_syntax, rows * columns * bits_allocated // 8)
+  has_pixels, pixel_offset, pixel_bytes = _pixel_data(stream, transfer_syntax, rows * columns * bits_allocated // 8, bits_allocated)
   if not has_pixels:
     raise Rejected("no pixel data")
   if _is_localizer(_element(ds, "ImageType")):

@@ -56,6 +56,7 @@ SYNTAXES = {
     "implicit_le": Syntax("1.2.840.10008.1.2", "pydicom"),
     "explicit_le": Syntax("1.2.840.10008.1.2.1", "pydicom"),
     "explicit_be": Syntax("1.2.840.10008.1.2.2", "gdcm"),
+    "explicit_be_8bit": Syntax("1.2.840.10008.1.2.2", "gdcm", "ct8"),
     "deflated_le": Syntax("1.2.840.10008.1.2.1.99", "pydicom"),
     "rle": Syntax("1.2.840.10008.1.2.5", "pydicom"),
     "jpeg_baseline": Syntax("1.2.840.10008.1.2.4.50", "gdcm", "ct8"),
@@ -348,3 +349,23 @@ def test_a_syntax_without_an_installed_decoder_is_a_reject_naming_it(tmp_path, m
   with open(path, "rb") as f, pytest.raises(Rejected) as e:
     read_slices(f, path, SALT)
   assert str(e.value) == "unsupported transfer syntax: JPEG 2000 Image Compression (Lossless Only) (no decoder installed)"
+
+
+def test_big_endian_8bit_samples_in_an_ow_element_are_not_read_as_bytes(tmp_path):
+  """Explicit VR Big Endian allows 8-bit Pixel Data as OW, whose bytes lie swapped in 16-bit
+  words on disk (GDCM writes OB): reading the bytes straight gave neighbours swapped."""
+  paths = []
+  with _silently():
+    for p in build_series(str(tmp_path), "explicit_be_8bit"):
+      ds = pydicom.dcmread(p)
+      raw = np.frombuffer(ds.PixelData, np.uint8)
+      ds["PixelData"].VR = "OW"
+      ds.PixelData = raw.reshape(-1, 2)[:, ::-1].tobytes()
+      ow = p.replace(".dcm", "_ow.dcm")
+      ds.save_as(ow)
+      paths.append(ow)
+  expected = expected_volume(paths)
+  with open(paths[0], "rb") as f:
+    (header,) = read_slices(f, paths[0], SALT)
+  assert header.pixel_offset is None  # decoded by pydicom, which undoes the word swap
+  np.testing.assert_array_equal(_read(paths), expected)
