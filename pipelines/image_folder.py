@@ -15,6 +15,7 @@ counted in the manifest; the pipeline goes on.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 import logging
 import os
@@ -202,16 +203,45 @@ def multi_frame_warning(count: int) -> str:
   return f"{count} multi-frame image{'s' if count != 1 else ''}: first frame kept"
 
 
-def _summarize_inputs(_, counts, num_listing_rejects, num_undecodable, folders, num_launcher_rejects,
-                      num_launcher_undecodable, num_multi_frame: int = 0) -> InputSummary:
+class _InputCounts(beam.CombineFn):
+  """Events of the listing and the conversion → (files per (split, class), listing rejects,
+  undecodable names, multi-frame files): one combine for all the input accounting."""
+
+  def create_accumulator(self):
+    return collections.Counter(), 0, 0, 0
+
+  def add_input(self, acc, event):
+    per_folder, rejects, undecodable, multi_frame = acc
+    kind, key, is_undecodable = event
+    if kind == "file":
+      per_folder[key] += 1
+    elif kind == "reject":
+      rejects += 1
+    else:
+      multi_frame += 1
+    return per_folder, rejects, undecodable + int(is_undecodable), multi_frame
+
+  def merge_accumulators(self, accs):
+    per_folder, totals = collections.Counter(), [0, 0, 0]
+    for counts, *rest in accs:
+      per_folder.update(counts)
+      totals = [t + r for t, r in zip(totals, rest)]
+    return (per_folder, *totals)
+
+  def extract_output(self, acc):
+    return dict(acc[0]), acc[1], acc[2], acc[3]
+
+
+def _summarize_inputs(_, counts, folders, num_launcher_rejects, num_launcher_undecodable) -> InputSummary:
   """Entries found (files + listing rejects + launcher rejects), a warning per empty
   class folder, one for names that are not valid UTF-8 and one for multi-frame files."""
-  warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not counts.get((split, cls))]
+  per_folder, num_listing_rejects, num_undecodable, num_multi_frame = counts
+  warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not per_folder.get((split, cls))]
   if num_undecodable + num_launcher_undecodable:
     warnings.append(_inputs.undecodable_warning(num_undecodable + num_launcher_undecodable))
   if num_multi_frame:
     warnings.append(multi_frame_warning(num_multi_frame))
-  return InputSummary(sum(counts.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
+  return InputSummary(sum(per_folder.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
@@ -284,31 +314,21 @@ def build(p: beam.Pipeline, args: dict) -> beam.PCollection:
   converted = files | "Convert" >> beam.ParDo(
       _ConvertImageFn(layout.root, layout.class_names, features, opts, args["read_policy"])
   ).with_outputs(_ConvertImageFn.REJECTS, _ConvertImageFn.MULTI_FRAME, main="records")
-  num_multi_frame = converted[_ConvertImageFn.MULTI_FRAME] | "CountMultiFrame" >> beam.combiners.Count.Globally()
   listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
       lambda key, f, reason: Reject(f.path, reason, key[0]))
-  per_folder = (
-      listed.files
-      | "FolderOf" >> beam.Map(lambda kv: kv[0])
-      | "CountPerFolder" >> beam.combiners.Count.PerElement()
-  )
-  num_listing_rejects = listing_rejects | "CountListingRejects" >> beam.combiners.Count.Globally()
-  num_undecodable = (
-      (listed.files | "FileNames" >> beam.Map(lambda kv: kv[1]),
-       listed.rejects | "RejectNames" >> beam.MapTuple(lambda key, f, reason: f))
-      | "AllNames" >> beam.Flatten()
-      | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
-      | "CountUndecodable" >> beam.combiners.Count.Globally()
+  counts = (
+      (listed.files | "FileEvents" >> beam.MapTuple(lambda key, f: ("file", key, f.undecodable)),
+       listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)),
+       converted[_ConvertImageFn.MULTI_FRAME] | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False)))
+      | "InputEvents" >> beam.Flatten()
+      | "CountInputs" >> beam.CombineGlobally(_InputCounts())
   )
   launcher_rejects = layout.launcher_rejects()
   summary = (
       p
       | "SummaryTrigger" >> beam.Create([None])
       | "SummarizeInputs" >> beam.Map(
-          _summarize_inputs, counts=beam.pvalue.AsDict(per_folder),
-          num_listing_rejects=beam.pvalue.AsSingleton(num_listing_rejects),
-          num_undecodable=beam.pvalue.AsSingleton(num_undecodable),
-          num_multi_frame=beam.pvalue.AsSingleton(num_multi_frame),
+          _summarize_inputs, counts=beam.pvalue.AsSingleton(counts),
           num_launcher_undecodable=layout.num_undecodable(),
           folders=[(s, _inputs.printable(c), _inputs.printable(f)) for s, c, f in folders],
           num_launcher_rejects=len(launcher_rejects))

@@ -2,14 +2,17 @@
 
     python scripts/bench_image_folder.py [--work=bench_work] [--num_images=2000]
         [--image_size=224,224] [--encoding=jpeg|raw] [--format=array_record|tfrecord]
-        [--num_shards=0] [--repeats=1] [--json=results.json]
+        [--num_shards=0] [--rounds=3] [--json=results.json]
 
 Generates (once, cached under --work) a folder of plain RGB JPEGs around
 500x375, then times on it, in order: a single-process loop doing the same work
 (list, read, `_imaging.convert`, encode the Example, write the shards), the
 pipeline on the in-process DirectRunner with one worker, and the pipeline with
-two worker processes. Prints a table and the spec's two targets; exits 0 whether
-they are met or not (this is a report), non-zero only on errors.
+two worker processes. The variants are alternated over `--rounds` rounds (this
+machine is shared and swings between runs: each round measures all variants
+under the same load) and the median per variant and of the per-round ratios is
+reported. Prints a table and the spec's two targets; exits 0 whether they are
+met or not (this is a report), non-zero only on errors.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import math
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -43,8 +47,9 @@ MULTI_PROCESS_TARGET = 1.0  # 2 workers: faster than the loop
 @dataclasses.dataclass(frozen=True)
 class Result:
   variant: str
-  seconds: float  # best of the repeats
+  seconds: float  # median over the rounds
   images: int
+  ratio: float = 1.0  # median over the rounds of (this variant's time / the loop's time in that round)
 
   @property
   def images_per_s(self) -> float:
@@ -118,18 +123,29 @@ def run_pipeline(root: str, output: str, a: argparse.Namespace, extra: Sequence[
     return Manifest.loads(f.read()).num_records
 
 
-def best_of(variant: str, repeats: int, output: str, expected: int, fn: Callable[[str], int]) -> Result:
-  """Runs `fn(output)` `repeats` times into a fresh folder; keeps the best time."""
-  times = []
-  for _ in range(repeats):
-    shutil.rmtree(output, ignore_errors=True)
-    os.makedirs(output)
-    t0 = time.perf_counter()
-    n = fn(output)
-    times.append(time.perf_counter() - t0)
-    if n != expected:
-      raise RuntimeError(f"{variant}: wrote {n} records, expected {expected}")
-  return Result(variant, min(times), expected)
+def timed(variant: str, output: str, expected: int, fn: Callable[[str], int]) -> float:
+  """Seconds of one `fn(output)` into a fresh folder (which must then hold `expected` records)."""
+  shutil.rmtree(output, ignore_errors=True)
+  os.makedirs(output)
+  t0 = time.perf_counter()
+  n = fn(output)
+  seconds = time.perf_counter() - t0
+  if n != expected:
+    raise RuntimeError(f"{variant}: wrote {n} records, expected {expected}")
+  return seconds
+
+
+def alternated(variants: Sequence[tuple[str, str, Callable[[str], int]]], rounds: int, expected: int) -> list[Result]:
+  """Each round runs every variant once, in order; medians of the times and of the ratios
+  to the first variant's time in the same round."""
+  times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+  for r in range(rounds):
+    for name, output, fn in variants:
+      times[name].append(timed(name, output, expected, fn))
+    print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()), flush=True)
+  base = times[variants[0][0]]
+  return [Result(name, statistics.median(times[name]), expected,
+                 statistics.median(t / b for t, b in zip(times[name], base))) for name, _, _ in variants]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -140,11 +156,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--encoding", default="jpeg")
   ap.add_argument("--format", default="array_record")
   ap.add_argument("--num_shards", type=int, default=0, help="0: ~128 MB shards, as the pipeline picks")
-  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--rounds", type=int, default=3, help="rounds; every round runs each variant once")
   ap.add_argument("--json", default=None, help="also write the results here")
   a = ap.parse_args(argv)
-  if a.repeats < 1 or a.num_images < 1:
-    ap.error("--repeats and --num_images must be >= 1")
+  if a.rounds < 1 or a.num_images < 1:
+    ap.error("--rounds and --num_images must be >= 1")
 
   logging.basicConfig(level=logging.WARNING)
   for noisy in ("apache_beam", "google", "urllib3", "absl"):
@@ -161,28 +177,24 @@ def main(argv: Sequence[str] | None = None) -> int:
   out = os.path.join(work, "out")
   name = _cli.dataset_name(None, root)
   print(f"{n} images, image_size={a.image_size} encoding={a.encoding} format={a.format} "
-        f"num_shards={a.num_shards} repeats={a.repeats} cpus={os.cpu_count()}", flush=True)
+        f"num_shards={a.num_shards} rounds={a.rounds} cpus={os.cpu_count()}", flush=True)
 
-  results = [
-      best_of("loop (1 process)", a.repeats, os.path.join(out, "loop"), n,
-              lambda o: run_loop(root, o, options, a.format, a.num_shards, name)),
-      best_of("DirectRunner in-process, 1 worker", a.repeats, os.path.join(out, "direct_1"), n,
-              lambda o: run_pipeline(root, o, a, ["--direct_num_workers=1",
-                                                  "--direct_running_mode=in_memory"])),
-      best_of("DirectRunner multi_processing, 2 workers", a.repeats, os.path.join(out, "direct_2"), n,
-              lambda o: run_pipeline(root, o, a, ["--direct_num_workers=2",
-                                                  "--direct_running_mode=multi_processing"])),
-  ]
-  base = results[0].seconds
+  results = alternated([
+      ("loop (1 process)", os.path.join(out, "loop"),
+       lambda o: run_loop(root, o, options, a.format, a.num_shards, name)),
+      ("DirectRunner in-process, 1 worker", os.path.join(out, "direct_1"),
+       lambda o: run_pipeline(root, o, a, ["--direct_num_workers=1", "--direct_running_mode=in_memory"])),
+      ("DirectRunner multi_processing, 2 workers", os.path.join(out, "direct_2"),
+       lambda o: run_pipeline(root, o, a, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])),
+  ], a.rounds, n)
   print()
-  print(f"{'variant':<42} {'seconds':>8} {'images/s':>9} {'ratio':>6}")
+  print(f"{'variant':<42} {'median s':>8} {'images/s':>9} {'median ratio':>12}")
   for r in results:
-    print(f"{r.variant:<42} {r.seconds:8.2f} {r.images_per_s:9.1f} {r.seconds / base:6.2f}")
+    print(f"{r.variant:<42} {r.seconds:8.2f} {r.images_per_s:9.1f} {r.ratio:12.2f}")
   checks = [
       (f"in-process DirectRunner within {IN_PROCESS_TARGET}x of the loop's time",
-       results[1].seconds / base, results[1].seconds / base <= IN_PROCESS_TARGET),
-      ("2 workers faster than the loop", results[2].seconds / base,
-       results[2].seconds / base < MULTI_PROCESS_TARGET),
+       results[1].ratio, results[1].ratio <= IN_PROCESS_TARGET),
+      ("2 workers faster than the loop", results[2].ratio, results[2].ratio < MULTI_PROCESS_TARGET),
   ]
   print()
   for text, ratio, ok in checks:
@@ -191,9 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   if a.json:
     report = {
         "num_images": n, "image_size": a.image_size, "encoding": a.encoding, "format": a.format,
-        "num_shards": a.num_shards, "repeats": a.repeats, "cpus": os.cpu_count(),
+        "num_shards": a.num_shards, "rounds": a.rounds, "cpus": os.cpu_count(),
         "results": [{"variant": r.variant, "seconds": r.seconds, "images_per_s": r.images_per_s,
-                     "ratio": r.seconds / base} for r in results],
+                     "ratio": r.ratio} for r in results],
         "checks": [{"check": t, "ratio": x, "pass": ok} for t, x, ok in checks],
     }
     with open(a.json, "w") as f:
