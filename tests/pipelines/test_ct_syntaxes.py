@@ -13,20 +13,15 @@ pydicom has none) is in SYNTAXES.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import io
 import json
-import logging
 import os
-import warnings
 import zlib
 
 import gdcm
 import numpy as np
 import pydicom
 from pydicom.data import get_testdata_file
-from pydicom.encaps import encapsulate
 from pydicom.uid import UID
 import pytest
 
@@ -37,6 +32,7 @@ from pipelines import ct_volumes
 from pipelines._ct_assembly import plan_volumes, read_volume
 from pipelines import _ct_headers
 from pipelines._ct_headers import Rejected, read_slices, salted_hash
+from tests.pipelines.test_ct_hostile import _silently  # noqa: E402  (one quiet pydicom for the tests)
 
 SALT = "syntax-salt"
 STUDY = "1.2.826.0.1.3680043.9.7.1"
@@ -88,16 +84,6 @@ SUPPORTED = sorted(k for k, s in SYNTAXES.items() if s.supported)
 UNSUPPORTED = sorted(k for k, s in SYNTAXES.items() if not s.supported)
 
 
-@contextlib.contextmanager
-def _silently():
-  logger = logging.getLogger("pydicom")
-  disabled, logger.disabled = logger.disabled, True
-  try:
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore")
-      yield
-  finally:
-    logger.disabled = disabled
 
 
 def _real_slices() -> list[np.ndarray]:
