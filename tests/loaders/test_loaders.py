@@ -13,7 +13,6 @@ import pytest
 
 import make_sample_ct as ct
 import make_sample_ogb as mo
-from formats import files
 from loaders import grain as grain_loader
 from loaders._shards import CorruptRecordError, ShardedRecords
 from pipelines import ct_volumes, image_folder, ogb_graphs
