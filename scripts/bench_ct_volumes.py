@@ -1,7 +1,7 @@
 """Benchmarks CT volume assembly against SimpleITK's ImageSeriesReader, and the pipeline.
 
     python scripts/bench_ct_volumes.py [--work=bench_work] [--series=4]
-        [--slices_per_series=500] [--repeats=1] [--json=results.json]
+        [--slices_per_series=500] [--rounds=3] [--json=results.json]
 
 Generates (once, cached under --work) `--series` uncompressed 512x512 axial
 series (`make_sample_ct.write_big_series`, one subfolder each, seeds 0, 1, ...)
@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -50,8 +51,9 @@ VOLUME_DTYPE = "int16"  # write_big_series: slope 1, intercept -1024
 @dataclasses.dataclass(frozen=True)
 class Result:
   variant: str
-  seconds: float  # best of the repeats
+  seconds: float  # median over the rounds
   slices: int
+  ratio: float = 1.0  # median over the rounds of (this variant's time / SimpleITK's in that round)
 
   @property
   def slices_per_s(self) -> float:
@@ -156,14 +158,20 @@ def run_pipeline(data: CtInput, output: str) -> int:
     return Manifest.loads(f.read()).num_records
 
 
-def best_of(variant: str, repeats: int, slices: int, fn: Callable[[], object]) -> Result:
-  """Runs `fn()` `repeats` times; keeps the best time."""
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return Result(variant, min(times), slices)
+def alternated(variants: Sequence[tuple[str, Callable[[], object]]], rounds: int, slices: int) -> list[Result]:
+  """Each round runs every variant once, in order (the shared machine swings between runs: a
+  round measures all of them under the same load); medians of the times and of the ratios to
+  the first variant's time in the same round."""
+  times: dict[str, list[float]] = {name: [] for name, _ in variants}
+  for r in range(rounds):
+    for name, fn in variants:
+      t0 = time.perf_counter()
+      fn()
+      times[name].append(time.perf_counter() - t0)
+    print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()), flush=True)
+  base = times[variants[0][0]]
+  return [Result(name, statistics.median(times[name]), slices,
+                 statistics.median(t / b for t, b in zip(times[name], base))) for name, _ in variants]
 
 
 def check_volumes(data: CtInput) -> list[tuple[str, bool]]:
@@ -193,11 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--work", default="bench_work", help="cache of the input and outputs (git-ignored)")
   ap.add_argument("--series", type=int, default=4)
   ap.add_argument("--slices_per_series", type=int, default=500)
-  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--rounds", type=int, default=3, help="rounds; every round runs each variant once")
   ap.add_argument("--json", default=None, help="also write the results here")
   a = ap.parse_args(argv)
-  if a.repeats < 1 or a.series < 1 or a.slices_per_series < 2:
-    ap.error("--repeats and --series must be >= 1, --slices_per_series >= 2")
+  if a.rounds < 1 or a.series < 1 or a.slices_per_series < 2:
+    ap.error("--rounds and --series must be >= 1, --slices_per_series >= 2")
 
   logging.basicConfig(level=logging.WARNING)
   for noisy in ("apache_beam", "google", "urllib3", "absl"):
@@ -210,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   t0 = time.perf_counter()
   size = warm_page_cache(data)
   print(f"{a.series} series x {a.slices_per_series} slices of 512x512 ({size / 1e9:.2f} GB, page cache "
-        f"warmed in {time.perf_counter() - t0:.1f}s), repeats={a.repeats} cpus={os.cpu_count()}", flush=True)
+        f"warmed in {time.perf_counter() - t0:.1f}s), rounds={a.rounds} cpus={os.cpu_count()}", flush=True)
 
   def counted(read: Callable[[str], np.ndarray]) -> Callable[[], None]:
     def fn() -> None:
@@ -225,35 +233,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(output, ignore_errors=True)
     records.append(run_pipeline(data, output))
 
-  results = [
-      best_of("SimpleITK ImageSeriesReader", a.repeats, n, counted(read_sitk)),
-      best_of("assembly (read_slices/plan/read_volume)", a.repeats, n, counted(read_assembly)),
-      best_of("pipeline, DirectRunner in-process", a.repeats, n, pipeline),
-  ]
+  results = alternated([
+      ("SimpleITK ImageSeriesReader", counted(read_sitk)),
+      ("assembly (read_slices/plan/read_volume)", counted(read_assembly)),
+      ("pipeline, DirectRunner in-process", pipeline),
+  ], a.rounds, n)
   checks = check_volumes(data)
   checks.append((f"pipeline manifest: one record per series ({a.series})",
                  all(r == a.series for r in records)))
 
-  base = results[0].seconds
   print()
-  print(f"{'variant':<42} {'seconds':>8} {'slices/s':>9} {'ratio':>6}")
+  print(f"{'variant':<42} {'median s':>8} {'slices/s':>9} {'median ratio':>12}")
   for r in results:
-    print(f"{r.variant:<42} {r.seconds:8.2f} {r.slices_per_s:9.1f} {r.seconds / base:6.2f}")
+    print(f"{r.variant:<42} {r.seconds:8.2f} {r.slices_per_s:9.1f} {r.ratio:12.2f}")
   print()
   for text, ok in checks:
     print(f"{'ok  ' if ok else 'FAIL'}  {text}")
-  ratio = results[1].seconds / base
+  ratio = results[1].ratio
   target = ("assembly function at least as fast as SimpleITK", ratio, ratio <= 1.0)
   print()
   print(f"{'PASS' if target[2] else 'MISS'}  {target[0]} (ratio {ratio:.2f})")
-  print(f"info  pipeline (encode + write shards) vs SimpleITK: ratio {results[2].seconds / base:.2f}")
+  print(f"info  pipeline (encode + write shards) vs SimpleITK: ratio {results[2].ratio:.2f}")
 
   if a.json:
     report = {
-        "series": a.series, "slices_per_series": a.slices_per_series, "slices": n, "repeats": a.repeats,
+        "series": a.series, "slices_per_series": a.slices_per_series, "slices": n, "rounds": a.rounds,
         "cpus": os.cpu_count(),
         "results": [{"variant": r.variant, "seconds": r.seconds, "slices_per_s": r.slices_per_s,
-                     "ratio": r.seconds / base} for r in results],
+                     "ratio": r.ratio} for r in results],
         "checks": [{"check": t, "pass": ok} for t, ok in checks],
         "target": {"check": target[0], "ratio": target[1], "pass": target[2]},
     }
