@@ -55,6 +55,16 @@ def gcs_blob(path: str):
   return _blob(path)
 
 
+def gcs_client():
+  """The process's google-cloud-storage client (anonymous against STORAGE_EMULATOR_HOST)."""
+  return _gcs_client()
+
+
+def split_gcs(path: str) -> tuple[str, str]:
+  """gs://bucket/name → (bucket, name)."""
+  return _split_gcs(path)
+
+
 def gcs_not_found() -> type[Exception]:
   from google.api_core.exceptions import NotFound
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 import dataclasses
 import errno
-import functools
 import os
 import random
 import stat
@@ -44,10 +43,11 @@ from typing import NamedTuple, TypeVar
 import apache_beam as beam
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
-from google.cloud import storage
 from google.cloud.storage import exceptions as storage_exc
 import requests
 import urllib3
+
+from formats import files as fs
 
 DEFAULT_TRANSIENT_RETRY_SECONDS = 300.0
 # Largest input file read; a larger one is a reject, found before it is read into memory.
@@ -138,8 +138,7 @@ class Listing(NamedTuple):
   rejects: list[tuple[InputFile, str]]
 
 
-def is_gcs(path: str) -> bool:
-  return path.startswith("gs://")
+is_gcs = fs.is_gcs
 
 
 # ---------------------------------------------------------------- local listing
@@ -273,31 +272,12 @@ def _list_local(root: str, input_root: str | None = None) -> Listing:
 
 # ---------------------------------------------------------------- gs://
 
-@functools.lru_cache(maxsize=4)
-def _client(emulator_host: str | None) -> storage.Client:
-  """One client per process (and emulator address, for tests)."""
-  if emulator_host:
-    from google.auth.credentials import AnonymousCredentials
-
-    return storage.Client(project="emulator", credentials=AnonymousCredentials())
-  return storage.Client()
-
-
-def _gcs_client() -> storage.Client:
-  return _client(os.environ.get("STORAGE_EMULATOR_HOST"))
-
-
-def _split_gcs(path: str) -> tuple[str, str]:
-  bucket, _, name = path[len("gs://"):].partition("/")
-  return bucket, name
-
-
 def _list_gcs(root: str, budget: float) -> Listing:
-  bucket, name = _split_gcs(root)
+  bucket, name = fs.split_gcs(root)
   prefix = name.rstrip("/") + "/" if name else ""
 
   def names(timeout: float) -> list[str]:
-    blobs = _gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
+    blobs = fs.gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
     return [b.name for b in blobs]
 
   found = with_retries(names, f"listing {root}", budget)
@@ -393,10 +373,10 @@ def _read_local(location: str, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> byte
 
 
 def _read_gcs(path: str, timeout: float, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
-  bucket, name = _split_gcs(path)
+  bucket, name = fs.split_gcs(path)
   try:
     # One byte past the cap tells a too-large object without downloading all of it.
-    data = _gcs_client().bucket(bucket).blob(name).download_as_bytes(
+    data = fs.gcs_client().bucket(bucket).blob(name).download_as_bytes(
         start=0, end=max_bytes, retry=None, timeout=timeout)
     if len(data) > max_bytes:
       raise _too_large(f"more than {max_bytes}", max_bytes)
