@@ -182,13 +182,13 @@ def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None
   _write_marker(output, generation, "running", info)
 
 
-def finish(output: str, generation: str, committed: bool | None = None) -> bool:
+def finish(output: str, generation: str) -> bool:
   """Records that the run ended; returns whether it committed.
 
   A generation that the manifest or the TFDS metadata names is the run's
   committed output (even if the run failed afterwards, e.g. in clean-up);
-  any other is abandoned and removed at once. (`committed`, the caller's own
-  belief, is not needed: the output is the record.)
+  any other is abandoned and removed at once: the output is the record, not the
+  caller's belief.
   """
   if not abandon(output, generation):
     _write_marker(output, generation, "committed")
@@ -446,7 +446,7 @@ def _sync_lock(output: str) -> Iterator[None]:
       pass  # taken over after our lease expired
 
 
-def tfds_metadata_lags(output: str, description: str | None = None) -> bool:
+def tfds_metadata_lags(output: str) -> bool:
   """True when the root TFDS metadata does not point at the committed manifest's generation."""
   data, _ = read_manifest_versioned(output)
   if data is None:
