@@ -51,6 +51,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 
 from formats import files, naming, tfds_metadata
+from formats.errors import CommitConflict
 from formats.manifest import MANIFEST_FILENAME, Manifest
 
 MARKER_FILENAME = "_toolkit_run.json"
@@ -63,10 +64,6 @@ LEASE_SECONDS = 15 * 60.0
 # The environment variable naming a step at which a run kills itself (the fault
 # harness of the tests: kill -9 at every step of a commit). Unset in production.
 FAULT_POINT_ENV = "TPU_SHARDS_FAULT_POINT"
-
-
-class CommitConflict(RuntimeError):
-  """Another run replaced the output after this run started; this run's output was not committed."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,8 @@ from typing import Union
 
 import numpy as np
 
+from formats.errors import ExampleDecodeError
+
 # A feature value as callers hand it over: one of the three list kinds.
 FeatureValue = Union[bytes, str, int, float, np.ndarray, Sequence[bytes], Sequence[int], Sequence[float]]
 
@@ -30,10 +32,6 @@ _WT_VARINT = 0
 _WT_I64 = 1
 _WT_LEN = 2
 _WT_I32 = 5
-
-
-class ExampleDecodeError(ValueError):
-  """The bytes are not a well-formed tf.train.Example."""
 
 
 # --------------------------------------------------------------------------- encode

@@ -37,6 +37,8 @@ from typing import Any, BinaryIO
 import google_crc32c
 import numpy as np
 
+from formats.errors import GraphBinError
+
 MAGIC = b"GRAPHBIN"
 VERSION = 1
 ALIGN = 64
@@ -45,10 +47,6 @@ ENTRY = struct.Struct("<56s8sI4x4QQQI4x")
 assert HEADER.size == 64 and ENTRY.size == 128
 META = "meta"
 _ALLOWED_KINDS = "iufb"
-
-
-class GraphBinError(ValueError):
-  """A .graphbin file whose bytes are wrong; the message names the file, section and offset."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,13 +19,11 @@ from typing import BinaryIO
 
 import google_crc32c
 
+from formats.errors import TFRecordCorruptError
+
 _LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
-
-
-class TFRecordCorruptError(ValueError):
-  """A TFRecord file whose framing or checksums are wrong."""
 
 
 def masked_crc32c(data: bytes) -> int:
