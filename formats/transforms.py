@@ -1,6 +1,7 @@
 """The record transforms that writers and every reader share, defined once. No framework (numpy only).
 
-The CT values here are part of the on-disk contract: the converter writes
+The CT values here are part of the on-disk contract (the "volume" kind of
+formats.kinds defines them): the converter writes
 `CT_PADDING_HU` where a slice has no data (PixelPaddingValue), and every loader
 pads patches that reach outside a volume with the same value.
 
@@ -33,8 +34,8 @@ import math
 
 import numpy as np
 
-# Hounsfield units written for padding and used to fill patches outside a volume (air is -1000).
-CT_PADDING_HU = -1024
+from formats.kinds import CT_PADDING_HU  # noqa: F401  (the "volume" kind's padding, re-exported here)
+
 # The HU range a loader keeps by default (clipped): the padding value up to the 12-bit maximum.
 DEFAULT_HU_WINDOW = (-1024.0, 3071.0)
 # Where a CT patch is placed.
