@@ -3,7 +3,7 @@ means the output is complete. The schema is documented in docs/manifest.md.
 
     {
       "manifest_version": 1,
-      "name": "flowers", "format": "array_record",
+      "name": "flowers", "format": "array_record", "kind": "image",
       "features": {"image": {"kind": "image", ...}, "label": {...}, ...},
       "splits": {"train": {"num_records": 1200, "num_bytes": 91234567,
                            "shards": [{"path": "flowers-train.array_record-00000-of-00004",
@@ -22,7 +22,7 @@ import hashlib
 import json
 from typing import Any
 
-from formats import naming
+from formats import kinds, naming
 from formats.features import Features
 
 MANIFEST_FILENAME = "manifest.json"
@@ -110,11 +110,14 @@ class Manifest:
   warnings: tuple[str, ...] = ()
   files: tuple[FileInfo, ...] = ()  # non-shard data files
   graph: Mapping[str, Any] | None = None  # graph outputs: layout, node and edge counts
+  kind: str = ""  # the record kind (formats.kinds); "" in manifests written before kinds existed
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
     if self.file_format not in OUTPUT_FORMATS:
       raise ValueError(f"format must be one of {OUTPUT_FORMATS}, got {self.file_format!r}")
+    if self.kind:
+      kinds.check(self.kind, self.features)
     for split in self.splits:
       naming.check_split_name(split)
 
@@ -127,6 +130,7 @@ class Manifest:
         "manifest_version": MANIFEST_VERSION,
         "name": self.name,
         "format": self.file_format,
+        **({"kind": self.kind} if self.kind else {}),
         "features": self.features.to_json(),
         "splits": {k: v.to_json() for k, v in sorted(self.splits.items())},
         "rejected": self.rejected.to_json(),
@@ -162,6 +166,7 @@ class Manifest:
         warnings=tuple(d.get("warnings", ())),
         files=tuple(FileInfo(**f) for f in d.get("files", ())),
         graph=d.get("graph"),
+        kind=d.get("kind", ""),
     )
 
   @classmethod
