@@ -1,12 +1,38 @@
 """Readers of the toolkit's outputs for training scripts: threads only, static shapes.
 
-- `loaders.grain.dataset(path, split, batch_size=...)`: a grain IterDataset of batches.
-- `loaders.xla.device_loader(path, split, batch_size=...)`: torch_xla MpDeviceLoader (no TensorFlow).
-- `loaders.tfdata.dataset(path, split, batch_size=...)`: a tf.data.Dataset (TFRecord shards).
-- `loaders.graph`: memory-mapped .graphbin graphs and a static-shape neighbour sampler.
+The framework loaders are submodules, imported by name so that each pulls in
+only its own framework:
 
-Import the submodule you need: each pulls in only its own framework. This
-package builds on `formats` only and never imports `pipelines` or Beam.
+- `loaders.grain.dataset(path, split, batch_size=...)`: a grain IterDataset of batches.
+- `loaders.xla.device_loader(path, split, batch_size=...)`: torch_xla batches on the device (no TensorFlow).
+- `loaders.tfdata.dataset(path, split, batch_size=...)`: a tf.data.Dataset (TFRecord shards).
+- `loaders.graph`: memory-mapped .graphbin graphs, a static-shape neighbour sampler, and its
+  grain and torch_xla feeders.
+
+This package itself names the framework-free pieces (importing it imports no
+grain, torch, torch_xla or TensorFlow): random access to the records of a
+split, the error a damaged record raises, the record → example transform and
+its options, and the graph file and sampler. It builds on `formats` only and
+never imports `pipelines` or Beam.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from loaders._shards import ShardedRecords
+from loaders._transforms import ExampleOptions, example_transform
+from loaders._verify import VERIFY_LEVELS, CorruptRecordError, Verify
+from loaders.graph import Budgets, Graph, NeighborSampler, budgets, load as load_graph
+
+__all__ = [
+    "VERIFY_LEVELS",
+    "Budgets",
+    "CorruptRecordError",
+    "ExampleOptions",
+    "Graph",
+    "NeighborSampler",
+    "ShardedRecords",
+    "Verify",
+    "budgets",
+    "example_transform",
+    "load_graph",
+]

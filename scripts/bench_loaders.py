@@ -38,8 +38,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import bench_image_folder  # noqa: E402
 from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
-from loaders import grain as grain_loader  # noqa: E402
-from loaders._shards import ShardedRecords  # noqa: E402
+from loaders import ShardedRecords, grain as grain_loader  # noqa: E402
 from pipelines import image_folder  # noqa: E402
 
 SPLIT = "train"

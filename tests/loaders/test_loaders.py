@@ -13,8 +13,7 @@ import pytest
 
 import make_sample_ct as ct
 import make_sample_ogb as mo
-from loaders import grain as grain_loader
-from loaders._shards import CorruptRecordError, ShardedRecords
+from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder, ogb_graphs
 from tests.conftest import CLASSES, PER_CLASS, REPO, upload_tree
 
@@ -177,7 +176,6 @@ def test_grain_over_gcs(outputs, gcs_emulator, tmp_path):
 
 @pytest.mark.gcs
 def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
-  tfdata = pytest.importorskip("loaders.tfdata")
   gs = f"gs://{gcs_emulator}/loaders/tfrecord"
   upload_tree(outputs["tfrecord"], gs)
   local = [b["record_index"].tolist() for b in tfdata.dataset(
@@ -196,7 +194,6 @@ def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
 
 
 def test_tfdata_images_and_volumes(outputs):
-  tfdata = pytest.importorskip("loaders.tfdata")
   batches = list(tfdata.dataset(outputs["tfrecord"], batch_size=4, image_size=(20, 20)).as_numpy_iterator())
   assert len(batches) == N_IMAGES // 4
   assert {b["image"].shape for b in batches} == {(4, 20, 20, 3)}

@@ -10,15 +10,14 @@ import subprocess
 import sys
 
 import numpy as np
-from PIL import Image as PILImage, ImageOps
+from PIL import Image as PILImage
 import pytest
 
 import make_sample_ogb as mo
 from formats import tfrecord
 from formats.graphbin import META, GraphBin, GraphBinWriter
 from formats.manifest import MANIFEST_FILENAME
-from loaders import _verify, grain as grain_loader, graph as lg
-from loaders._shards import CorruptRecordError, ShardedRecords
+from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, graph as lg, tfdata
 from pipelines import image_folder, ogb_graphs
 from tests.conftest import REPO
 
@@ -64,10 +63,6 @@ def _record_offsets(path: str) -> list[int]:
   return offsets
 
 
-def _tfdata():
-  return pytest.importorskip("loaders.tfdata")
-
-
 def _ids(ds) -> list[int]:
   return [int(i) for b in ds.as_numpy_iterator() for i in b["record_index"]]
 
@@ -85,7 +80,7 @@ def test_tfdata_damaged_record_names_the_shard_and_record(outputs, tmp_path):
     f.seek(at)
     f.write(bytes([byte[0] ^ 0xFF]))
   with pytest.raises(CorruptRecordError) as e:
-    _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), shuffle=False))
+    _ids(tfdata.dataset(out, batch_size=1, image_size=(8, 8), shuffle=False))
   msg = str(e.value)
   assert shard in msg and "record 1 " in msg and "sha256" in msg
 
@@ -98,7 +93,7 @@ def test_tfdata_damaged_framing_names_the_shard_at_verify_size(outputs, tmp_path
     f.seek(at)
     f.write(b"\x07")
   with pytest.raises(CorruptRecordError, match=rf"{re.escape(shard)}: record 2: bad length checksum at byte {at}"):
-    _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), verify="size"))
+    _ids(tfdata.dataset(out, batch_size=1, image_size=(8, 8), verify="size"))
 
 
 # ---- tf.data: record counts against the manifest -----------------------------------------------
@@ -116,33 +111,10 @@ def test_tfdata_checks_every_shard_count_against_the_manifest(outputs, tmp_path,
   shard = os.path.join(out, split["shards"][1]["path"])
   expected = rf"{re.escape(shard)}: {real} records, the manifest says {real + off_by}"
   with pytest.raises(CorruptRecordError, match=expected):
-    _ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8)))
+    _ids(tfdata.dataset(out, batch_size=1, image_size=(8, 8)))
 
 
-# ---- tf.data: crop first, then resize (Pillow's fit) ----------------------------------------------------------
-
-
-def _pillow_fit(img, size):
-  """The reference (formats.transforms, grain's loader): Pillow's ImageOps.fit with BILINEAR on the whole image."""
-  im = PILImage.fromarray(img)
-  if im.size == (size[1], size[0]):
-    return img
-  return np.asarray(ImageOps.fit(im, (size[1], size[0]), method=PILImage.Resampling.BILINEAR))
-
-
-def test_tfdata_crop_first_gives_the_same_pixels_as_pillows_fit():
-  tfdata = _tfdata()
-  rng = np.random.default_rng(0)
-  shapes = [(48, 64), (64, 48), (375, 500), (500, 375), (333, 333), (224, 224), (7, 300), (300, 7), (257, 511),
-            (225, 224), (1, 50)]
-  sizes = [(224, 224), (20, 20), (32, 48), (48, 32), (299, 299), (1, 1)]
-  for h, w in shapes:
-    y, x = np.mgrid[:h, :w]
-    smooth = np.stack([(3 * x) % 256, (5 * y) % 256, (x + y) % 256], -1).astype(np.uint8)
-    for img in (rng.integers(0, 256, (h, w, 3), dtype=np.uint8), smooth):
-      for size in sizes:
-        np.testing.assert_array_equal(tfdata._resize_center_crop(img, size).numpy(), _pillow_fit(img, size),
-                                      err_msg=f"{(h, w)} -> {size}")
+# ---- tf.data: a thin image costs what a square one does --------------------------------------------------
 
 
 _RSS_SCRIPT = r"""
@@ -166,7 +138,6 @@ print(json.dumps({"before": before, "after": peak_mb(), "shapes": [list(s) for s
 
 def test_tfdata_thin_images_never_materialise_the_full_resize(split_folder, tmp_path):
   """A 2000x1 image resized to cover 224x224 would be 448000x224 (1.2 GB float) before the crop."""
-  _tfdata()
   thin = tmp_path / "thin"
   for cls, size in (("tall", (1, 2000)), ("wide", (2000, 1))):  # PIL sizes are (W, H)
     os.makedirs(thin / cls)
@@ -224,8 +195,8 @@ def test_tfdata_swapped_shard_of_equal_size_is_refused(outputs, tmp_path):
   _write_manifest(out, m)
   expected = rf"{re.escape(other)}: sha256 [0-9a-f]{{12}}\S* differs from the manifest's {shards[0]['sha256'][:12]}"
   with pytest.raises(CorruptRecordError, match=expected):
-    _tfdata().dataset(out, batch_size=1, image_size=(8, 8))
-  assert len(_ids(_tfdata().dataset(out, batch_size=1, image_size=(8, 8), verify="size"))) == m["splits"]["train"][
+    tfdata.dataset(out, batch_size=1, image_size=(8, 8))
+  assert len(_ids(tfdata.dataset(out, batch_size=1, image_size=(8, 8), verify="size"))) == m["splits"]["train"][
       "num_records"]
 
 
@@ -234,22 +205,7 @@ def test_verify_level_is_checked(outputs):
     with pytest.raises(ValueError, match=rf"verify must be .*got {bad!r}"):
       ShardedRecords(outputs["array_record"], verify=bad)
     with pytest.raises(ValueError, match=rf"verify must be .*got {bad!r}"):
-      _tfdata().dataset(outputs["tfrecord"], batch_size=1, image_size=(8, 8), verify=bad)
-
-
-def test_sha256_is_computed_once_per_shard_per_process(outputs, tmp_path, monkeypatch):
-  out = _copy(outputs["array_record"], tmp_path / "fresh")
-  hashed = []
-  real = _verify.sha256_file
-  monkeypatch.setattr(_verify, "sha256_file", lambda p, *a, **k: hashed.append(p) or real(p, *a, **k))
-  for _ in range(3):
-    ShardedRecords(out, "train")
-    ShardedRecords(out, "validation")
-  assert sorted(hashed) == sorted([_shard(out, "train"), _shard(out, "validation")])
-  st = os.stat(_shard(out, "train"))
-  os.utime(_shard(out, "train"), ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # touched: proven again
-  ShardedRecords(out, "train")
-  assert hashed[-1] == _shard(out, "train") and len(hashed) == 3
+      tfdata.dataset(outputs["tfrecord"], batch_size=1, image_size=(8, 8), verify=bad)
 
 
 # ---- verify= on the graph loader -----------------------------------------------------------------
@@ -284,7 +240,7 @@ _XLA_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from loaders import xla
-from loaders._shards import CorruptRecordError
+from loaders import CorruptRecordError
 try:
   xla.device_loader(sys.argv[2], batch_size=2, shard_index=0, shard_count=1, num_threads=1)
   refused = ""

@@ -23,7 +23,7 @@ import pytest
 
 import make_sample_ct as ct
 import make_sample_images
-from loaders import grain as grain_loader
+from loaders import ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder
 from tests.conftest import REPO
 
@@ -87,7 +87,6 @@ def _grain(outputs, case) -> list[dict]:
 
 
 def _tfdata(outputs, case) -> list[dict]:
-  tfdata = pytest.importorskip("loaders.tfdata")
   key, opts = CASES[case]
   return list(tfdata.dataset(outputs[key], shuffle=False, **opts).as_numpy_iterator())
 
@@ -112,8 +111,6 @@ def test_tfdata_equals_grain(outputs, case):
 
 def test_real_photos_are_in_the_jpeg_cases(outputs):
   """The JPEG cases include real photographs stored as their original bytes (when the packages ship some)."""
-  from loaders._shards import ShardedRecords
-
   photos = _real_photos()
   assert photos, "scikit-learn (pinned in constraints.txt, needed by ogb) ships china.jpg and flower.jpg"
   stored = {bytes(r["image"]) for r in ShardedRecords(outputs["jpeg"])}
@@ -131,8 +128,6 @@ def test_random_patch_starts_follow_the_seed_in_both(outputs):
 
 def test_center_patch_is_the_centre(outputs):
   """The centre rule (formats.transforms): start = max(shape - patch, 0) // 2, in every loader."""
-  from loaders._shards import ShardedRecords
-
   records = ShardedRecords(outputs["ct"])
   for b in _tfdata(outputs, "ct_center"):
     for start, idx in zip(b["patch_start"], b["record_index"]):
