@@ -14,68 +14,11 @@ never imports TensorFlow (it cannot share a process with torch_xla).
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
-import numpy as np
-
 from loaders import grain as grain_loader
+from loaders._device import DeviceLoader
 from loaders._verify import Verify
 
-
-class DeviceLoader:
-  """Iterable of device batches over one pass of the host dataset; resumable by state.
-
-  The device loader prefetches ahead of the training loop, so the state is the
-  host iterator's state recorded right after the last batch the loop received,
-  not the (further advanced) live one.
-  """
-
-  def __init__(self, iter_dataset, device, state: dict | None, **loader_kwargs):
-    from torch_xla.distributed.parallel_loader import MpDeviceLoader
-
-    self._iter = iter(iter_dataset)
-    if state is not None:
-      self._iter.set_state(state)
-    self._states: dict[int, dict] = {0: self._iter.get_state()}  # batches produced -> state after them
-    self._produced = 0
-    self._delivered = 0
-    self._lock = threading.Lock()
-    self._loader = MpDeviceLoader(_TorchBatches(self), device, **loader_kwargs)
-
-  def _host_batches(self):
-    import torch
-
-    for batch in self._iter:
-      state = self._iter.get_state()
-      with self._lock:
-        self._produced += 1
-        self._states[self._produced] = state
-      yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
-
-  def __iter__(self):
-    for batch in self._loader:
-      with self._lock:
-        self._delivered += 1
-        for k in [k for k in self._states if k < self._delivered]:
-          del self._states[k]
-      yield batch
-
-  def __len__(self) -> int:
-    return len(self._loader)
-
-  def get_state(self) -> dict[str, Any]:
-    """Where to resume so that the next batch is the one after the last batch received."""
-    with self._lock:
-      return dict(self._states[self._delivered])
-
-
-class _TorchBatches:
-  def __init__(self, owner: DeviceLoader):
-    self._owner = owner
-
-  def __iter__(self):
-    return self._owner._host_batches()
+__all__ = ["DeviceLoader", "device_loader"]
 
 
 def device_loader(path: str, split: str = "train", *, batch_size: int, device=None, shuffle: bool = True,

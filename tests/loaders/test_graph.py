@@ -125,8 +125,12 @@ def test_each_live_node_has_one_local_id_and_ids_can_stay_on_device(graph):
 
 def test_node_budget_shrinks_batches_and_overflow_is_loud(graph):
   full = _sampler(graph)
-  small = _sampler(graph, node_budget=200)  # the worst case is 272; these batches need ~150
-  assert full.budgets.nodes == 272 and small[0]["x"].shape[0] == 200
+  b, (k0, k1) = 16, (4, 3)  # _sampler's batch size and fanouts
+  worst = b + b * k0 + b * k0 * k1  # seeds, hop 0's new nodes, hop 1's new nodes: all distinct at worst
+  assert worst < N + b  # the graph is large enough that the worst case is not capped by its size
+  small = _sampler(graph, node_budget=200)
+  assert 200 < worst and full.budgets.nodes == worst
+  assert small[0]["x"].shape[0] == 200 and small[0]["node_mask"].sum() == full[0]["node_mask"].sum() < 200
   tiny = _sampler(graph, node_budget=16)
   with pytest.raises(RuntimeError, match="raise it"):
     tiny[0]
@@ -145,27 +149,68 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from loaders import graph as lg
 assert "tensorflow" not in sys.modules
-import torch_xla
 g = lg.Graph(sys.argv[2])
 s = lg.NeighborSampler(g, fanouts=[4, 3], batch_size=16, seed=3)
-shapes, devices, n = set(), set(), 0
-for batch in lg.xla_loader(s, num_epochs=1, num_threads=2):
+EPOCHS = 2
+
+def host(position):
+  return s.batch(position % len(s), position // len(s))
+
+def same(batch, want):
+  got = {k: v.cpu().numpy() for k, v in batch.items()}
+  return sorted(got) == sorted(want) and all(got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
+                                             for k in want)
+
+shapes, devices, n, differ, edges = set(), set(), 0, [], 0
+for batch in lg.xla_loader(s, num_epochs=EPOCHS, num_threads=2):
   shapes.add(tuple((k, tuple(v.shape)) for k, v in sorted(batch.items())))
   devices.add(str(batch["x"].device))
-  edges = int(sum(batch[f"edge_mask_{h}"].sum().item() for h in range(2)))
+  if not same(batch, host(n)):
+    differ.append(n)
+  edges += int(sum(batch[f"edge_mask_{h}"].sum().item() for h in range(2)))
   n += 1
-print(json.dumps({"batches": n, "expected": len(s), "shapes": len(shapes), "devices": sorted(devices),
+host_edges = sum(int(host(p)[f"edge_mask_{h}"].sum()) for p in range(EPOCHS * len(s)) for h in range(2))
+# resume: stop inside the second epoch, restore in a new loader, get exactly the rest
+k = len(s) + 2
+first = lg.xla_loader(s, num_epochs=EPOCHS, num_threads=2)
+it = iter(first)
+for _ in range(k):
+  next(it)
+state = json.loads(json.dumps(first.get_state()))
+resumed = list(lg.xla_loader(s, num_epochs=EPOCHS, num_threads=2, state=state))
+print(json.dumps({"batches": n, "expected": EPOCHS * len(s), "shapes": len(shapes), "devices": sorted(devices),
+                  "differ": differ, "edges": edges, "host_edges": host_edges, "k": k,
+                  "resumed": len(resumed), "resumed_differ": [j for j, b in enumerate(resumed) if not same(b, host(k + j))],
                   "tf": "tensorflow" in sys.modules}))
 """
 
 
-def test_mp_device_loader_on_an_xla_cpu_device(graph_path):
-  """torch_xla runs in its own process: TensorFlow (imported by other tests) cannot share it."""
-  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
-  r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, graph_path], capture_output=True, text=True,
-                     env=env, timeout=600)
-  assert r.returncode == 0, r.stderr[-3000:]
-  got = json.loads(r.stdout.strip().splitlines()[-1])
+_xla_results: dict[str, dict] = {}
+
+
+def _run_xla(graph_path: str) -> dict:
+  """The script's findings, from one torch_xla process per graph (TensorFlow, imported by other tests, cannot
+  share a process with torch_xla)."""
+  if graph_path not in _xla_results:
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+    r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, graph_path], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _xla_results[graph_path] = json.loads(r.stdout.strip().splitlines()[-1])
+  return _xla_results[graph_path]
+
+
+def test_xla_loader_on_an_xla_cpu_device_gives_the_host_batches(graph_path):
+  got = _run_xla(graph_path)
   assert got["batches"] == got["expected"] > 0
   assert got["shapes"] == 1 and got["devices"] and all(d.startswith("xla") for d in got["devices"])
+  assert got["differ"] == []  # every device batch is the host sampler's batch, bit for bit
+  assert got["edges"] == got["host_edges"] > 0
   assert not got["tf"]
+
+
+def test_xla_loader_resumes_exactly(graph_path):
+  """The state after k batches (inside the second epoch) gives a new loader exactly the batches that follow."""
+  got = _run_xla(graph_path)
+  assert got["k"] < got["expected"]
+  assert got["resumed"] == got["expected"] - got["k"] and got["resumed_differ"] == []

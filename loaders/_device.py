@@ -1,0 +1,82 @@
+"""A resumable torch_xla device loader over any host iterator that has grain's get_state()/set_state().
+
+Both torch_xla feeders use it: loaders.xla (records → batches) and
+loaders.graph.xla_loader (neighbour-sampled batches). torch and torch_xla are
+imported when a loader is built, never at import: this module, like every
+torch_xla path, never imports TensorFlow (they cannot share a process).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+
+class DeviceLoader:
+  """Iterable of device batches over one pass of the host dataset; resumable by state.
+
+  The device loader prefetches ahead of the training loop, so the state is the
+  host iterator's state recorded right after the last batch the loop received,
+  not the (further advanced) live one.
+  """
+
+  def __init__(self, iter_dataset, device, state: dict | None, **loader_kwargs):
+    """Starts moving `iter_dataset`'s batches to `device` in torch_xla's background thread.
+
+    Args:
+      iter_dataset: an iterable whose iterator has get_state()/set_state() (a grain IterDataset)
+        and yields dicts of numpy arrays.
+      device: the XLA device.
+      state: a get_state() of an earlier loader over the same dataset, to resume after it; None starts.
+      **loader_kwargs: passed to torch_xla's MpDeviceLoader (loader_prefetch_size, device_prefetch_size, ...).
+    """
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    self._iter = iter(iter_dataset)
+    if state is not None:
+      self._iter.set_state(state)
+    self._states: dict[int, dict] = {0: self._iter.get_state()}  # batches produced -> state after them
+    self._produced = 0
+    self._delivered = 0
+    self._lock = threading.Lock()
+    self._loader = MpDeviceLoader(_TorchBatches(self), device, **loader_kwargs)
+
+  def _host_batches(self):
+    import torch
+
+    for batch in self._iter:
+      state = self._iter.get_state()
+      with self._lock:
+        self._produced += 1
+        self._states[self._produced] = state
+      yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+
+  def __iter__(self):
+    for batch in self._loader:
+      with self._lock:
+        self._delivered += 1
+        for k in [k for k in self._states if k < self._delivered]:
+          del self._states[k]
+      yield batch
+
+  def __len__(self) -> int:
+    return len(self._loader)
+
+  def get_state(self) -> dict[str, Any]:
+    """Where to resume so that the next batch is the one after the last batch received.
+
+    Returns:
+      A JSON-able dict for `state=` of a new loader over the same dataset.
+    """
+    with self._lock:
+      return dict(self._states[self._delivered])
+
+
+class _TorchBatches:
+  def __init__(self, owner: DeviceLoader):
+    self._owner = owner
+
+  def __iter__(self):
+    return self._owner._host_batches()

@@ -1,0 +1,152 @@
+"""A graph output opened for reading: the memory-mapped `.graphbin` and how it is found, fetched and verified.
+
+`load(path)` takes a graph output folder (or the .graphbin in it), local or
+gs://; a gs:// graph is downloaded once into a cache and checked against the
+manifest's SHA-256, then every section's CRC once. `Graph` is the mapped file:
+its arrays are read-only views. No framework.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from formats import files
+from formats.graphbin import GraphBin
+from formats.manifest import MANIFEST_FILENAME, Manifest
+from loaders._verify import Verify, check_local_file, verify_level
+
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "graphs")
+
+
+class Graph:
+  """A .graphbin opened for reading: arrays are read-only views of the mapped file.
+
+  Attributes:
+    path: the local .graphbin.
+    meta: the file's metadata (node counts per type, ...).
+    num_nodes: nodes of every type together.
+    indptr, indices: the homogeneous CSR (None when the graph has none).
+    node_features, labels: `node/feat` and `node/label` (None when absent).
+  """
+
+  def __init__(self, path: str, verify: bool = True):
+    """Maps `path`.
+
+    Args:
+      path: a local .graphbin file.
+      verify: check every section's CRC now (the whole file is read once).
+
+    Raises:
+      GraphBinError: the file is not a valid .graphbin, or (verify) a section's CRC is wrong.
+    """
+    self.path = path
+    self.bin = GraphBin(path, verify=verify)
+    self.meta = self.bin.meta
+    self.num_nodes: int = int(sum(self.meta.get("num_nodes", {}).values()))
+    self.indptr = self.bin["indptr"] if "indptr" in self.bin else None
+    self.indices = self.bin["indices"] if "indices" in self.bin else None
+    self.node_features = self.bin["node/feat"] if "node/feat" in self.bin else None
+    self.labels = self.bin["node/label"] if "node/label" in self.bin else None
+
+  @property
+  def num_edges(self) -> int:
+    """Edges of the homogeneous CSR (0 when there is none)."""
+    return 0 if self.indices is None else len(self.indices)
+
+  @property
+  def splits(self) -> dict[str, np.ndarray]:
+    """{"<split name>/<train|valid|test>[/<key>]": ids}, e.g. {"time/train": ...}."""
+    return {n[len("split/"):]: self.bin[n] for n in self.bin.names("split/")}
+
+  def split(self, part: str = "train") -> np.ndarray:
+    """The node ids of one part of the graph's split.
+
+    Args:
+      part: "train", "valid" or "test"; the data set's split name may be omitted
+        ("train" finds "time/train").
+
+    Returns:
+      The ids, a read-only view.
+
+    Raises:
+      KeyError: `part` matches no split, or more than one.
+    """
+    matches = [v for k, v in self.splits.items() if k == part or k.endswith("/" + part)]
+    if len(matches) != 1:
+      raise KeyError(f"{self.path}: split {part!r} matches {len(matches)} of {sorted(self.splits)}")
+    return matches[0]
+
+  def relation(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR of one relation of a heterogeneous graph.
+
+    Args:
+      name: the relation, e.g. "paper___cites___paper".
+
+    Returns:
+      (indptr, indices), read-only views.
+
+    Raises:
+      KeyError: the graph has no such relation.
+    """
+    return self.bin[f"rel/{name}/indptr"], self.bin[f"rel/{name}/indices"]
+
+  @property
+  def node_type_offsets(self) -> dict[str, int]:
+    """Heterogeneous graphs: global id = offset of the type + id within the type."""
+    counts = self.meta.get("num_nodes", {})
+    out, acc = {}, 0
+    for t in sorted(counts):
+      out[t], acc = acc, acc + counts[t]
+    return out
+
+
+def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> Graph:
+  """Opens a graph output (its folder, or the .graphbin itself), local or gs://.
+
+  A gs:// graph is downloaded once into `cache_dir` and its SHA-256 checked
+  against the manifest; later loads reuse the verified copy.
+
+  Args:
+    path: the output folder, or the .graphbin in it; local or gs://.
+    cache_dir: where gs:// graphs are cached (default ~/.cache/tpu_shards/graphs).
+    verify: how a local graph is proven: "sha256" (default; once per file per
+      process, or every section's CRC when there is no manifest), "size" or "none".
+
+  Returns:
+    The mapped graph.
+
+  Raises:
+    FileNotFoundError: a gs:// path without a manifest, or a manifest that lists no such graph.
+    CorruptRecordError: the file differs from the manifest at level `verify`.
+    ValueError: `verify` is not a level.
+  """
+  level = verify_level(verify)
+  folder, file_name = path, None
+  if path.endswith(".graphbin"):
+    folder, file_name = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path), os.path.basename(path)
+  manifest_path = files.join(folder, MANIFEST_FILENAME)
+  manifest = Manifest.loads(files.read_bytes(manifest_path)) if files.exists(manifest_path) else None
+  if manifest is None and files.is_gcs(path):
+    raise FileNotFoundError(f"{manifest_path} not found: {folder} is not a complete graph output")
+  info = None
+  if manifest is not None:
+    blobs = [f for f in manifest.files
+             if f.kind == "graphbin" and (file_name is None or os.path.basename(f.path) == file_name)]
+    if len(blobs) != 1:
+      raise FileNotFoundError(f"{manifest_path} lists no graph {file_name or ''}".rstrip())
+    info = blobs[0]
+    file_name = info.path
+  if not files.is_gcs(folder):
+    local = os.path.join(folder, file_name)
+    if info is None:
+      return Graph(local, verify=level == "sha256")
+    check_local_file(local, info.num_bytes, info.sha256, level)
+    return Graph(local, verify=False)
+  marker = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16], os.path.basename(file_name) + ".sections-verified")
+  local = files.cached_copy(files.join(folder, file_name), info.sha256, cache_dir or DEFAULT_CACHE)
+  if not os.path.exists(marker):
+    Graph(local, verify=True)  # every section's CRC, once
+    open(marker, "w").close()
+  return Graph(local, verify=False)

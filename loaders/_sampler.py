@@ -1,0 +1,245 @@
+"""Fixed-fanout uniform neighbour sampling with static shapes: `NeighborSampler` and its budgets. No framework.
+
+Sampling is uniform with replacement and a fixed fanout per hop, vectorised
+over the whole frontier (no Python loop per node). Nodes found at each hop
+are de-duplicated and relabelled to local ids: the seeds are local ids
+0..B-1, then each hop's new nodes. Every batch has the same shapes: each hop
+has a fixed budget of frontier nodes and edges (padded, with masks), so XLA
+compiles once. A node without neighbours yields masked padding edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import dataclasses
+import math
+import threading
+
+import numpy as np
+
+from loaders._graph_file import Graph
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgets:
+  """Static sizes of a batch: frontier nodes and edges per hop."""
+
+  frontier: tuple[int, ...]  # nodes whose neighbours are sampled at hop i (hop 0: the seeds)
+  edges: tuple[int, ...]  # frontier[i] * fanouts[i]
+  nodes: int  # all local nodes: seeds + every hop's new nodes
+
+
+def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget: int | None = None) -> Budgets:
+  """Worst-case static sizes of a batch.
+
+  Args:
+    batch_size: seeds per batch.
+    fanouts: neighbours sampled per frontier node at each hop.
+    num_nodes: nodes in the graph (no hop finds more).
+    node_budget: caps the local nodes below the worst case (a batch that needs more raises).
+
+  Returns:
+    The frontier, edge and node budgets.
+
+  Raises:
+    ValueError: `node_budget` is smaller than `batch_size`.
+  """
+  frontier = [batch_size]
+  for k in fanouts[:-1]:
+    frontier.append(min(num_nodes, frontier[-1] * k))
+  edges = tuple(f * k for f, k in zip(frontier, fanouts))
+  new_last = min(num_nodes, frontier[-1] * fanouts[-1])
+  nodes = min(num_nodes + batch_size, sum(frontier) + new_last)
+  if node_budget is not None:
+    if node_budget < batch_size:
+      raise ValueError(f"node_budget {node_budget} is smaller than batch_size {batch_size}")
+    nodes = min(nodes, node_budget)
+  return Budgets(tuple(frontier), edges, nodes)
+
+
+class NeighborSampler:
+  """Fixed-fanout uniform neighbour sampling over the seed nodes of a split.
+
+  `sampler[i]` (or `sampler.batch(i, epoch)`) is batch i of an epoch: a dict of
+  numpy arrays with the same shapes for every i:
+
+    seeds [B] int64, seed_mask [B] bool            the batch's seed nodes (padding masked)
+    node_ids [Nb] int64, node_mask [Nb] bool       global id of each local node
+    x [Nb, F], y [B, ...]                          features of all local nodes, labels of the seeds
+    edge_index_<h> [2, E_h] int32, edge_mask_<h>   hop h: row 0 the sampled neighbour, row 1 the
+                                                   frontier node it was sampled for (local ids)
+  Deterministic for (seed, epoch, i); seeds are reshuffled every epoch and split
+  disjointly over `shard_count` shards, each with the same number of batches.
+  With gather_features=False the batch has no `x`: gather on the accelerator from
+  a feature table kept there (the host then moves ids, not features).
+  `node_budget` shrinks the node dimension below the worst case (x is
+  node_budget x F); a batch that would need more raises instead of truncating.
+  """
+
+  def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024,
+               seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
+               seed_nodes: np.ndarray | None = None, gather_features: bool = True,
+               node_budget: int | None = None):
+    """Prepares sampling over `split`'s seed nodes.
+
+    Args:
+      graph: a graph with a homogeneous CSR.
+      fanouts: neighbours sampled per frontier node at each hop.
+      batch_size: seeds per batch.
+      seed: fixes the seed order of every epoch and every draw.
+      shard_index, shard_count: this replica's disjoint share of the seeds.
+      split: the graph's split whose ids are the seeds ("train", "valid", "test").
+      seed_nodes: the seeds themselves, instead of `split`.
+      gather_features: put node features (`x`) in the batch.
+      node_budget: a node dimension below the worst case.
+
+    Raises:
+      ValueError: a bad fanout, batch size, shard or node budget, or a graph without a CSR.
+      KeyError: the graph has no such split.
+    """
+    if not fanouts or any(int(k) < 1 for k in fanouts):
+      raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
+    if graph.indptr is None:
+      raise ValueError(f"{graph.path} has no homogeneous CSR (indptr/indices) to sample from")
+    self.graph = graph
+    self.fanouts = tuple(int(k) for k in fanouts)
+    self.batch_size = batch_size
+    self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
+    self.gather_features = gather_features and graph.node_features is not None
+    self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
+    self.per_shard = len(self.seed_nodes) // shard_count  # equal on every shard: XLA needs it
+    self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
+    self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes, node_budget)
+    # plain ndarray views of the mapping: fancy indexing skips memmap.__getitem__
+    self._indptr = np.asarray(graph.indptr)
+    self._indices = np.asarray(graph.indices)
+    self._features = np.asarray(graph.node_features) if graph.node_features is not None else None
+    self._labels = np.asarray(graph.labels) if graph.labels is not None else None
+    self._id = np.dtype(np.int32) if graph.num_nodes < 2**31 - 1 else np.dtype(np.int64)
+    self._unknown = np.iinfo(self._id).max
+    self._local = threading.local()  # per thread: global id -> local id table, reset after each batch
+    self._epoch_cache: tuple[int, np.ndarray] | None = None
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self.batch(index)
+
+  def shard_seeds(self, epoch: int) -> np.ndarray:
+    """This shard's seeds for one epoch.
+
+    Args:
+      epoch: the epoch (each has its own seeded permutation).
+
+    Returns:
+      A disjoint slice of the permuted seeds, `per_shard` long on every shard.
+    """
+    with self._lock:
+      if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+        perm = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(len(self.seed_nodes))
+        mine = perm[self.shard_index:self.shard_count * self.per_shard:self.shard_count]
+        self._epoch_cache = (epoch, self.seed_nodes[mine])
+      return self._epoch_cache[1]
+
+  def _table(self) -> np.ndarray:
+    table = getattr(self._local, "table", None)
+    if table is None:
+      table = self._local.table = np.full(self.graph.num_nodes, self._unknown, self._id)
+    return table
+
+  def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
+    """Batch `index` of `epoch`, a pure function of (seed, shard, epoch, index).
+
+    Args:
+      index: the batch within the epoch, 0 <= index < len(self).
+      epoch: the epoch.
+
+    Returns:
+      The batch's numpy arrays (keys and shapes in the class docstring).
+
+    Raises:
+      IndexError: `index` is outside the epoch.
+      RuntimeError: the batch needs more local nodes than `node_budget`.
+    """
+    if not 0 <= index < self.num_batches:
+      raise IndexError(f"batch {index} outside [0, {self.num_batches})")
+    seeds = self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+    rng = np.random.default_rng([self.seed, epoch, index, self.shard_index])
+    b, B, idt = self.budgets, self.batch_size, self._id
+    table = self._table()
+    indptr, indices = self._indptr, self._indices
+    out: dict[str, np.ndarray] = {}
+    node_ids = np.zeros(b.nodes, idt)
+    node_ids[:len(seeds)] = seeds
+    table[seeds] = np.arange(len(seeds), dtype=idt)
+    num_local = B  # seeds own local ids 0..B-1 (padding included)
+    f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
+    try:
+      for hop, k in enumerate(self.fanouts):
+        fglobal = node_ids[f_lo:f_hi]
+        start = indptr[fglobal]
+        deg = indptr[fglobal + 1] - start
+        pos = (start[:, None] + (rng.random((len(fglobal), k), dtype=np.float32) * deg[:, None]).astype(np.int64))
+        pos = pos.reshape(-1)
+        has = deg > 0
+        valid = None if has.all() else np.repeat(has, k)
+        if valid is not None:
+          np.minimum(pos, max(len(indices) - 1, 0), out=pos)
+        nbr = indices[pos].astype(idt, copy=False) if len(indices) else np.zeros(len(pos), idt)
+        loc = table[nbr]
+        new = loc == self._unknown
+        if valid is not None:
+          new &= valid
+        cand = nbr[new]
+        order = np.arange(len(cand), dtype=idt)
+        np.minimum.at(table, cand, order)  # the first occurrence of each new node wins
+        new_global = cand[table[cand] == order]
+        n_new = len(new_global)
+        if num_local + n_new > b.nodes:  # only with a node_budget below the worst case
+          raise RuntimeError(f"batch {index}, hop {hop}: {num_local + n_new} local nodes exceed "
+                             f"node_budget={b.nodes}; raise it (the worst case is "
+                             f"{budgets(B, self.fanouts, self.graph.num_nodes).nodes})")
+        table[new_global] = np.arange(num_local, num_local + n_new, dtype=idt)
+        loc[new] = table[cand]
+        node_ids[num_local:num_local + n_new] = new_global
+        e_budget, n_e = b.edges[hop], len(nbr)
+        edge_index = np.zeros((2, e_budget), np.int32)
+        edge_index[0, :n_e] = loc if valid is None else np.where(valid, loc, 0)
+        edge_index[1, :n_e] = np.repeat(np.arange(f_lo, f_hi, dtype=np.int32), k)
+        edge_mask = np.zeros(e_budget, bool)
+        edge_mask[:n_e] = True if valid is None else valid
+        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
+        next_budget = b.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
+        f_lo, f_hi = num_local, num_local + min(n_new, next_budget)
+        num_local += n_new
+    finally:
+      table[node_ids[:len(seeds)]] = self._unknown
+      table[node_ids[B:num_local]] = self._unknown
+    node_mask = np.zeros(b.nodes, bool)
+    node_mask[:len(seeds)] = True
+    node_mask[B:num_local] = True
+    ids = np.zeros(b.nodes, np.int64)
+    ids[:len(seeds)] = node_ids[:len(seeds)]
+    ids[B:num_local] = node_ids[B:num_local]
+    out["seeds"] = ids[:B].copy()
+    out["seed_mask"] = node_mask[:B].copy()
+    out["node_ids"], out["node_mask"] = ids, node_mask
+    if self.gather_features:
+      feats = self._features
+      x = np.empty((b.nodes, feats.shape[1]), feats.dtype)
+      x[len(seeds):B] = 0
+      x[num_local:] = 0
+      np.take(feats, node_ids[:len(seeds)], axis=0, out=x[:len(seeds)], mode="clip")
+      np.take(feats, node_ids[B:num_local], axis=0, out=x[B:num_local], mode="clip")
+      out["x"] = x
+    if self._labels is not None:
+      y = np.zeros((B, *self._labels.shape[1:]), self._labels.dtype)
+      y[:len(seeds)] = self._labels[seeds]
+      out["y"] = y
+    return out
