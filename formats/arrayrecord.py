@@ -15,12 +15,25 @@ from collections.abc import Iterable, Iterator
 
 from array_record.python import array_record_module
 
+from formats.errors import CorruptRecordError
+
 WRITER_OPTIONS = "group_size:1,uncompressed"
 RANDOM_ACCESS_READER_OPTIONS = "readahead_buffer_size:0"
 
 
 def write_file(path: str, records: Iterable[bytes]) -> int:
-  """Writes `records` to a new local ArrayRecord file; returns how many."""
+  """Writes `records` to a new local ArrayRecord file.
+
+  Args:
+    path: the local file to create.
+    records: the payloads, in order.
+
+  Returns:
+    How many records were written.
+
+  Raises:
+    OSError: (array_record's error) the file could not be written completely.
+  """
   writer = array_record_module.ArrayRecordWriter(path, WRITER_OPTIONS)
   n = 0
   try:
@@ -33,13 +46,29 @@ def write_file(path: str, records: Iterable[bytes]) -> int:
 
 
 def open_reader(path: str, random_access: bool = True):
-  """An `ArrayRecordReader` over a local file."""
+  """An `ArrayRecordReader` over a local file.
+
+  Args:
+    path: a local file.
+    random_access: read ahead nothing (for reads of single records).
+
+  Returns:
+    array_record's reader; the caller closes it.
+  """
   options = RANDOM_ACCESS_READER_OPTIONS if random_access else ""
   return array_record_module.ArrayRecordReader(path, options)
 
 
 def read_file(path: str, batch: int = 1024) -> Iterator[bytes]:
-  """Yields every record of a local ArrayRecord file, in order."""
+  """Yields every record of a local ArrayRecord file, in order.
+
+  Args:
+    path: a local file.
+    batch: records read per call into the C++ reader.
+
+  Yields:
+    Each record's payload.
+  """
   reader = open_reader(path, random_access=False)
   try:
     n = reader.num_records()
@@ -50,8 +79,67 @@ def read_file(path: str, batch: int = 1024) -> Iterator[bytes]:
 
 
 def num_records(path: str) -> int:
+  """The number of records of a local ArrayRecord file.
+
+  Args:
+    path: a local file.
+
+  Returns:
+    Its record count, from the file's footer.
+  """
   reader = open_reader(path)
   try:
     return reader.num_records()
   finally:
     reader.close()
+
+
+class RandomAccessReader:
+  """Random access to the records of a local ArrayRecord file (array_record's reader, GIL released).
+
+  Args:
+    path: a local file.
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+    self._reader = open_reader(path)
+    self._n = self._reader.num_records()
+
+  def __len__(self) -> int:
+    return self._n
+
+  def read(self, i: int) -> bytes:
+    """Record `i`'s payload.
+
+    Args:
+      i: the record's index in the file, 0 <= i < len(self).
+
+    Returns:
+      The payload.
+
+    Raises:
+      IndexError: `i` is outside the file.
+      CorruptRecordError: the C++ reader failed; the message names the file,
+        the record and the reader's error.
+    """
+    if not 0 <= i < self._n:
+      raise IndexError(f"{self.path}: record {i} outside [0, {self._n})")
+    if self._reader is None:
+      raise ValueError(f"{self.path}: read from a closed reader")
+    try:
+      return self._reader.read([i])[0]
+    except Exception as e:  # the C++ reader's own error: name the file and record
+      raise CorruptRecordError(f"{self.path}: record {i}: {type(e).__name__}: {e}") from None
+
+  def close(self) -> None:
+    """Closes the file; closing twice is fine."""
+    if self._reader is not None:
+      self._reader.close()
+      self._reader = None
+
+  def __enter__(self) -> RandomAccessReader:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

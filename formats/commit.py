@@ -360,7 +360,7 @@ def _tfds_generation(output: str) -> str | None:
     template = info["splits"][0]["filepathTemplate"]
   except (FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
     return None
-  folder = template.split("/", 1)[0] if "/" in template else ""
+  folder = naming.tfds_template_folder(template).split("/", 1)[0]
   return folder if naming.is_generation(folder) else None
 
 

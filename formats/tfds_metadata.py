@@ -24,7 +24,7 @@ def _dataset_info(manifest: Manifest, description: str) -> dict:
   if len(folders) > 1:
     raise ValueError(f"shards of one output lie in several folders: {sorted(folders)}")
   folder = folders.pop() if folders else ""
-  template = posixpath.join(folder, naming.TFDS_FILEPATH_TEMPLATE) if folder else naming.TFDS_FILEPATH_TEMPLATE
+  template = naming.tfds_template(folder)
   splits = [
       {
           "filepathTemplate": template,

@@ -42,3 +42,30 @@ def test_bad_format_and_index():
     ShardName("a", "train", "parquet", 0, 1)
   with pytest.raises(ValueError, match="outside"):
     ShardName("a", "train", "tfrecord", 2, 2)
+
+
+def test_pattern_matches_every_shard_of_one_split_only():
+  import fnmatch
+
+  pattern = ShardName.pattern("pets", "train", "tfrecord")
+  assert pattern == "pets-train.tfrecord-*-of-*"
+  assert all(fnmatch.fnmatch(s.filename, pattern) for s in ShardName.all_of("pets", "train", "tfrecord", 3))
+  for other in (ShardName("pets", "test", "tfrecord", 0, 1), ShardName("pets", "train", "array_record", 0, 1)):
+    assert not fnmatch.fnmatch(other.filename, pattern)
+  with pytest.raises(ValueError, match="file_format"):
+    ShardName.pattern("pets", "train", "parquet")
+
+
+def test_tfds_template_and_its_folder():
+  from formats import naming
+
+  assert naming.tfds_template() == "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+  assert naming.tfds_template("gen-1") == "gen-1/{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+  assert naming.tfds_template_folder(naming.tfds_template("gen-1")) == "gen-1"
+  assert naming.tfds_template_folder(naming.tfds_template()) == ""
+
+
+def test_file_formats_are_the_adapter_table():
+  from formats import adapters, naming
+
+  assert naming.FILE_FORMATS == tuple(adapters.ADAPTERS) == ("array_record", "tfrecord")
