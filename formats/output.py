@@ -1,0 +1,452 @@
+"""The one way to open an output: its manifest, its shards' paths, local copies, random access, verification.
+
+    out = open_output("gs://bucket/flowers")         # NotAnOutputError without manifest.json
+    out.kind, out.file_format, sorted(out.splits)     # "image", "array_record", ["train", ...]
+    local = out.local_copy(out.shards("train")[0])    # gs://: downloaded once, SHA-256 checked
+    records = out.open_records("train")               # records[i] across the split's shards
+    bad = out.verify()                                # re-reads every file; prints one line per bad one
+
+Every reader (`formats.inspect`, the loaders, the graph loader, the
+pipelines' checks of an existing output) goes through this module, so what
+"an output" is (manifest.json written last, data files relative to it, each
+with its size and SHA-256) is written down once. Paths are local or gs://.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping
+import dataclasses
+import os
+import sys
+import threading
+from typing import TextIO
+
+from formats import adapters, files, kinds
+from formats.errors import CorruptRecordError, NotAnOutputError
+from formats.features import Features
+from formats.graphbin import GraphBin
+from formats.integrity import Verify, check_local_file, verify_level
+from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
+
+__all__ = [
+    "DEFAULT_CACHE_ROOT", "Output", "SplitRecords", "is_output", "iter_records", "load_manifest", "open_output",
+    "verify", "verify_file", "verify_shard",
+]
+
+# Where local copies of gs:// data files are cached: <root>/shards for shards, <root>/graphs for other files.
+DEFAULT_CACHE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards")
+
+
+def is_output(path: str) -> bool:
+  """Whether `path` holds a committed output (its manifest.json exists).
+
+  Args:
+    path: an output folder, local or gs://.
+
+  Returns:
+    True when `<path>/manifest.json` exists.
+  """
+  return files.exists(files.join(path, MANIFEST_FILENAME))
+
+
+def load_manifest(path: str) -> Manifest:
+  """The manifest of the output at `path`.
+
+  Args:
+    path: an output folder, local or gs://.
+
+  Returns:
+    Its parsed `manifest.json`.
+
+  Raises:
+    NotAnOutputError: there is no manifest.json ("<path>/manifest.json not
+      found: <path> is not a complete output").
+    ValueError: the manifest is malformed or of an unknown version.
+    KeyError: the manifest lacks a required field.
+  """
+  manifest_path = files.join(path, MANIFEST_FILENAME)
+  try:
+    data = files.read_bytes(manifest_path)
+  except (FileNotFoundError, NotADirectoryError):
+    raise NotAnOutputError(f"{manifest_path} not found: {path} is not a complete output") from None
+  return Manifest.loads(data)
+
+
+def open_output(path: str) -> Output:
+  """Opens the output at `path` (reads its manifest; no data file is touched).
+
+  Args:
+    path: an output folder, local or gs://.
+
+  Returns:
+    The `Output`.
+
+  Raises:
+    NotAnOutputError: there is no manifest.json.
+    ValueError: the manifest is malformed.
+    KeyError: the manifest lacks a required field.
+  """
+  return Output(path, load_manifest(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+  """A committed output: its folder and manifest, and the paths of its data files.
+
+  Attributes:
+    path: the output folder, local or gs://.
+    manifest: its manifest.
+  """
+
+  path: str
+  manifest: Manifest
+
+  @property
+  def kind(self) -> str:
+    """The record kind (formats.kinds): the manifest's, or inferred for an older manifest.
+
+    Raises:
+      ValueError: the manifest records no kind and none fits its features.
+    """
+    return kinds.kind_of(self.manifest)
+
+  @property
+  def file_format(self) -> str:
+    """"array_record", "tfrecord" or "graphbin"."""
+    return self.manifest.file_format
+
+  @property
+  def features(self) -> Features:
+    return self.manifest.features
+
+  @property
+  def splits(self) -> Mapping[str, SplitInfo]:
+    return self.manifest.splits
+
+  @property
+  def files(self) -> tuple[FileInfo, ...]:
+    """The data files that are not shards (the .graphbin of a graph output)."""
+    return self.manifest.files
+
+  @property
+  def adapter(self) -> adapters.FileAdapter:
+    """The file adapter of the shards.
+
+    Raises:
+      ValueError: the output holds no record shards (a graph file output).
+    """
+    if self.file_format not in adapters.ADAPTERS:
+      raise ValueError(f"{self.path} holds a {self.file_format} output, not record shards")
+    return adapters.get(self.file_format)
+
+  def shards(self, split: str) -> tuple[ShardInfo, ...]:
+    """The shards of one split, in index order.
+
+    Args:
+      split: a split name.
+
+    Returns:
+      Their manifest entries.
+
+    Raises:
+      KeyError: the output has no such split.
+    """
+    if split not in self.splits:
+      raise KeyError(f"{self.path} has no split {split!r} (it has {sorted(self.splits)})")
+    return self.splits[split].shards
+
+  def shard_path(self, info: ShardInfo | FileInfo) -> str:
+    """The full path (local or gs://) of a data file the manifest lists.
+
+    Args:
+      info: a shard's or file's manifest entry.
+
+    Returns:
+      `<output>/<info.path>`.
+    """
+    return files.join(self.path, info.path)
+
+  def local_copy(self, info: ShardInfo | FileInfo, cache_dir: str | None = None, verify: Verify = "sha256") -> str:
+    """A local path of a data file, checked against the manifest.
+
+    A local output's file is itself, checked at level `verify` (formats.integrity).
+    A gs:// file is downloaded once into `cache_dir` and its SHA-256 checked as it
+    arrives; the cached copy is then checked at level `verify` like a local file,
+    and fetched again once if it was damaged since.
+
+    Args:
+      info: a shard's or file's manifest entry.
+      cache_dir: where gs:// copies are kept (default: DEFAULT_CACHE_ROOT/shards
+        for shards, DEFAULT_CACHE_ROOT/graphs for other files).
+      verify: "sha256" (default), "size" or "none" (or True / False).
+
+    Returns:
+      The local path.
+
+    Raises:
+      CorruptRecordError: the file differs from the manifest (a local TFRecord
+        shard's message names its first damaged record).
+      FileNotFoundError: the file is missing.
+      ValueError: `verify` is not a level.
+    """
+    src = self.shard_path(info)
+    if not files.is_gcs(src):
+      locate = self.adapter.locate_damage if isinstance(info, ShardInfo) else None
+      check_local_file(src, info.num_bytes, info.sha256, verify, locate=locate)
+      return src
+    verify_level(verify)
+    cache = cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "shards" if isinstance(info, ShardInfo) else "graphs")
+    for attempt in (1, 2):
+      try:
+        local = files.cached_copy(src, info.sha256, cache)
+      except ValueError as e:
+        raise CorruptRecordError(str(e)) from None
+      try:
+        # The cache outlives processes: its copy is checked like a local file (by default
+        # hashed once per process), and a copy damaged since its download is fetched again.
+        check_local_file(local, info.num_bytes, info.sha256, verify)
+        return local
+      except CorruptRecordError:
+        if attempt == 2:
+          raise
+        for stale in (local + ".verified", local):
+          if os.path.exists(stale):
+            os.remove(stale)
+    raise AssertionError("unreachable")
+
+  def open_records(self, split: str, cache_dir: str | None = None, verify: Verify = "sha256") -> SplitRecords:
+    """Random access to the records of one split (every shard made local first).
+
+    Args:
+      split: a split name.
+      cache_dir: where gs:// shards are cached (see `local_copy`).
+      verify: how each local shard is checked before it is read (see `local_copy`).
+
+    Returns:
+      The split's records, addressed 0..len-1 across its shards in order.
+
+    Raises:
+      ValueError: the output holds no record shards, or `verify` is not a level.
+      KeyError: the output has no such split.
+      CorruptRecordError: a shard differs from the manifest.
+    """
+    return SplitRecords(self, split, cache_dir, verify)
+
+  def verify(self, out: TextIO | None = None) -> int:
+    """Re-reads every data file and checks it against the manifest (see `verify`).
+
+    Args:
+      out: where the report goes (default stdout).
+
+    Returns:
+      The number of bad files.
+    """
+    return verify(self.path, self.manifest, out)
+
+
+class SplitRecords:
+  """The records of one split of an output, addressed 0..len-1 across its shards in order.
+
+  Readers are opened lazily, one per shard, and shared between threads; a
+  shard whose record count differs from the manifest is refused when opened.
+  """
+
+  def __init__(self, output: Output, split: str, cache_dir: str | None = None, verify: Verify = "sha256"):
+    verify_level(verify)
+    self.output = output
+    self.split = split
+    self._adapter = output.adapter
+    self._infos = output.shards(split)
+    self.paths = [output.local_copy(s, cache_dir, verify) for s in self._infos]
+    self._starts = [0]
+    for s in self._infos:
+      self._starts.append(self._starts[-1] + s.num_records)
+    self._open: dict[int, adapters.RandomAccessFile] = {}
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self._starts[-1]
+
+  def locate(self, index: int) -> tuple[int, int]:
+    """(shard number, record number in that shard) of record `index` of the split.
+
+    Args:
+      index: 0 <= index < len(self).
+
+    Returns:
+      Where the record lies.
+
+    Raises:
+      IndexError: `index` is outside the split.
+    """
+    if not 0 <= index < len(self):
+      raise IndexError(f"record {index} outside [0, {len(self)})")
+    k = bisect.bisect_right(self._starts, index) - 1
+    return k, index - self._starts[k]
+
+  def shard(self, k: int) -> adapters.RandomAccessFile:
+    """The open reader of shard `k`.
+
+    Args:
+      k: the shard's number in the split.
+
+    Returns:
+      Its reader.
+
+    Raises:
+      CorruptRecordError: its record count differs from the manifest, or its framing is damaged.
+    """
+    with self._lock:
+      if k not in self._open:
+        reader = self._adapter.open_random(self.paths[k])
+        if len(reader) != self._infos[k].num_records:
+          reader.close()
+          raise CorruptRecordError(f"{self.paths[k]}: {len(reader)} records, the manifest says "
+                                   f"{self._infos[k].num_records}")
+        self._open[k] = reader
+      return self._open[k]
+
+  def read(self, index: int) -> bytes:
+    """The bytes of record `index` of the split.
+
+    Args:
+      index: 0 <= index < len(self).
+
+    Returns:
+      The record's payload.
+
+    Raises:
+      IndexError: `index` is outside the split.
+      CorruptRecordError: the record is damaged; the message names the shard and the record.
+    """
+    k, local = self.locate(index)
+    return self.shard(k).read(local)
+
+  def close(self) -> None:
+    """Closes every open reader."""
+    with self._lock:
+      for reader in self._open.values():
+        reader.close()
+      self._open.clear()
+
+  def __repr__(self) -> str:
+    return f"SplitRecords({self.output.path!r}, split={self.split!r}, records={len(self)})"
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def iter_records(local_path: str, file_format: str) -> Iterator[bytes]:
+  """Every record of a local shard, in order, checked as its format allows.
+
+  Args:
+    local_path: a local shard file.
+    file_format: its format ("array_record" or "tfrecord").
+
+  Returns:
+    An iterator over the records' bytes.
+
+  Raises:
+    ValueError: `file_format` is not a record format.
+  """
+  return adapters.get(file_format).read_file(local_path)
+
+
+def verify_shard(output: str, shard: ShardInfo, file_format: str, features: Features) -> list[str]:
+  """Problems found in one shard: presence, size, SHA-256, record count, and every record decoded.
+
+  Args:
+    output: the output folder, local or gs:// (a gs:// shard is downloaded to a temporary file).
+    shard: the shard's manifest entry.
+    file_format: the shards' format.
+    features: the schema every record must decode with.
+
+  Returns:
+    One line per problem; empty when the shard matches the manifest.
+  """
+  src = files.join(output, shard.path)
+  if not files.exists(src):
+    return ["missing"]
+  problems = []
+  with files.LocalCopy(src) as local:
+    size = os.path.getsize(local)
+    if size != shard.num_bytes:
+      problems.append(f"size {size} != manifest {shard.num_bytes}")
+    digest = sha256_file(local)
+    if digest != shard.sha256:
+      problems.append(f"sha256 {digest[:12]}... != manifest {shard.sha256[:12]}...")
+    n = 0
+    try:
+      for n, record in enumerate(iter_records(local, file_format), start=1):
+        try:
+          features.decode(record)
+        except ValueError as e:
+          problems.append(f"record {n - 1}: {e}")
+          break
+    except Exception as e:  # a C++ reader error or a framing error: name it, do not crash
+      problems.append(f"unreadable after record {n}: {e}")
+      return problems
+    if n != shard.num_records:
+      problems.append(f"{n} records != manifest {shard.num_records}")
+  return problems
+
+
+def verify_file(output: str, info: FileInfo) -> list[str]:
+  """Problems of a non-shard data file (a .graphbin): presence, size, SHA-256, section checksums.
+
+  Args:
+    output: the output folder, local or gs://.
+    info: the file's manifest entry.
+
+  Returns:
+    One line per problem; empty when the file matches the manifest.
+  """
+  src = files.join(output, info.path)
+  if not files.exists(src):
+    return ["missing"]
+  problems = []
+  with files.LocalCopy(src) as local:
+    if os.path.getsize(local) != info.num_bytes:
+      problems.append(f"size {os.path.getsize(local)} != manifest {info.num_bytes}")
+    digest = sha256_file(local)
+    if digest != info.sha256:
+      problems.append(f"sha256 {digest[:12]}... != manifest {info.sha256[:12]}...")
+    if info.kind == "graphbin":
+      try:
+        GraphBin(local, verify=True)
+      except ValueError as e:
+        problems.append(str(e))
+  return problems
+
+
+def verify(output: str, manifest: Manifest, out: TextIO | None = None) -> int:
+  """Checks every shard and data file of an output against its manifest.
+
+  Prints "BAD <path>: <problems>" for each bad file, then
+  "verify: <good>/<total> shards OK" (or "files OK" for a graph output).
+
+  Args:
+    output: the output folder, local or gs://.
+    manifest: its manifest.
+    out: where the report goes (default stdout).
+
+  Returns:
+    The number of bad files.
+  """
+  out = out or sys.stdout
+  bad = 0
+  for _, split in sorted(manifest.splits.items()):
+    for shard in split.shards:
+      problems = verify_shard(output, shard, manifest.file_format, manifest.features)
+      if problems:
+        bad += 1
+        print(f"BAD {shard.path}: {'; '.join(problems)}", file=out)
+  for info in manifest.files:
+    problems = verify_file(output, info)
+    if problems:
+      bad += 1
+      print(f"BAD {info.path}: {'; '.join(problems)}", file=out)
+  total = sum(len(s.shards) for s in manifest.splits.values()) + len(manifest.files)
+  print(f"verify: {total - bad}/{total} {'files' if manifest.files else 'shards'} OK", file=out)
+  return bad
