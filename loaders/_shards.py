@@ -21,8 +21,10 @@ import threading
 import numpy as np
 
 from formats import arrayrecord, files, tfrecord
+from formats.errors import CorruptRecordError
+from formats.kinds import kind_of
 from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo
-from loaders._verify import CorruptRecordError, Verify, check_local_file, verify_level
+from loaders._verify import Verify, check_local_file, verify_level
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "shards")
 
@@ -158,6 +160,11 @@ class ShardedRecords:
 
   def __len__(self) -> int:
     return int(self._starts[-1])
+
+  @property
+  def kind(self) -> str:
+    """The record kind of the output (formats.kinds.kind_of its manifest): "image", "volume", ..."""
+    return kind_of(self.manifest)
 
   def _shard(self, k: int):
     with self._lock:

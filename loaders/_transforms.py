@@ -1,12 +1,15 @@
 """Records → fixed-shape numpy examples, for every record kind the pipelines write. No framework.
 
-`example_transform(features, options)` picks the transform from the schema:
-images (decoded to uint8 [H, W, 3], resized when the shards are not already
-fixed-size), CT volumes (fixed-size patches, HU clipped and normalised,
-padding formats.transforms.CT_PADDING_HU) and graph-property records (padded
-to node/edge budgets, with masks). Each transform takes (record, rng):
-randomness (patch positions) comes from the loader's per-element generator
-(formats.transforms.element_rng), so a seed fixes it.
+`example_transform(kind, features, options)` picks the transform by the
+output's record kind (formats.kinds.kind_of of its manifest): images (decoded
+to uint8 [H, W, 3], resized when the shards are not already fixed-size), CT
+volumes (fixed-size patches, HU clipped and normalised, padding
+formats.transforms.CT_PADDING_HU), graph-property records (padded to
+node/edge budgets, with masks) and generic "tensors" records (every Tensor at
+its static shape and dtype, every ClassLabel as int64, Text left out). Each
+transform takes (record, rng): randomness (patch positions) comes from the
+loader's per-element generator (formats.transforms.element_rng), so a seed
+fixes it.
 
 This is the numpy/Pillow implementation of the specification in
 formats.transforms; loaders.tfdata implements the same one with TensorFlow
@@ -53,14 +56,31 @@ class ExampleOptions:
       raise ValueError(f"hu_window must be (low, high) with low < high, got {self.hu_window}")
 
 
-def record_kind(features: Features) -> str:
-  if "image" in features:
-    return "image"
-  if "volume" in features:
-    return "volume"
-  if "edge_index" in features and "num_nodes" in features:
-    return "graph"
-  raise ValueError(f"no loader transform for features {sorted(features)}")
+def batched_features(features: Features) -> dict[str, Tensor | ClassLabel]:
+  """The features a "tensors" record puts in a batch: every Tensor and ClassLabel, in schema order.
+
+  Text is left out (a batch holds arrays of one static shape; strings have
+  none); read it with ShardedRecords[i] when needed.
+
+  Args:
+    features: the schema of the records.
+
+  Returns:
+    name → feature, for the features that are batched.
+
+  Raises:
+    ValueError: a Tensor has a None dimension: its size differs between records,
+      so it cannot be batched with static shapes.
+  """
+  out: dict[str, Tensor | ClassLabel] = {}
+  for name, f in features.items():
+    if isinstance(f, Tensor) and None in f.shape:
+      raise ValueError(f"feature {name!r} has shape {f.shape}: a None dimension differs between records, so "
+                       f"these records cannot be batched with static shapes (write the feature with a fixed "
+                       f"shape, or read records one at a time with loaders.ShardedRecords)")
+    if isinstance(f, (Tensor, ClassLabel)):
+      out[name] = f
+  return out
 
 
 def _decode_image(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
@@ -146,10 +166,44 @@ def _graph_transform(features: Features, o: ExampleOptions) -> Callable:
   return pad
 
 
-def example_transform(features: Features, options: ExampleOptions) -> Callable:
-  """(record dict, rng) → dict of fixed-shape numpy arrays for this schema (`record_index` kept)."""
-  kind = record_kind(features)
-  inner = {"image": _image_transform, "volume": _volume_transform, "graph": _graph_transform}[kind](features, options)
+def _tensors_transform(features: Features, o: ExampleOptions) -> Callable:
+  batched = batched_features(features)
+  labels = [name for name, f in batched.items() if isinstance(f, ClassLabel)]
+
+  def select(rec, rng=None):
+    out = {name: rec[name] for name in batched}  # Tensors: already their static shape and dtype
+    for name in labels:
+      out[name] = np.int64(rec[name])
+    return out
+  return select
+
+
+_TRANSFORMS = {"image": _image_transform, "volume": _volume_transform, "graph": _graph_transform,
+               "tensors": _tensors_transform}
+
+
+def example_transform(kind: str, features: Features, options: ExampleOptions) -> Callable:
+  """The function that turns one record of `kind` into a dict of fixed-shape numpy arrays.
+
+  Args:
+    kind: the output's record kind (formats.kinds.kind_of(manifest)).
+    features: the records' schema.
+    options: sizes and windows the kind needs (image_size, patch_size, max_nodes, ...).
+
+  Returns:
+    transform(record, rng=None) → dict of arrays (`record_index` kept when the
+    record has it); its `needs_rng` attribute says whether it draws from `rng`.
+
+  Raises:
+    ValueError: no transform reads records of `kind`, or the schema needs an
+      option that is missing (image_size for images of their own size,
+      patch_size for volumes, max_nodes/max_edges for graphs), or a "tensors"
+      feature has no static shape.
+  """
+  if kind not in _TRANSFORMS:
+    raise ValueError(f"no loader transform for records of kind {kind!r} (the loaders read "
+                     f"{sorted(_TRANSFORMS)}; a 'graphbin' output is read with loaders.graph.load)")
+  inner = _TRANSFORMS[kind](features, options)
 
   def transform(rec, rng=None):
     out = inner(rec, rng)
@@ -161,9 +215,15 @@ def example_transform(features: Features, options: ExampleOptions) -> Callable:
 
 
 def fill_batch(examples, batch_size: int, with_mask: bool) -> dict:
-  """Copies examples (an iterable of dicts) once into [batch_size, ...] arrays.
+  """Copies examples once into [batch_size, ...] arrays.
 
-  Missing trailing examples are zero padding; `mask` marks the real ones when asked.
+  Args:
+    examples: an iterable of at most `batch_size` dicts with the same keys, shapes and dtypes.
+    batch_size: the batch's first dimension.
+    with_mask: add `mask`, True for the real examples.
+
+  Returns:
+    key → array [batch_size, ...]; missing trailing examples are zero padding.
   """
   out: dict[str, np.ndarray] = {}
   n = 0

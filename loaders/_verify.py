@@ -7,7 +7,9 @@ Levels, cheapest first:
             once per file per process: the verified (path, device, inode, size,
             mtime, ctime, digest) is remembered, so reloading costs a stat,
             while a changed or replaced file is hashed again.
-True and False are accepted for "sha256" and "none". No framework.
+True and False are accepted for "sha256" and "none". A file that differs
+raises formats.errors.CorruptRecordError (loaders.CorruptRecordError). No
+framework.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import threading
 from typing import Literal
 
+from formats.errors import CorruptRecordError
 from formats.manifest import sha256_file
 
 VERIFY_LEVELS = ("sha256", "size", "none")
@@ -27,12 +30,18 @@ _verified: set[tuple] = set()
 _verified_lock = threading.Lock()
 
 
-class CorruptRecordError(ValueError):
-  """A record or shard whose bytes are wrong; the message names the shard and record."""
-
-
 def verify_level(verify: Verify) -> str:
-  """The level `verify` names: one of VERIFY_LEVELS; True is "sha256", False is "none"."""
+  """The level `verify` names.
+
+  Args:
+    verify: a level in VERIFY_LEVELS, or True ("sha256") or False ("none").
+
+  Returns:
+    The level's name.
+
+  Raises:
+    ValueError: `verify` names no level.
+  """
   if verify is True or verify is False:
     return "sha256" if verify else "none"
   if not isinstance(verify, str) or verify not in VERIFY_LEVELS:
@@ -42,12 +51,22 @@ def verify_level(verify: Verify) -> str:
 
 def check_local_file(path: str, num_bytes: int, sha256: str, verify: Verify,
                      locate: Callable[[str], str | None] | None = None) -> None:
-  """Raises CorruptRecordError unless the local file at `path` is what the manifest describes.
+  """Proves that the local file at `path` is what the manifest describes.
 
   "size" compares the size; "sha256" also the full digest, computed once per
   process for each (path, device, inode, size, mtime, ctime): a changed or
-  replaced file is hashed again. `locate(path)` may name the first damaged
-  record of a file whose digest differs.
+  replaced file is hashed again.
+
+  Args:
+    path: the local file.
+    num_bytes: its size according to the manifest.
+    sha256: its digest according to the manifest.
+    verify: the level (see verify_level).
+    locate: locate(path) may name the first damaged record of a file whose digest differs.
+
+  Raises:
+    CorruptRecordError: the file's size or digest differs; the message names the file and both digests.
+    ValueError: `verify` names no level.
   """
   level = verify_level(verify)
   if level == "none":

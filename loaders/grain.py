@@ -51,7 +51,7 @@ def operations(source: ShardedRecords, *, batch_size: int, drop_remainder: bool 
                                     shard_options=grain.sharding.ShardOptions(i, n, drop_remainder=True)),
                                 worker_count=0)   # threads only
   """
-  transform = example_transform(source.features, ExampleOptions(**example_options))
+  transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
   return [_ToExample(transform), grain.transforms.Batch(batch_size=batch_size, drop_remainder=drop_remainder)]
 
 
@@ -110,7 +110,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bo
   if num_epochs < 1:
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
   source = ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
-  transform = example_transform(source.features, ExampleOptions(**example_options))
+  transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
   read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
                     len(source) // shard_count, drop_remainder)
   return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)

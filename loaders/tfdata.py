@@ -23,12 +23,18 @@ import numpy as np
 import tensorflow as tf
 
 from formats.features import ClassLabel, Image, Tensor, Text
+from formats.kinds import kind_of
 from formats.manifest import ShardInfo
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
                                 hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)
 from loaders._shards import load_manifest, local_shard, tfrecord_index
-from loaders._transforms import ExampleOptions, record_kind
+from loaders._transforms import ExampleOptions, batched_features
 from loaders._verify import CorruptRecordError, Verify, verify_level
+
+
+# The dtypes tf.io.decode_raw reads.
+_RAW_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16,
+               tf.complex64, tf.complex128, tf.bool)
 
 
 def _parse_spec(features) -> dict:
@@ -118,7 +124,7 @@ def _checked_shards(path: str, shards: Sequence[ShardInfo], cache_dir: str | Non
 def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, cache_dir: str | None = None,
             shuffle_buffer: int = 10_000, verify: Verify = "sha256", **example_options) -> tf.data.Dataset:
-  """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards; images and CT volumes.
+  """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards: images, CT volumes, tensors records.
 
   The batches have loaders.grain's keys, dtypes and values (formats.transforms
   is the one specification): every epoch is this shard's records (strided by
@@ -140,7 +146,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
   features = manifest.features
-  kind = record_kind(features)
+  kind = kind_of(manifest)
   o = ExampleOptions(**example_options)
   shards = manifest.splits[split].shards
   paths = _checked_shards(path, shards, cache_dir, verify)
@@ -196,8 +202,27 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
         vol = (vol - lo) / span
       vol.set_shape(o.patch_size)
       return {"volume": vol, "spacing": ex["spacing"], "patch_start": start, "record_index": index}
+  elif kind == "tensors":
+    batched = batched_features(features)
+    for name, f in batched.items():
+      if isinstance(f, Tensor) and f.encoding == "bytes" and tf.as_dtype(f.dtype) not in _RAW_DTYPES:
+        raise ValueError(f"feature {name!r}: tf.io.decode_raw cannot read dtype {f.dtype} (use loaders.grain)")
+
+    def convert(n, index, serialized):
+      ex = tf.io.parse_single_example(serialized, spec)
+      out = {}
+      for name, f in batched.items():
+        if isinstance(f, ClassLabel):
+          out[name] = ex[name]
+        elif f.encoding == "bytes":  # little-endian bytes at the static shape (formats.features.Tensor)
+          out[name] = tf.reshape(tf.io.decode_raw(ex[name], tf.as_dtype(f.dtype), little_endian=True), f.shape)
+        else:
+          out[name] = tf.cast(ex[name], f.dtype)
+      out["record_index"] = index
+      return out
   else:
-    raise ValueError("loaders.tfdata reads image and CT records; use loaders.grain for graph records")
+    raise ValueError(f"loaders.tfdata reads image, volume and tensors records, not {kind!r} "
+                     f"(use loaders.grain for graph records)")
 
   # This shard's records, strided by record index after trimming the split to a multiple of shard_count.
   ds = tf.data.TFRecordDataset(paths).take(per_shard * shard_count).enumerate().shard(shard_count, shard_index)

@@ -116,16 +116,20 @@ def test_usable_from_grain_dataloader(outputs):
                                           shard_options=grain.sharding.ShardOptions(0, 2, drop_remainder=True)),
       worker_count=0)
   batches = list(loader)
-  assert batches and {b["image"].shape for b in batches} == {(4, 32, 32, 3)}
+  half = len(source) // 2  # ShardOptions(0, 2): this process reads one half of the records
+  assert len(batches) == half // 4 and {b["image"].shape for b in batches} == {(4, 32, 32, 3)}
   ids = [int(i) for b in batches for i in b["record_index"]]
-  assert len(ids) == len(set(ids)) and len(ids) <= N_IMAGES // 2
+  assert len(ids) == len(set(ids)) == len(batches) * 4 and set(ids) <= set(range(len(source)))
+  for b in batches:
+    for i, label in zip(b["record_index"], b["label"]):
+      assert source[int(i)]["label"] == label
 
 
 def test_ct_patches_static_and_padded(outputs):
   batches = _all(grain_loader.dataset(outputs["ct_array_record"], batch_size=2, patch_size=(8, 80, 80),
                                       hu_window=(-1000.0, 1000.0)))
-  assert batches and {b["volume"].shape for b in batches} == {(2, 8, 80, 80)}
   records = ShardedRecords(outputs["ct_array_record"])
+  assert len(batches) == len(records) // 2 and {b["volume"].shape for b in batches} == {(2, 8, 80, 80)}
   padded = 0
   for b in batches:
     assert b["volume"].min() >= 0.0 and b["volume"].max() <= 1.0

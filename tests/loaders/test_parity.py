@@ -2,11 +2,11 @@
 
 The same TFRecord outputs (images: raw, fixed-size JPEG, JPEG resized to a
 static shape, real photos included; CT volumes: centre and random patches,
-HU windows, normalisation, padding) are read by `loaders.grain`,
-`loaders.xla` (in its own process, without TensorFlow; batches copied back
-from the XLA CPU device into an .npz) and `loaders.tfdata`, in the same
-deterministic order, and every batch must hold the same keys, dtypes and
-values.
+HU windows, normalisation, padding; generic "tensors" records) are read by
+`loaders.grain`, `loaders.xla` (in its own process, without TensorFlow;
+batches copied back from the XLA CPU device into an .npz) and
+`loaders.tfdata`, in the same deterministic order, and every batch must hold
+the same keys, dtypes and values.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import make_sample_images
 from loaders import ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder
 from tests.conftest import REPO
+from tests.loaders import tensors_output
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,7 @@ def outputs(tmp_path_factory) -> dict[str, str]:
     ct_volumes.run([f"--input={dicom}", f"--output={base / key}", "--id_salt=s", "--splits=train=1.0",
                     "--format=tfrecord", f"--volume_dtype={dtype}"])
     out[key] = str(base / key)
+  out["tensors"] = tensors_output.write(str(base / "tensors"), "tfrecord")
   return out
 
 
@@ -76,6 +78,7 @@ CASES = {
                              normalize=False)),
     "ct_padded": ("ct", dict(batch_size=2, patch_size=(24, 72, 72), patch="random", seed=9, hu_window=(-500.0, 500.0))),
     "ct16_center": ("ct16", dict(batch_size=2, patch_size=(8, 40, 40), patch="center")),  # int16 volumes
+    "tensors": ("tensors", dict(batch_size=4)),  # record kind "tensors": Tensors and ClassLabels as stored
     "ct16_random_raw_hu": ("ct16", dict(batch_size=2, patch_size=(24, 72, 72), patch="random", seed=4,
                                         hu_window=(-1024.0, 3071.0), normalize=False)),
 }
