@@ -5,115 +5,40 @@
 `--verify` re-reads every shard (a local copy for gs://), checks its SHA-256,
 size and record count against the manifest and decodes every record; it exits
 1 naming each bad shard. `--grid` renders sample records and their labels.
+
+This module is the command line only: opening, reading and verifying an
+output are formats.output's (`open_output`, `Output.verify`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-import dataclasses
 import io
 import json
-import os
 import sys
 
 import numpy as np
 
-from formats import arrayrecord, commit, files, tfrecord
-from formats.features import ClassLabel, Features, Tensor
-from formats.graphbin import GraphBin
-from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, sha256_file
+from formats import commit, files, kinds
+from formats.features import ClassLabel, Tensor
+from formats.manifest import Manifest
+from formats.output import Output, load_manifest, verify
+# The library functions this module held: import them from formats.output.
+from formats.output import iter_records, verify_file, verify_shard  # noqa: F401
 
-
-def load_manifest(output: str) -> Manifest:
-  path = files.join(output, MANIFEST_FILENAME)
-  if not files.exists(path):
-    raise FileNotFoundError(f"{path} not found: {output} is not a complete output")
-  return Manifest.loads(files.read_bytes(path))
-
-
-def iter_records(local_path: str, file_format: str) -> Iterator[bytes]:
-  if file_format == "array_record":
-    return arrayrecord.read_file(local_path)
-  return tfrecord.read_file(local_path)
-
-
-@dataclasses.dataclass
-class ShardProblem:
-  path: str
-  problem: str
-
-
-def verify_shard(output: str, shard: ShardInfo, file_format: str, features: Features) -> list[str]:
-  """Problems found in one shard (empty when it matches the manifest)."""
-  src = files.join(output, shard.path)
-  if not files.exists(src):
-    return ["missing"]
-  problems = []
-  with files.LocalCopy(src) as local:
-    size = os.path.getsize(local)
-    if size != shard.num_bytes:
-      problems.append(f"size {size} != manifest {shard.num_bytes}")
-    digest = sha256_file(local)
-    if digest != shard.sha256:
-      problems.append(f"sha256 {digest[:12]}... != manifest {shard.sha256[:12]}...")
-    n = 0
-    try:
-      for n, record in enumerate(iter_records(local, file_format), start=1):
-        try:
-          features.decode(record)
-        except ValueError as e:
-          problems.append(f"record {n - 1}: {e}")
-          break
-    except Exception as e:  # a C++ reader error or a framing error: name it, do not crash
-      problems.append(f"unreadable after record {n}: {e}")
-      return problems
-    if n != shard.num_records:
-      problems.append(f"{n} records != manifest {shard.num_records}")
-  return problems
-
-
-def verify(output: str, manifest: Manifest, out=None) -> int:
-  """Checks every shard; prints one line per bad shard; returns the number of bad shards."""
-  out = out or sys.stdout
-  bad = 0
-  for split_name, split in sorted(manifest.splits.items()):
-    for shard in split.shards:
-      problems = verify_shard(output, shard, manifest.file_format, manifest.features)
-      if problems:
-        bad += 1
-        print(f"BAD {shard.path}: {'; '.join(problems)}", file=out)
-  for info in manifest.files:
-    problems = verify_file(output, info)
-    if problems:
-      bad += 1
-      print(f"BAD {info.path}: {'; '.join(problems)}", file=out)
-  total = sum(len(s.shards) for s in manifest.splits.values()) + len(manifest.files)
-  print(f"verify: {total - bad}/{total} {'files' if manifest.files else 'shards'} OK", file=out)
-  return bad
-
-
-def verify_file(output: str, info: FileInfo) -> list[str]:
-  """Problems of a non-shard data file (a .graphbin): size, SHA-256, section checksums."""
-  src = files.join(output, info.path)
-  if not files.exists(src):
-    return ["missing"]
-  problems = []
-  with files.LocalCopy(src) as local:
-    if os.path.getsize(local) != info.num_bytes:
-      problems.append(f"size {os.path.getsize(local)} != manifest {info.num_bytes}")
-    digest = sha256_file(local)
-    if digest != info.sha256:
-      problems.append(f"sha256 {digest[:12]}... != manifest {info.sha256[:12]}...")
-    if info.kind == "graphbin":
-      try:
-        GraphBin(local, verify=True)
-      except ValueError as e:
-        problems.append(str(e))
-  return problems
+# The feature a grid draws, by record kind.
+_DRAWN_FEATURE = {"image": "image", "volume": "volume"}
 
 
 def summary(manifest: Manifest) -> str:
+  """The text `python -m formats.inspect` prints for an output.
+
+  Args:
+    manifest: the output's manifest.
+
+  Returns:
+    Its name, features, splits, rejects, files and warnings, one per line.
+  """
   lines = [f"{manifest.name} ({manifest.file_format}), {manifest.num_records} records"]
   lines.append("features:")
   for k, f in manifest.features.items():
@@ -142,34 +67,51 @@ def summary(manifest: Manifest) -> str:
 
 
 def _to_pixels(feature, value) -> np.ndarray:
-  """uint8 pixels to draw: an image, or the middle slice of a CT volume (window -1000..1000 HU)."""
+  """uint8 pixels to draw: an image, or the middle slice of a CT volume (the volume kind's display window)."""
   from PIL import Image as PILImage
 
   if isinstance(feature, Tensor):
     arr = np.asarray(value)
     if arr.ndim == 3 and arr.shape[-1] != 3:  # a volume [depth, rows, columns] in HU
+      low, high = kinds.KINDS["volume"].constants["display_window_hu"]
       mid = arr[arr.shape[0] // 2].astype(np.float32)
-      return (np.clip((mid + 1000.0) / 2000.0, 0, 1) * 255).astype(np.uint8)
+      return (np.clip((mid - low) / (high - low), 0, 1) * 255).astype(np.uint8)
     return arr
   return np.asarray(PILImage.open(io.BytesIO(value)).convert("RGB"))
 
 
 def render_grid(output: str, manifest: Manifest, png_path: str, split: str | None = None,
                 num: int = 16, cell: int = 128) -> int:
-  """Writes a PNG grid of the first `num` records of `split`; returns how many were drawn."""
+  """Writes a PNG grid of the first `num` records of `split`, labelled.
+
+  Args:
+    output: the output folder, local or gs://.
+    manifest: its manifest.
+    png_path: the PNG to write.
+    split: the split drawn (default: the first, by name, that has records).
+    num: how many records at most.
+    cell: the side of each picture in pixels.
+
+  Returns:
+    How many records were drawn.
+
+  Raises:
+    ValueError: no such split, or the records are of a kind that has no picture.
+  """
   from PIL import Image as PILImage, ImageDraw
 
+  out = Output(output, manifest)
   split = split or next((k for k, v in sorted(manifest.splits.items()) if v.num_records), sorted(manifest.splits)[0])
   if split not in manifest.splits:
     raise ValueError(f"split {split!r} not in {sorted(manifest.splits)}")
-  image_key = next((k for k in ("image", "volume") if k in manifest.features), None)
+  image_key = _DRAWN_FEATURE.get(out.kind)
   if image_key is None:
     raise ValueError("no image feature to draw")
   label_key = next((k for k, f in manifest.features.items() if isinstance(f, ClassLabel)), None)
   samples = []
-  for shard in manifest.splits[split].shards:
-    with files.LocalCopy(files.join(output, shard.path)) as local:
-      for record in iter_records(local, manifest.file_format):
+  for shard in out.shards(split):
+    with files.LocalCopy(out.shard_path(shard)) as local:
+      for record in out.adapter.read_file(local):
         samples.append(manifest.features.decode(record))
         if len(samples) >= num:
           break
@@ -193,7 +135,16 @@ def render_grid(output: str, manifest: Manifest, png_path: str, split: str | Non
   return len(samples)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+  """`python -m formats.inspect`: prints an output's summary; verifies, repairs or draws it on request.
+
+  Args:
+    argv: the arguments (default sys.argv[1:]).
+
+  Returns:
+    The exit status: 0, 1 when --verify found a bad file, 2 when the folder is
+    not a readable output.
+  """
   ap = argparse.ArgumentParser(prog="python -m formats.inspect", description=__doc__.splitlines()[0])
   ap.add_argument("output", help="an output folder (local or gs://)")
   ap.add_argument("--verify", action="store_true", help="re-read every shard and check it against the manifest")
