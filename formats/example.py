@@ -17,16 +17,12 @@ bytes. Decoding accepts packed and unpacked numeric lists.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 import struct
-from typing import Union
 
 import numpy as np
 
 from formats.errors import ExampleDecodeError
-
-# A feature value as callers hand it over: one of the three list kinds.
-FeatureValue = Union[bytes, str, int, float, np.ndarray, Sequence[bytes], Sequence[int], Sequence[float]]
 
 _WT_VARINT = 0
 _WT_I64 = 1

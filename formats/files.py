@@ -130,7 +130,7 @@ def write_bytes(path: str, data: bytes) -> None:
   os.replace(tmp, path)
 
 
-def delete(path: str) -> None:
+def _delete(path: str) -> None:
   if is_gcs(path):
     _blob(path).delete()
   else:
@@ -141,7 +141,7 @@ def delete_many(paths: list[str], missing_ok: bool = True) -> None:
   """Deletes files (local or gs://); with `missing_ok`, one already gone is fine (idempotent)."""
   for path in paths:
     try:
-      delete(path)
+      _delete(path)
     except FileNotFoundError:
       if not missing_ok:
         raise
