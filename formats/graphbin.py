@@ -59,6 +59,21 @@ class Section:
   crc32c: int
 
 
+def index_dtype(n: int) -> np.dtype:
+  """The integer dtype of indices below `n`: int32 when every index fits, else int64.
+
+  The one rule for the index arrays of a graph (CSR `indices`, sampled node
+  ids): the writer and every reader pick the same width.
+
+  Args:
+    n: an upper bound of the values stored (a node or edge count).
+
+  Returns:
+    `np.dtype(np.int32)` when n < 2**31 - 1, else `np.dtype(np.int64)`.
+  """
+  return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
+
+
 def _pad(n: int) -> int:
   return (-n) % ALIGN
 

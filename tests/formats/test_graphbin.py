@@ -62,3 +62,12 @@ def test_truncated_and_foreign_files(tmp_path):
   open(other, "wb").write(b"PK\x03\x04" + b"\0" * 100)
   with pytest.raises(GraphBinError, match="not a .graphbin"):
     GraphBin(other)
+
+
+def test_index_dtype_is_int32_while_every_index_fits():
+  import numpy as np
+
+  from formats.graphbin import index_dtype
+
+  assert index_dtype(0) == index_dtype(2**31 - 2) == np.int32
+  assert index_dtype(2**31 - 1) == index_dtype(2**40) == np.int64
