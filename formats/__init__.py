@@ -2,26 +2,58 @@
 
 The bottom layer: plain Python, numpy and array_record's module; no Beam,
 TensorFlow or torch, so that every writer and reader can build on it.
+
+    import formats
+
+    out = formats.open_output("gs://bucket/flowers")   # manifest, kind, shards, local copies
+    records = out.open_records("train")
+    example = out.features.decode(records.read(0))
+
+The modules, bottom up: `errors` (every error type), `example` and
+`features` (records as tf.train.Example), `kinds` (record kinds),
+`tfrecord`, `arrayrecord` and `adapters` (the file formats), `naming` (shard
+names), `manifest`, `graphbin`, `files` (local and gs:// I/O), `integrity`
+(checks of local copies), `output` (opening an output), `tfds_metadata` and
+`commit` (how a run publishes an output), `transforms` (the loaders' shared
+specification) and `inspect` (the command line).
 """
 
-from formats.example import ExampleDecodeError, decode_example, encode_example
+from formats.errors import (CommitConflict, CorruptRecordError, ExampleDecodeError, GraphBinError,
+                            NotAnOutputError, TFRecordCorruptError)
+from formats.example import decode_example, encode_example
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo, SplitInfo
+from formats.kinds import KINDS, RecordKind
+from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, Rejected, ShardInfo, SplitInfo
 from formats.naming import FILE_FORMATS, ShardName
+from formats.output import Output, SplitRecords, is_output, load_manifest, open_output
 
 __all__ = [
     "FILE_FORMATS",
+    "KINDS",
     "MANIFEST_FILENAME",
     "ClassLabel",
+    "CommitConflict",
+    "CorruptRecordError",
     "ExampleDecodeError",
     "Features",
+    "FileInfo",
+    "GraphBinError",
     "Image",
     "Manifest",
+    "NotAnOutputError",
+    "Output",
+    "RecordKind",
+    "Rejected",
     "ShardInfo",
     "ShardName",
     "SplitInfo",
+    "SplitRecords",
+    "TFRecordCorruptError",
     "Tensor",
     "Text",
     "decode_example",
     "encode_example",
+    "is_output",
+    "load_manifest",
+    "open_output",
 ]
