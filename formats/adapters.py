@@ -32,9 +32,24 @@ class RandomAccessFile(Protocol):
 
   def __len__(self) -> int: ...
 
-  def read(self, i: int) -> bytes: ...
+  def read(self, i: int) -> bytes:
+    """Record `i`'s payload.
 
-  def close(self) -> None: ...
+    Args:
+      i: the record's index in the file, 0 <= i < len(self).
+
+    Returns:
+      The payload.
+
+    Raises:
+      IndexError: `i` is outside the file.
+      CorruptRecordError: the record is damaged.
+    """
+    ...
+
+  def close(self) -> None:
+    """Closes the file; closing twice is fine."""
+    ...
 
   def __enter__(self) -> RandomAccessFile: ...
 
@@ -131,15 +146,19 @@ class ArrayRecordAdapter(FileAdapter):
   name = "array_record"
 
   def write_file(self, path: str, payloads: Iterable[bytes]) -> int:
+    """See FileAdapter.write_file."""
     return arrayrecord.write_file(path, payloads)
 
   def read_file(self, path: str) -> Iterator[bytes]:
+    """See FileAdapter.read_file."""
     return arrayrecord.read_file(path)
 
   def open_random(self, path: str) -> arrayrecord.RandomAccessReader:
+    """See FileAdapter.open_random."""
     return arrayrecord.RandomAccessReader(path)
 
   def num_records(self, path: str) -> int:
+    """See FileAdapter.num_records."""
     return arrayrecord.num_records(path)
 
 
@@ -149,19 +168,24 @@ class TFRecordAdapter(FileAdapter):
   name = "tfrecord"
 
   def write_file(self, path: str, payloads: Iterable[bytes]) -> int:
+    """See FileAdapter.write_file."""
     with open(path, "wb") as f:
       return tfrecord.write_records(f, payloads)
 
   def read_file(self, path: str) -> Iterator[bytes]:
+    """See FileAdapter.read_file."""
     return tfrecord.read_file(path)
 
   def open_random(self, path: str) -> tfrecord.IndexedReader:
+    """See FileAdapter.open_random."""
     return tfrecord.IndexedReader(path)
 
   def num_records(self, path: str) -> int:
+    """See FileAdapter.num_records."""
     return len(tfrecord.index(path)[0])
 
   def locate_damage(self, path: str) -> str | None:
+    """See FileAdapter.locate_damage."""
     return tfrecord.locate_damage(path)
 
 

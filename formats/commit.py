@@ -74,6 +74,7 @@ class Version:
 
   @property
   def exists(self) -> bool:
+    """Whether the manifest existed when it was read."""
     return bool(self.token)
 
 
@@ -82,6 +83,9 @@ def fault_point(name: str) -> None:
 
   `TPU_SHARDS_FAULT_POINT=<step>` kills the process there (SIGKILL, as a lost
   machine would); `<step>=pause:<file>` waits there until `<file>` exists (a slow run).
+
+  Args:
+    name: the step, e.g. "commit:before_switch".
   """
   value = os.environ.get(FAULT_POINT_ENV)
   if not value:
@@ -106,7 +110,14 @@ def _manifest_path(output: str) -> str:
 
 
 def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
-  """(manifest bytes or None, its version), read as one consistent pair."""
+  """(manifest bytes or None, its version), read as one consistent pair.
+
+  Args:
+    output: the output folder, local or gs://.
+
+  Returns:
+    (the bytes of manifest.json, or None when there is none; its `Version`).
+  """
   path = _manifest_path(output)
   if files.is_gcs(path):
     blob = files.gcs_blob(path)
@@ -128,11 +139,26 @@ def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
 
 
 def read_version(output: str) -> Version:
+  """The version of the output's manifest.json (`Version()` when there is none).
+
+  Args:
+    output: the output folder, local or gs://.
+
+  Returns:
+    The version a later `commit` compares against.
+  """
   return read_manifest_versioned(output)[1]
 
 
 def current_generation(output: str) -> str | None:
-  """The generation folder the committed manifest names (None: no manifest, or root files)."""
+  """The generation folder the committed manifest names (None: no manifest, or root files).
+
+  Args:
+    output: the output folder, local or gs://.
+
+  Returns:
+    The generation folder name, or None.
+  """
   data, _ = read_manifest_versioned(output)
   return None if data is None else _generation_of(Manifest.loads(data))
 
@@ -163,7 +189,15 @@ def _write_marker(output: str, generation: str, state: str, info: Mapping | None
 
 
 def begin(output: str, info: Mapping | None = None) -> tuple[str, Version]:
-  """Claims a fresh generation for a run; returns (generation, the manifest version to replace)."""
+  """Claims a fresh generation for a run; returns (generation, the manifest version to replace).
+
+  Args:
+    output: the output folder, local or gs://.
+    info: extra fields for the run's marker (e.g. the pipeline and its host).
+
+  Returns:
+    (the new generation folder name, the version of the manifest it will replace).
+  """
   version = read_version(output)
   generation = naming.new_generation()
   claim(output, generation, info)
@@ -171,11 +205,24 @@ def begin(output: str, info: Mapping | None = None) -> tuple[str, Version]:
 
 
 def claim(output: str, generation: str, info: Mapping | None = None) -> None:
-  """Records that `generation` (a fresh name) is the toolkit's, held by a live run."""
+  """Records that `generation` (a fresh name) is the toolkit's, held by a live run.
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: the run's generation folder name (`gen-...`).
+    info: extra fields for the marker.
+  """
   _write_marker(output, generation, "running", info)
 
 
 def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None:
+  """Refreshes the run's marker, so that clean-up knows the run is alive.
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: the run's generation folder name (`gen-...`).
+    info: extra fields for the marker.
+  """
   _write_marker(output, generation, "running", info)
 
 
@@ -186,6 +233,13 @@ def finish(output: str, generation: str) -> bool:
   committed output (even if the run failed afterwards, e.g. in clean-up);
   any other is abandoned and removed at once: the output is the record, not the
   caller's belief.
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: the run's generation folder name (`gen-...`).
+
+  Returns:
+    True when the manifest or the TFDS metadata names `generation` (it committed).
   """
   if not abandon(output, generation):
     _write_marker(output, generation, "committed")
@@ -202,6 +256,13 @@ def abandon(output: str, generation: str) -> bool:
   its switch and again after it (undoing a switch that raced with this call): of
   an abandon and a commit of the same generation, exactly one wins. Locally both
   also hold the lock of the output.
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: the run's generation folder name (`gen-...`).
+
+  Returns:
+    True when the generation was marked abandoned; False when it is committed.
   """
   with _lock_if_local(output):
     _write_marker(output, generation, "abandoned")
@@ -225,7 +286,15 @@ def _marker(output: str, generation: str) -> tuple[dict | None, float]:
 
 
 def remove_generation(output: str, generation: str) -> None:
-  """Deletes one generation folder, the marker last (a half-removed folder stays recognisable)."""
+  """Deletes one generation folder, the marker last (a half-removed folder stays recognisable).
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: the run's generation folder name (`gen-...`).
+
+  Raises:
+    ValueError: `generation` is not a generation folder name.
+  """
   if not naming.is_generation(generation) or "/" in generation:
     raise ValueError(f"{generation!r} is not a generation folder")
   folder = files.join(output, generation)
@@ -273,6 +342,20 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
   Raises CommitConflict when another run switched it meanwhile, or when this
   run's generation was removed under it. Idempotent: if the manifest already
   names `generation`, this run committed it before (a retried bundle).
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: the run's generation folder, which holds every data file of `manifest`.
+    manifest: the new manifest.
+    expected: the version read by `begin` (None: no manifest was expected).
+
+  Returns:
+    The replaced manifest, or None.
+
+  Raises:
+    CommitConflict: another run switched the output meanwhile, or this run's
+      generation was removed or abandoned.
+    ValueError: the manifest's files are not all in `generation`.
   """
   if _generation_of(manifest) != generation:
     raise ValueError(f"the manifest's files are not all in generation {generation!r}")
@@ -378,6 +461,10 @@ def sync_tfds_metadata(output: str, description: str = "") -> None:
   (locally by the output's lock, on gs:// by a lease object), every write is
   derived from the manifest as it is now, and it repeats until the manifest
   has not changed under it.
+
+  Args:
+    output: the output folder, local or gs://.
+    description: the data set description written to dataset_info.json.
   """
   for _ in range(10):
     with _sync_lock(output):
@@ -444,7 +531,15 @@ def _sync_lock(output: str) -> Iterator[None]:
 
 
 def tfds_metadata_lags(output: str) -> bool:
-  """True when the root TFDS metadata does not point at the committed manifest's generation."""
+  """True when the root TFDS metadata does not point at the committed manifest's generation.
+
+  Args:
+    output: the output folder, local or gs://.
+
+  Returns:
+    Whether TFDS readers see an older output than the manifest describes
+    (False when there is no manifest or no TFDS view).
+  """
   data, _ = read_manifest_versioned(output)
   if data is None:
     return False
@@ -485,6 +580,15 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
   `lease_seconds`). `replaced`, the manifest this run's commit replaced, names
   the files of an output written before generations existed (removed if the
   current manifest does not list them).
+
+  Args:
+    output: the output folder, local or gs://.
+    replaced: the manifest this run's commit replaced, if any.
+    lease_seconds: how long a running generation's marker stays valid without a heartbeat.
+    log: called with one line per removed generation.
+
+  Returns:
+    The removed generation folder names.
   """
   current_data, _ = read_manifest_versioned(output)
   current = Manifest.loads(current_data) if current_data is not None else None
@@ -518,6 +622,11 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
 
 
 def repair(output: str, description: str = "") -> None:
-  """Brings an output left in any state by killed runs to its committed state."""
+  """Brings an output left in any state by killed runs to its committed state.
+
+  Args:
+    output: the output folder, local or gs://.
+    description: the data set description written to dataset_info.json.
+  """
   sync_tfds_metadata(output, description)
   cleanup(output)

@@ -53,7 +53,14 @@ def _len_header(field: int, length: int) -> bytes:
 
 
 def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
-  """A serialized `Feature` holding a BytesList (one copy of the payload, however large)."""
+  """A serialized `Feature` holding a BytesList (one copy of the payload, however large).
+
+  Args:
+    values: one value or a sequence of them; str is encoded as UTF-8.
+
+  Returns:
+    The serialized Feature.
+  """
   if isinstance(values, (bytes, bytearray, memoryview, str)):
     values = [values]
   parts = []
@@ -65,7 +72,17 @@ def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
 
 
 def int64_feature(values: int | Iterable[int] | np.ndarray) -> bytes:
-  """A serialized `Feature` holding a packed Int64List."""
+  """A serialized `Feature` holding a packed Int64List.
+
+  Args:
+    values: integers (any shape; flattened).
+
+  Returns:
+    The serialized Feature.
+
+  Raises:
+    TypeError: the values are not integers.
+  """
   arr = np.asarray(values)
   if arr.dtype.kind not in "iub":
     raise TypeError(f"int64 feature needs integers, got dtype {arr.dtype}")
@@ -75,7 +92,14 @@ def int64_feature(values: int | Iterable[int] | np.ndarray) -> bytes:
 
 
 def float_feature(values: float | Iterable[float] | np.ndarray) -> bytes:
-  """A serialized `Feature` holding a packed FloatList (float32)."""
+  """A serialized `Feature` holding a packed FloatList (float32).
+
+  Args:
+    values: numbers (any shape; flattened, stored as float32).
+
+  Returns:
+    The serialized Feature.
+  """
   arr = np.asarray(values, dtype="<f4").reshape(-1)
   inner = _len_field(1, arr.tobytes()) if arr.size else b""
   return _len_field(2, inner)
@@ -86,6 +110,12 @@ def encode_example(features: Mapping[str, bytes]) -> bytes:
 
   >>> encode_example({"label": int64_feature(3), "name": bytes_feature("a.jpg")})[:4]
   b'\\n\\x1f\\n\\x0e'
+
+  Args:
+    features: feature name -> a serialized Feature (`bytes_feature` & co.).
+
+  Returns:
+    The serialized Example.
   """
   parts = []
   for key in sorted(features):
@@ -197,6 +227,16 @@ def decode_example(data: bytes | memoryview, copy: bool = True) -> dict[str, lis
 
   copy=False returns bytes values as memoryviews into `data` (no copy of large
   payloads). Raises ExampleDecodeError (a ValueError) on malformed bytes.
+
+  Args:
+    data: a serialized Example.
+    copy: False to return bytes values as memoryviews into `data`.
+
+  Returns:
+    feature name -> a list of bytes, an int64 array or a float32 array.
+
+  Raises:
+    ExampleDecodeError: the bytes are not a well-formed Example.
   """
   buf = memoryview(data)
   out: dict[str, list[bytes] | np.ndarray] = {}

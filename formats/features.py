@@ -56,15 +56,41 @@ class Image(_OneKey):
       raise ValueError(f"Image shape must be (height, width, channels), got {self.shape}")
 
   def encode(self, value: bytes) -> bytes:
+    """The serialized Feature holding the encoded image bytes.
+
+    Args:
+      value: the encoded image bytes.
+
+    Returns:
+      The serialized Feature.
+    """
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> bytes:
+    """The value from its decoded Example entry.
+
+    Args:
+      value: the entry as `decode_example` returns it.
+
+    Returns:
+      The encoded image bytes.
+    """
     return value[0]
 
   def to_json(self) -> dict:
+    """This feature's description in manifest.json.
+
+    Returns:
+      A JSON object.
+    """
     return {"kind": self.kind, "shape": list(self.shape), "dtype": "uint8", "encoding": self.encoding}
 
   def to_tfds(self) -> dict:
+    """This feature's description in TFDS's features.json.
+
+    Returns:
+      A JSON object.
+    """
     return {
         "pythonClassName": _TFDS + "image_feature.Image",
         "image": {"shape": _dims(self.shape), "dtype": "uint8", "encodingFormat": self.encoding},
@@ -105,6 +131,7 @@ class Tensor:
 
   @property
   def dynamic(self) -> bool:
+    """Whether more than one dimension is unknown (the shape is then stored beside the value)."""
     return self.shape.count(None) > 1
 
   def _check_shape(self, arr: np.ndarray) -> None:
@@ -113,6 +140,18 @@ class Tensor:
       raise ValueError(f"Tensor expects shape {self.shape}, got {arr.shape}")
 
   def encode_into(self, name: str, value) -> dict[str, bytes]:
+    """The Example features holding one value.
+
+    Args:
+      name: the feature's name.
+      value: an array of this dtype and shape (or its raw bytes, for a known shape).
+
+    Returns:
+      Example key -> serialized Feature (two keys for a dynamic shape).
+
+    Raises:
+      ValueError: the dtype or shape differs.
+    """
     if self.encoding == "none":
       arr = np.asarray(value)
       self._check_shape(arr)
@@ -134,6 +173,15 @@ class Tensor:
     return {name: example_lib.bytes_feature(data)}
 
   def decode_from(self, name: str, raw) -> np.ndarray:
+    """The array from a decoded Example.
+
+    Args:
+      name: the feature's name.
+      raw: the decoded Example (`decode_example`).
+
+    Returns:
+      The array (a read-only view of the record's bytes for encoding="bytes").
+    """
     if self.encoding == "none":
       return np.asarray(raw[name]).astype(self.dtype).reshape(self.shape)
     if self.dynamic:
@@ -143,12 +191,30 @@ class Tensor:
     return np.frombuffer(raw[name][0], dtype=self._le_dtype).reshape(shape)
 
   def keys(self, name: str) -> tuple[str, ...]:
+    """The Example keys this feature uses.
+
+    Args:
+      name: the feature's name.
+
+    Returns:
+      (name,), or (name/shape, name/value) for a dynamic shape.
+    """
     return (f"{name}/shape", f"{name}/value") if self.dynamic else (name,)
 
   def to_json(self) -> dict:
+    """This feature's description in manifest.json.
+
+    Returns:
+      A JSON object.
+    """
     return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "encoding": self.encoding}
 
   def to_tfds(self) -> dict:
+    """This feature's description in TFDS's features.json.
+
+    Returns:
+      A JSON object.
+    """
     shape = _dims(self.shape) if self.shape else {}
     return {
         "pythonClassName": _TFDS + "tensor_feature.Tensor",
@@ -173,20 +239,50 @@ class ClassLabel(_OneKey):
 
   @property
   def num_classes(self) -> int:
+    """How many classes there are."""
     return len(self.names)
 
   def encode(self, value: int) -> bytes:
+    """The serialized Feature holding a class id.
+
+    Args:
+      value: a class id.
+
+    Returns:
+      The serialized Feature.
+
+    Raises:
+      ValueError: the id is outside [0, num_classes).
+    """
     if not 0 <= int(value) < self.num_classes:
       raise ValueError(f"label {value} is outside [0, {self.num_classes})")
     return example_lib.int64_feature([int(value)])
 
   def decode(self, value) -> int:
+    """The value from its decoded Example entry.
+
+    Args:
+      value: the entry as `decode_example` returns it.
+
+    Returns:
+      The class id.
+    """
     return int(value[0])
 
   def to_json(self) -> dict:
+    """This feature's description in manifest.json.
+
+    Returns:
+      A JSON object.
+    """
     return {"kind": self.kind, "dtype": "int64", "num_classes": self.num_classes, "names": list(self.names)}
 
   def to_tfds(self) -> dict:
+    """This feature's description in TFDS's features.json.
+
+    Returns:
+      A JSON object.
+    """
     return {
         "pythonClassName": _TFDS + "class_label_feature.ClassLabel",
         "classLabel": {"numClasses": str(self.num_classes)},
@@ -200,15 +296,41 @@ class Text(_OneKey):
   kind: ClassVar[str] = "text"
 
   def encode(self, value: str) -> bytes:
+    """The serialized Feature holding a string.
+
+    Args:
+      value: a string.
+
+    Returns:
+      The serialized Feature.
+    """
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> str:
+    """The value from its decoded Example entry.
+
+    Args:
+      value: the entry as `decode_example` returns it.
+
+    Returns:
+      The string.
+    """
     return bytes(value[0]).decode("utf-8")
 
   def to_json(self) -> dict:
+    """This feature's description in manifest.json.
+
+    Returns:
+      A JSON object.
+    """
     return {"kind": self.kind, "dtype": "string"}
 
   def to_tfds(self) -> dict:
+    """This feature's description in TFDS's features.json.
+
+    Returns:
+      A JSON object.
+    """
     return {"pythonClassName": _TFDS + "text_feature.Text", "text": {}}
 
 
@@ -216,6 +338,17 @@ Feature = Image | Tensor | ClassLabel | Text
 
 
 def feature_from_json(d: Mapping[str, Any]) -> Feature:
+  """A feature from its manifest.json description.
+
+  Args:
+    d: the description (`to_json`).
+
+  Returns:
+    The feature.
+
+  Raises:
+    ValueError: an unknown feature kind.
+  """
   kind = d.get("kind")
   if kind == "image":
     return Image(shape=tuple(d["shape"]), encoding=d["encoding"])
@@ -250,7 +383,17 @@ class Features(Mapping[str, Feature]):
     return f"Features({self._specs!r})"
 
   def encode(self, values: Mapping[str, Any]) -> bytes:
-    """One serialized tf.train.Example; every feature must be present."""
+    """One serialized tf.train.Example; every feature must be present.
+
+    Args:
+      values: feature name -> value.
+
+    Returns:
+      The serialized Example.
+
+    Raises:
+      ValueError: keys differ from the features, or a value does not fit its feature.
+    """
     missing = set(self._specs) - set(values)
     extra = set(values) - set(self._specs)
     if missing or extra:
@@ -265,6 +408,16 @@ class Features(Mapping[str, Feature]):
 
     copy=False: bytes values (encoded images) are memoryviews and tensors are
     read-only arrays over `record`, without copying the payload.
+
+    Args:
+      record: a serialized Example.
+      copy: False for views instead of copies.
+
+    Returns:
+      feature name -> value.
+
+    Raises:
+      ValueError: malformed bytes, or a feature is missing.
     """
     raw = example_lib.decode_example(record, copy=copy)
     missing = {key for k, spec in self._specs.items() for key in spec.keys(k)} - set(raw)
@@ -273,14 +426,34 @@ class Features(Mapping[str, Feature]):
     return {k: spec.decode_from(k, raw) for k, spec in self._specs.items()}
 
   def to_json(self) -> dict:
+    """The schema as manifest.json's `features`.
+
+    Returns:
+      feature name -> description.
+    """
     return {k: v.to_json() for k, v in self._specs.items()}
 
   @classmethod
   def from_json(cls, d: Mapping[str, Any]) -> Features:
+    """The schema from manifest.json's `features`.
+
+    Args:
+      d: feature name -> description.
+
+    Returns:
+      The Features.
+
+    Raises:
+      ValueError: an unknown feature kind.
+    """
     return cls({k: feature_from_json(v) for k, v in d.items()})
 
   def to_tfds(self) -> dict:
-    """The content of TFDS's features.json for this schema."""
+    """The content of TFDS's features.json for this schema.
+
+    Returns:
+      A JSON object.
+    """
     return {
         "pythonClassName": _TFDS + "features_dict.FeaturesDict",
         "featuresDict": {"features": {k: v.to_tfds() for k, v in sorted(self._specs.items())}},

@@ -18,10 +18,27 @@ from formats.manifest import sha256_file
 
 
 def is_gcs(path: str) -> bool:
+  """Whether `path` is a gs:// path.
+
+  Args:
+    path: a local or gs:// path.
+
+  Returns:
+    True for gs://.
+  """
   return path.startswith("gs://")
 
 
 def join(base: str, *parts: str) -> str:
+  """`base` joined with `parts`: by '/' for gs://, by os.path.join locally.
+
+  Args:
+    base: a local or gs:// folder.
+    *parts: relative parts.
+
+  Returns:
+    The joined path.
+  """
   if is_gcs(base):
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
   return os.path.join(base, *parts)
@@ -51,40 +68,86 @@ def _blob(path: str):
 
 
 def gcs_blob(path: str):
-  """The google-cloud-storage Blob of a gs:// path (for conditional operations)."""
+  """The google-cloud-storage Blob of a gs:// path (for conditional operations).
+
+  Args:
+    path: a gs:// path.
+
+  Returns:
+    Its Blob (nothing is fetched).
+  """
   return _blob(path)
 
 
 def gcs_client():
-  """The process's google-cloud-storage client (anonymous against STORAGE_EMULATOR_HOST)."""
+  """The process's google-cloud-storage client (anonymous against STORAGE_EMULATOR_HOST).
+
+  Returns:
+    The client.
+  """
   return _gcs_client()
 
 
 def split_gcs(path: str) -> tuple[str, str]:
-  """gs://bucket/name → (bucket, name)."""
+  """gs://bucket/name → (bucket, name).
+
+  Args:
+    path: a gs:// path.
+
+  Returns:
+    (bucket, object name).
+
+  Raises:
+    ValueError: the path names no bucket.
+  """
   return _split_gcs(path)
 
 
 def gcs_not_found() -> type[Exception]:
+  """google-cloud-storage's NotFound exception class (imported only when needed).
+
+  Returns:
+    The class.
+  """
   from google.api_core.exceptions import NotFound
 
   return NotFound
 
 
 def gcs_precondition_failed() -> type[Exception]:
+  """google-cloud-storage's PreconditionFailed exception class (imported only when needed).
+
+  Returns:
+    The class.
+  """
   from google.api_core.exceptions import PreconditionFailed
 
   return PreconditionFailed
 
 
 def exists(path: str) -> bool:
+  """Whether a file exists, local or gs://.
+
+  Args:
+    path: a local or gs:// path.
+
+  Returns:
+    True when it exists.
+  """
   if is_gcs(path):
     return _blob(path).exists()
   return os.path.exists(path)
 
 
 def is_dir(path: str) -> bool:
-  """A local folder, or a gs:// prefix holding at least one object."""
+  """A local folder, or a gs:// prefix holding at least one object.
+
+  Args:
+    path: a local or gs:// path.
+
+  Returns:
+    True for a folder (a non-empty prefix on gs://).
+  """
   if is_gcs(path):
     bucket, name = _split_gcs(path)
     prefix = name.rstrip("/") + "/" if name else ""
@@ -93,7 +156,17 @@ def is_dir(path: str) -> bool:
 
 
 def read_bytes(path: str) -> bytes:
-  """The whole file; FileNotFoundError when it does not exist (local or gs://)."""
+  """The whole file; FileNotFoundError when it does not exist (local or gs://).
+
+  Args:
+    path: a local or gs:// path.
+
+  Returns:
+    The content.
+
+  Raises:
+    FileNotFoundError: there is no such file.
+  """
   if is_gcs(path):
     try:
       return _blob(path).download_as_bytes()
@@ -104,7 +177,17 @@ def read_bytes(path: str) -> bytes:
 
 
 def read_bytes_and_mtime(path: str) -> tuple[bytes, float]:
-  """(content, last modification as a Unix time: the object's `updated` on gs://)."""
+  """(content, last modification as a Unix time: the object's `updated` on gs://).
+
+  Args:
+    path: a local or gs:// path.
+
+  Returns:
+    (content, modification time).
+
+  Raises:
+    FileNotFoundError: there is no such file.
+  """
   if is_gcs(path):
     blob = _blob(path)
     try:
@@ -119,7 +202,12 @@ def read_bytes_and_mtime(path: str) -> tuple[bytes, float]:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-  """Writes a whole file atomically: a reader sees the old file or the new one."""
+  """Writes a whole file atomically: a reader sees the old file or the new one.
+
+  Args:
+    path: a local or gs:// path (local folders are created).
+    data: the whole content.
+  """
   if is_gcs(path):
     _blob(path).upload_from_string(data)  # a GCS object appears only when complete
     return
@@ -138,7 +226,15 @@ def _delete(path: str) -> None:
 
 
 def delete_many(paths: list[str], missing_ok: bool = True) -> None:
-  """Deletes files (local or gs://); with `missing_ok`, one already gone is fine (idempotent)."""
+  """Deletes files (local or gs://); with `missing_ok`, one already gone is fine (idempotent).
+
+  Args:
+    paths: local or gs:// files.
+    missing_ok: a file already gone is not an error.
+
+  Raises:
+    FileNotFoundError: a file is missing and `missing_ok` is False.
+  """
   for path in paths:
     try:
       _delete(path)
@@ -151,7 +247,14 @@ def delete_many(paths: list[str], missing_ok: bool = True) -> None:
 
 
 def walk(folder: str) -> list[str]:
-  """Every file below `folder` (recursively; symbolic links are not followed), sorted."""
+  """Every file below `folder` (recursively; symbolic links are not followed), sorted.
+
+  Args:
+    folder: a local or gs:// folder.
+
+  Returns:
+    Full paths, sorted.
+  """
   if is_gcs(folder):
     bucket, name = _split_gcs(folder)
     prefix = name.rstrip("/") + "/"
@@ -163,7 +266,11 @@ def walk(folder: str) -> list[str]:
 
 
 def remove_empty_dirs(folder: str) -> None:
-  """Removes `folder` and the folders below it that are empty (local only; gs:// has no folders)."""
+  """Removes `folder` and the folders below it that are empty (local only; gs:// has no folders).
+
+  Args:
+    folder: a local folder (gs:// is ignored).
+  """
   if is_gcs(folder) or not os.path.isdir(folder):
     return
   for dirpath, _, _ in sorted(os.walk(folder), key=lambda t: -t[0].count(os.sep)):
@@ -174,7 +281,14 @@ def remove_empty_dirs(folder: str) -> None:
 
 
 def list_dir(path: str) -> tuple[list[str], list[str]]:
-  """(sub-folder names, file names) directly under `path`, each sorted."""
+  """(sub-folder names, file names) directly under `path`, each sorted.
+
+  Args:
+    path: a local or gs:// folder.
+
+  Returns:
+    (folder names, file names).
+  """
   if is_gcs(path):
     bucket, name = _split_gcs(path)
     prefix = name.rstrip("/") + "/" if name else ""
@@ -190,7 +304,12 @@ def list_dir(path: str) -> tuple[list[str], list[str]]:
 
 
 def download(path: str, local_path: str) -> None:
-  """Copies `path` to the local file `local_path` atomically."""
+  """Copies `path` to the local file `local_path` atomically.
+
+  Args:
+    path: a local or gs:// file.
+    local_path: where the copy goes (its folder is created).
+  """
   os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
   tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
   try:
@@ -210,6 +329,17 @@ def cached_copy(path: str, sha256: str, cache_root: str) -> str:
   The copy lives in `<cache_root>/<sha256[:16]>/<basename>`; a `.verified`
   marker beside it records that its SHA-256 matched, so later calls reuse it.
   A mismatch deletes the download and raises ValueError naming the file.
+
+  Args:
+    path: a local or gs:// file.
+    sha256: its expected hex SHA-256 (from the manifest).
+    cache_root: the cache folder.
+
+  Returns:
+    The local copy's path.
+
+  Raises:
+    ValueError: the download's SHA-256 differs.
   """
   local = os.path.join(cache_root, sha256[:16], os.path.basename(path))
   if not os.path.exists(local + ".verified"):

@@ -114,7 +114,16 @@ class GraphBinWriter:
       raise ValueError(f"section {name!r} written twice")
 
   def add(self, name: str, array: np.ndarray) -> None:
-    """Adds a whole array (C order, stored little-endian)."""
+    """Adds a whole array (C order, stored little-endian).
+
+    Args:
+      name: the section's name (1..56 bytes, unique).
+      array: a numeric array (at most 4 dimensions).
+
+    Raises:
+      TypeError: the dtype is not numeric.
+      ValueError: a bad or repeated name.
+    """
     arr = np.asarray(array)
     if arr.dtype.kind not in _ALLOWED_KINDS:
       raise TypeError(f"section {name!r}: dtype {arr.dtype} is not numeric")
@@ -123,10 +132,27 @@ class GraphBinWriter:
       s.write(arr)
 
   def add_meta(self, meta: Mapping[str, Any]) -> None:
+    """Adds the `meta` section: a JSON object describing the graph.
+
+    Args:
+      meta: JSON-serialisable values.
+    """
     self.add(META, np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8))
 
   def stream(self, name: str, dtype: str, shape: tuple[int, ...]) -> _SectionStream:
-    """A section written in chunks (each a C-ordered array of `dtype`)."""
+    """A section written in chunks (each a C-ordered array of `dtype`).
+
+    Args:
+      name: the section's name.
+      dtype: its numpy dtype string.
+      shape: its full shape (at most 4 dimensions).
+
+    Returns:
+      A context manager whose `write(chunk)` appends data; on exit the size must match `shape`.
+
+    Raises:
+      ValueError: a bad or repeated name, or too many dimensions.
+    """
     self._check_name(name)
     dt = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
     if len(shape) > 4:
@@ -140,6 +166,7 @@ class GraphBinWriter:
     self._open_stream = False
 
   def close(self) -> None:
+    """Writes the section table and the header, and closes the file (twice is fine)."""
     f = self._f
     if f.closed:
       return
@@ -219,7 +246,14 @@ class GraphBin:
     self.meta: dict[str, Any] = json.loads(bytes(self[META])) if META in self.sections else {}
 
   def verify(self, names: Iterable[str] | None = None) -> None:
-    """Checks the CRC32C of sections (all by default); raises GraphBinError naming the bad one."""
+    """Checks the CRC32C of sections (all by default); raises GraphBinError naming the bad one.
+
+    Args:
+      names: the sections checked (default: all).
+
+    Raises:
+      GraphBinError: a section fails its checksum.
+    """
     for name in names or self.sections:
       s = self.sections[name]
       crc = 0
@@ -241,4 +275,12 @@ class GraphBin:
     return arr.reshape(s.shape)
 
   def names(self, prefix: str = "") -> list[str]:
+    """The section names starting with `prefix`, sorted.
+
+    Args:
+      prefix: e.g. "split/".
+
+    Returns:
+      The names.
+    """
     return sorted(n for n in self.sections if n.startswith(prefix))

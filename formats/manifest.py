@@ -34,6 +34,15 @@ OUTPUT_FORMATS = (*naming.FILE_FORMATS, "graphbin")
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+  """The hex SHA-256 of a local file, read in chunks.
+
+  Args:
+    path: a local file.
+    chunk: bytes read at a time.
+
+  Returns:
+    The hex digest.
+  """
   h = hashlib.sha256()
   with open(path, "rb") as f:
     while block := f.read(chunk):
@@ -43,12 +52,19 @@ def sha256_file(path: str, chunk: int = 1 << 22) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
+  """One shard as the manifest lists it."""
+
   path: str  # relative to the output root
   num_records: int
   num_bytes: int
   sha256: str
 
   def to_json(self) -> dict:
+    """This shard's entry in manifest.json.
+
+    Returns:
+      The shard's entry in manifest.json.
+    """
     return dataclasses.asdict(self)
 
 
@@ -62,26 +78,41 @@ class FileInfo:
   kind: str  # "graphbin"
 
   def to_json(self) -> dict:
+    """This file's entry in manifest.json.
+
+    Returns:
+      The file's entry in manifest.json.
+    """
     return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
+  """The shards of one split, in index order."""
+
   shards: tuple[ShardInfo, ...]
 
   @property
   def num_records(self) -> int:
+    """Records in the split (the sum over its shards)."""
     return sum(s.num_records for s in self.shards)
 
   @property
   def num_bytes(self) -> int:
+    """Bytes of the split's shard files."""
     return sum(s.num_bytes for s in self.shards)
 
   @property
   def shard_lengths(self) -> list[int]:
+    """Records per shard, in index order."""
     return [s.num_records for s in self.shards]
 
   def to_json(self) -> dict:
+    """This split's entry in manifest.json.
+
+    Returns:
+      The split's entry in manifest.json.
+    """
     return {
         "num_records": self.num_records,
         "num_bytes": self.num_bytes,
@@ -91,16 +122,29 @@ class SplitInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Rejected:
+  """The inputs that did not become records: how many, why, and the file listing them."""
+
   count: int = 0
   by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
   path: str = REJECTED_FILENAME
 
   def to_json(self) -> dict:
+    """The `rejected` entry of manifest.json.
+
+    Returns:
+      The `rejected` entry of manifest.json.
+    """
     return {"count": self.count, "path": self.path, "by_reason": dict(sorted(self.by_reason.items()))}
 
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
+  """What a finished output holds (manifest.json; the schema is in docs/manifest.md).
+
+  Raises (on construction):
+    ValueError: a bad name, format or split name, or features that do not fit `kind`.
+  """
+
   name: str
   file_format: str
   features: Features
@@ -123,9 +167,15 @@ class Manifest:
 
   @property
   def num_records(self) -> int:
+    """Records in every split."""
     return sum(s.num_records for s in self.splits.values())
 
   def to_json(self) -> dict:
+    """The manifest as a JSON object.
+
+    Returns:
+      The manifest as a JSON object (`kind` only when set).
+    """
     return {
         "manifest_version": MANIFEST_VERSION,
         "name": self.name,
@@ -141,10 +191,27 @@ class Manifest:
     }
 
   def dumps(self) -> bytes:
+    """The bytes of manifest.json (indented JSON, one trailing newline).
+
+    Returns:
+      The bytes of manifest.json.
+    """
     return (json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n").encode("utf-8")
 
   @classmethod
   def from_json(cls, d: Mapping[str, Any]) -> Manifest:
+    """The manifest from parsed manifest.json.
+
+    Args:
+      d: the parsed JSON.
+
+    Returns:
+      The manifest.
+
+    Raises:
+      ValueError: an unknown version, counts that disagree, or features that do not fit the kind.
+      KeyError: a required field is missing.
+    """
     version = d.get("manifest_version")
     if version != MANIFEST_VERSION:
       raise ValueError(f"manifest_version {version!r} is not supported (expected {MANIFEST_VERSION})")
@@ -171,4 +238,16 @@ class Manifest:
 
   @classmethod
   def loads(cls, data: bytes | str) -> Manifest:
+    """The manifest from the bytes of manifest.json.
+
+    Args:
+      data: the file's content.
+
+    Returns:
+      The manifest.
+
+    Raises:
+      ValueError: malformed JSON or an invalid manifest (see `from_json`).
+      KeyError: a required field is missing.
+    """
     return cls.from_json(json.loads(data))

@@ -118,10 +118,12 @@ class Output:
 
   @property
   def features(self) -> Features:
+    """The records' schema."""
     return self.manifest.features
 
   @property
   def splits(self) -> Mapping[str, SplitInfo]:
+    """Split name -> its shards, as the manifest lists them."""
     return self.manifest.splits
 
   @property

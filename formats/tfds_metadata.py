@@ -45,7 +45,18 @@ def _dataset_info(manifest: Manifest, description: str) -> dict:
 
 
 def metadata_files(manifest: Manifest, description: str = "") -> dict[str, bytes]:
-  """{relative path: content} of every TFDS metadata file for `manifest`."""
+  """{relative path: content} of every TFDS metadata file for `manifest`.
+
+  Args:
+    manifest: the committed manifest of a record output.
+    description: the data set description for dataset_info.json.
+
+  Returns:
+    The files' paths relative to the output root, and their bytes.
+
+  Raises:
+    ValueError: the shards lie in more than one folder.
+  """
   files = {
       DATASET_INFO_FILENAME: json.dumps(_dataset_info(manifest, description), indent=2).encode(),
       FEATURES_FILENAME: json.dumps(manifest.features.to_tfds(), indent=4).encode(),

@@ -49,23 +49,60 @@ RESAMPLE_PRECISION_BITS = 22
 
 
 def center_patch_start(shape, patch_size) -> np.ndarray:
-  """Start (int64 per axis) of the centred patch: max(shape - patch, 0) // 2 (the patch then pads at the far end)."""
+  """Start (int64 per axis) of the centred patch: max(shape - patch, 0) // 2 (the patch then pads at the far end).
+
+  Args:
+    shape: the volume's shape (D, H, W).
+    patch_size: the patch's shape.
+
+  Returns:
+    The start per axis.
+  """
   return np.maximum(np.asarray(shape, np.int64) - np.asarray(patch_size, np.int64), 0) // 2
 
 
 def element_rng(seed: int, position: int, slot: int) -> np.random.Generator:
-  """The generator of one example: batch `position` (over all epochs) and `slot` in that batch."""
+  """The generator of one example: batch `position` (over all epochs) and `slot` in that batch.
+
+  Args:
+    seed: the loader's seed.
+    position: the batch's position, counted over all epochs.
+    slot: the example's place in the batch.
+
+  Returns:
+    A generator determined by the three.
+  """
   return np.random.default_rng([seed, position, slot])
 
 
 def random_patch_start(shape, patch_size, rng: np.random.Generator) -> np.ndarray:
-  """A uniformly drawn start (int64 per axis, first axis drawn first) in [0, max(shape - patch, 0)]."""
+  """A uniformly drawn start (int64 per axis, first axis drawn first) in [0, max(shape - patch, 0)].
+
+  Args:
+    shape: the volume's shape (D, H, W).
+    patch_size: the patch's shape.
+    rng: the example's generator (`element_rng`).
+
+  Returns:
+    The start per axis.
+  """
   room = np.maximum(np.asarray(shape, np.int64) - np.asarray(patch_size, np.int64), 0)
   return np.array([rng.integers(0, r + 1) for r in room], np.int64)
 
 
 def seeded_patch_start(shape, patch_size, seed: int, position: int, slot: int) -> np.ndarray:
-  """`random_patch_start` with `element_rng(seed, position, slot)`: what every loader draws."""
+  """`random_patch_start` with `element_rng(seed, position, slot)`: what every loader draws.
+
+  Args:
+    shape: the volume's shape (D, H, W).
+    patch_size: the patch's shape.
+    seed: the loader's seed.
+    position: the batch's position, counted over all epochs.
+    slot: the example's place in the batch.
+
+  Returns:
+    The start per axis.
+  """
   return random_patch_start(shape, patch_size, element_rng(seed, position, slot))
 
 
@@ -73,6 +110,12 @@ def hu_window_constants(hu_window: tuple[float, float]) -> tuple[np.float32, np.
   """(low, high, high - low) as the float32 values clipping and normalisation use.
 
   The span is subtracted in float64 and rounded once: normalised = (clip(x) - low) / span, float32.
+
+  Args:
+    hu_window: (low, high) in HU.
+
+  Returns:
+    (low, high, span) as float32.
   """
   lo, hi = hu_window
   return np.float32(lo), np.float32(hi), np.float32(hi - lo)
@@ -84,13 +127,30 @@ def jpeg_draft_scale(height: int, width: int, size: tuple[int, int]) -> int:
   Pillow's `draft`: the largest scale s with s <= min(width // W, height // H),
   1 for an image smaller than the target; the decoded image is
   ceil(width / s) x ceil(height / s), never below the target.
+
+  Args:
+    height: the JPEG's height.
+    width: the JPEG's width.
+    size: the target (H, W).
+
+  Returns:
+    The scale s: the image is decoded at 1/s of its size.
   """
   scale = min(width // size[1], height // size[0])
   return next((s for s in JPEG_DRAFT_SCALES if scale >= s), 1)
 
 
 def fit_box(height: int, width: int, size: tuple[int, int]) -> tuple[float, float, float, float]:
-  """(left, top, right, bottom) of the centred region with the aspect ratio of `size` (H, W); Pillow's ImageOps.fit."""
+  """(left, top, right, bottom) of the centred region with the aspect ratio of `size` (H, W); Pillow's ImageOps.fit.
+
+  Args:
+    height: the image's height.
+    width: the image's width.
+    size: the target (H, W).
+
+  Returns:
+    The crop box in input pixels (floats).
+  """
   image_ratio, output_ratio = width / height, size[1] / size[0]
   if image_ratio == output_ratio:
     crop_w, crop_h = float(width), float(height)
@@ -111,6 +171,15 @@ def bilinear_taps(in_size: int, box0: float, box1: float, out_size: int) -> tupl
   clip((2**21 + sum_j pixel[first + j] * weights[j]) >> 22, 0, 255).
   The box is float32 and the filter is widened by the scale when shrinking
   (antialiasing), as in Pillow's Resample.c.
+
+  Args:
+    in_size: input pixels along the axis.
+    box0: where the region starts (input pixels).
+    box1: where it ends.
+    out_size: output pixels along the axis.
+
+  Returns:
+    (first, weights) as described above.
   """
   b0, b1 = np.float32(box0), np.float32(box1)
   scale = float(np.float32(b1 - b0)) / out_size
@@ -136,7 +205,16 @@ def bilinear_taps(in_size: int, box0: float, box1: float, out_size: int) -> tupl
 
 
 def resize_plan(height: int, width: int, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """(row_first, row_weights, col_first, col_weights): the taps of resizing `fit_box` of an image to `size`."""
+  """(row_first, row_weights, col_first, col_weights): the taps of resizing `fit_box` of an image to `size`.
+
+  Args:
+    height: the image's height.
+    width: the image's width.
+    size: the target (H, W).
+
+  Returns:
+    The row taps and the column taps (`bilinear_taps`).
+  """
   left, top, right, bottom = fit_box(height, width, size)
   rows = bilinear_taps(height, top, bottom, size[0])
   cols = bilinear_taps(width, left, right, size[1])
@@ -144,7 +222,17 @@ def resize_plan(height: int, width: int, size: tuple[int, int]) -> tuple[np.ndar
 
 
 def apply_taps(pixels: np.ndarray, first: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
-  """One resampling pass of `bilinear_taps` over uint8 `pixels` along `axis`, rounded to uint8 (a reference)."""
+  """One resampling pass of `bilinear_taps` over uint8 `pixels` along `axis`, rounded to uint8 (a reference).
+
+  Args:
+    pixels: uint8 pixels.
+    first: the taps' first input index per output (`bilinear_taps`).
+    weights: the taps' fixed-point weights.
+    axis: the axis resampled.
+
+  Returns:
+    The resampled uint8 pixels.
+  """
   n = pixels.shape[axis]
   idx = np.minimum(first[:, None] + np.arange(weights.shape[1]), n - 1)
   taken = np.take(pixels.astype(np.int64), idx, axis=axis)  # axis becomes [out, k]
