@@ -19,11 +19,11 @@ never imports `pipelines` or Beam.
 from __future__ import annotations
 
 from formats.errors import CorruptRecordError
+from formats.integrity import VERIFY_LEVELS, Verify
 from loaders._graph_file import Graph, load as load_graph
 from loaders._sampler import Budgets, NeighborSampler, budgets
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform
-from loaders._verify import VERIFY_LEVELS, Verify
 
 __all__ = [
     "VERIFY_LEVELS",

@@ -14,10 +14,9 @@ import numpy as np
 
 from formats import files
 from formats.graphbin import GraphBin
-from formats.manifest import MANIFEST_FILENAME, Manifest
-from loaders._verify import Verify, check_local_file, verify_level
-
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards", "graphs")
+from formats.integrity import Verify, verify_level
+from formats.manifest import MANIFEST_FILENAME
+from formats.output import is_output, open_output
 
 
 class Graph:
@@ -105,11 +104,13 @@ class Graph:
 def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> Graph:
   """Opens a graph output (its folder, or the .graphbin itself), local or gs://.
 
-  A gs:// graph is downloaded once into `cache_dir` and its SHA-256 checked
-  against the manifest; later loads reuse the verified copy.
+  The output is opened through formats.output. A gs:// graph is downloaded
+  once into `cache_dir` and its SHA-256 checked against the manifest as it
+  arrives, then every section's CRC once; later loads reuse the verified copy.
 
   Args:
-    path: the output folder, or the .graphbin in it; local or gs://.
+    path: the output folder, or the .graphbin in it; local or gs://. A local
+      .graphbin without a manifest beside it is opened on its own.
     cache_dir: where gs:// graphs are cached (default ~/.cache/tpu_shards/graphs).
     verify: how a local graph is proven: "sha256" (default; once per file per
       process, or every section's CRC when there is no manifest), "size" or "none".
@@ -118,34 +119,29 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> 
     The mapped graph.
 
   Raises:
-    FileNotFoundError: a gs:// path without a manifest, or a manifest that lists no such graph.
+    NotAnOutputError: the folder has no manifest (a FileNotFoundError).
+    FileNotFoundError: the manifest lists no such graph.
     CorruptRecordError: the file differs from the manifest at level `verify`.
+    GraphBinError: the file is not a valid .graphbin.
     ValueError: `verify` is not a level.
   """
   level = verify_level(verify)
   folder, file_name = path, None
   if path.endswith(".graphbin"):
     folder, file_name = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path), os.path.basename(path)
-  manifest_path = files.join(folder, MANIFEST_FILENAME)
-  manifest = Manifest.loads(files.read_bytes(manifest_path)) if files.exists(manifest_path) else None
-  if manifest is None and files.is_gcs(path):
-    raise FileNotFoundError(f"{manifest_path} not found: {folder} is not a complete graph output")
-  info = None
-  if manifest is not None:
-    blobs = [f for f in manifest.files
-             if f.kind == "graphbin" and (file_name is None or os.path.basename(f.path) == file_name)]
-    if len(blobs) != 1:
-      raise FileNotFoundError(f"{manifest_path} lists no graph {file_name or ''}".rstrip())
-    info = blobs[0]
-    file_name = info.path
+    if not files.is_gcs(path) and not is_output(folder):
+      return Graph(path, verify=level == "sha256")  # no manifest: every section's CRC stands in for its digest
+  output = open_output(folder)
+  blobs = [f for f in output.files
+           if f.kind == "graphbin" and (file_name is None or os.path.basename(f.path) == file_name)]
+  if len(blobs) != 1:
+    raise FileNotFoundError(f"{files.join(folder, MANIFEST_FILENAME)} lists no graph {file_name or ''}".rstrip())
+  info = blobs[0]
   if not files.is_gcs(folder):
-    local = os.path.join(folder, file_name)
-    if info is None:
-      return Graph(local, verify=level == "sha256")
-    check_local_file(local, info.num_bytes, info.sha256, level)
-    return Graph(local, verify=False)
-  marker = os.path.join(cache_dir or DEFAULT_CACHE, info.sha256[:16], os.path.basename(file_name) + ".sections-verified")
-  local = files.cached_copy(files.join(folder, file_name), info.sha256, cache_dir or DEFAULT_CACHE)
+    return Graph(output.local_copy(info, verify=level), verify=False)
+  # The download's SHA-256 was checked as it arrived; the cached copy is trusted from then on.
+  local = output.local_copy(info, cache_dir, verify="none")
+  marker = local + ".sections-verified"
   if not os.path.exists(marker):
     Graph(local, verify=True)  # every section's CRC, once
     open(marker, "w").close()

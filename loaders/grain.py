@@ -22,10 +22,10 @@ import threading
 import grain
 import numpy as np
 
+from formats.integrity import Verify
 from formats.transforms import element_rng
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
-from loaders._verify import Verify
 
 
 def data_source(path: str, split: str = "train", cache_dir: str | None = None,

@@ -10,26 +10,23 @@ drop_remainder. gs:// shards are fetched once into a local cache and checked
 against the manifest's SHA-256 (no TensorFlow GCS plugin or FUSE mount needed).
 
 Before tf.data sees a shard, its bytes are proven at the `verify` level (see
-loaders._verify) and its framing is walked once to count its records against
+formats.integrity) and its framing is walked once to count its records against
 the manifest: tf.data's own errors name a byte offset but not the file, ours
 name the shard and the record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import tensorflow as tf
 
+from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Image, Tensor, Text
-from formats.kinds import kind_of
-from formats.manifest import ShardInfo
+from formats.integrity import Verify, verify_level
+from formats.output import Output, open_output
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
                                 hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)
-from loaders._shards import load_manifest, local_shard, tfrecord_index
 from loaders._transforms import ExampleOptions, batched_features
-from loaders._verify import CorruptRecordError, Verify, verify_level
 
 
 # The dtypes tf.io.decode_raw reads.
@@ -106,16 +103,17 @@ def _resize_center_crop(img: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
   return tf.cast(_resample(across, row_first - r0, row_w, axis=0), tf.uint8)
 
 
-def _checked_shards(path: str, shards: Sequence[ShardInfo], cache_dir: str | None, verify: Verify) -> list[str]:
-  """Local paths of the shards, proven at `verify` and with the record counts the manifest gives.
+def _checked_shards(output: Output, split: str, cache_dir: str | None, verify: Verify) -> list[str]:
+  """Local paths of a split's shards, proven at `verify` and with the record counts the manifest gives.
 
   The count comes from walking each shard's framing (headers only), so a bad
   length or a truncated file is reported here, naming the shard and record.
   """
-  paths = [local_shard(path, s, cache_dir, verify, "tfrecord") for s in shards]
+  shards = output.shards(split)
+  paths = [output.local_copy(s, cache_dir, verify) for s in shards]
   if verify_level(verify) != "none":
     for local, s in zip(paths, shards):
-      n = len(tfrecord_index(local)[0])
+      n = output.adapter.num_records(local)
       if n != s.num_records:
         raise CorruptRecordError(f"{local}: {n} records, the manifest says {s.num_records}")
   return paths
@@ -140,17 +138,17 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if num_epochs < 1:
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
-  manifest = load_manifest(path)
+  output = open_output(path)
+  manifest = output.manifest
   if manifest.file_format != "tfrecord":
     raise ValueError(f"{path} holds {manifest.file_format} shards; tf.data reads tfrecord (use loaders.grain)")
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
   features = manifest.features
-  kind = kind_of(manifest)
+  kind = output.kind
   o = ExampleOptions(**example_options)
-  shards = manifest.splits[split].shards
-  paths = _checked_shards(path, shards, cache_dir, verify)
-  total = sum(s.num_records for s in shards)
+  paths = _checked_shards(output, split, cache_dir, verify)
+  total = sum(s.num_records for s in output.shards(split))
   per_shard = total // shard_count
   spec = _parse_spec(features)
 

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from formats.graphbin import GraphBinWriter
+from formats import files
+from formats.errors import NotAnOutputError
+from formats.features import Features
+from formats.graphbin import GraphBin, GraphBinWriter
+from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, sha256_file
 from loaders import graph as lg
-from tests.conftest import REPO
+from tests.conftest import REPO, upload_tree
 
 N = 300
 
@@ -40,6 +45,42 @@ def graph_path(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def graph(graph_path):
   return lg.Graph(graph_path)
+
+
+@pytest.fixture(scope="module")
+def graph_output(graph_path, tmp_path_factory) -> str:
+  """The graph as an output: the .graphbin and a manifest.json listing it."""
+  out = tmp_path_factory.mktemp("graph_output")
+  shutil.copy(graph_path, out / "g.graphbin")
+  info = FileInfo("g.graphbin", os.path.getsize(out / "g.graphbin"), sha256_file(str(out / "g.graphbin")), "graphbin")
+  manifest = Manifest(name="g", file_format="graphbin", features=Features({}), splits={}, files=(info,))
+  (out / MANIFEST_FILENAME).write_bytes(manifest.dumps())
+  return str(out)
+
+
+def test_load_opens_the_graph_an_output_lists(graph_output, graph):
+  for path in (graph_output, os.path.join(graph_output, "g.graphbin")):
+    np.testing.assert_array_equal(lg.load(path).indices, graph.indices)
+  with pytest.raises(FileNotFoundError, match="lists no graph other.graphbin"):
+    lg.load(os.path.join(graph_output, "other.graphbin"))
+  with pytest.raises(NotAnOutputError, match="is not a complete output"):
+    lg.load(os.path.dirname(graph_output))
+
+
+@pytest.mark.gcs
+def test_load_over_gcs_downloads_and_checks_sections_once(graph_output, graph, gcs_emulator, tmp_path, monkeypatch):
+  gs = f"gs://{gcs_emulator}/graphs/{tmp_path.name}"
+  upload_tree(graph_output, gs)
+  cache = str(tmp_path / "cache")
+  np.testing.assert_array_equal(lg.load(gs, cache_dir=cache).indices, graph.indices)
+  assert [f for _, _, fs in os.walk(cache) for f in fs if f.endswith(".sections-verified")] == [
+      "g.graphbin.sections-verified"]
+  downloads, section_checks = [], []
+  monkeypatch.setattr(files, "download", lambda *a: downloads.append(a))
+  real = GraphBin.verify
+  monkeypatch.setattr(GraphBin, "verify", lambda self, *a, **k: section_checks.append(self.path) or real(self, *a, **k))
+  np.testing.assert_array_equal(lg.load(gs, cache_dir=cache).indices, graph.indices)
+  assert downloads == [] and section_checks == []
 
 
 def _sampler(graph, **kw):
