@@ -9,7 +9,7 @@
 Records are split disjointly over `shard_count` (strided, after trimming the
 split to a multiple of it, so every shard gets the same number of records and
 batches), shuffled per shard with `seed`, reshuffled every epoch, transformed
-by the record kind's transform (loaders._transforms) and batched. Prefetching
+by the record kind's transform (loaders.example_transform) and batched. Prefetching
 runs on grain's thread pool (`ReadOptions(num_threads)`), never in worker
 processes; ArrayRecord reads and JPEG decodes release the GIL.
 """
@@ -27,10 +27,28 @@ from formats.transforms import element_rng
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
+__all__ = ["data_source", "dataset", "map_dataset", "operations"]
+
 
 def data_source(path: str, split: str = "train", cache_dir: str | None = None,
                 verify: Verify = "sha256") -> ShardedRecords:
-  """The split as a grain RandomAccessDataSource (records decoded, plus `record_index`)."""
+  """The split as a grain RandomAccessDataSource.
+
+  Args:
+    path: the output folder, local or gs://.
+    split: the split to read.
+    cache_dir: where gs:// shards are cached (default ~/.cache/tpu_shards/shards).
+    verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+
+  Returns:
+    The records, decoded, each with its `record_index`.
+
+  Raises:
+    NotAnOutputError: `path` has no manifest.json.
+    KeyError: the output has no such split.
+    CorruptRecordError: a shard differs from the manifest.
+    ValueError: `verify` is not a level, or the output holds no record shards.
+  """
   return ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
 
 
@@ -50,6 +68,18 @@ def operations(source: ShardedRecords, *, batch_size: int, drop_remainder: bool 
                                 sampler=grain.samplers.IndexSampler(len(source), shuffle=True, seed=0,
                                     shard_options=grain.sharding.ShardOptions(i, n, drop_remainder=True)),
                                 worker_count=0)   # threads only
+
+  Args:
+    source: the records (`data_source`).
+    batch_size: examples per batch.
+    drop_remainder: drop a last, short batch.
+    **example_options: the fields of loaders.ExampleOptions (image_size, patch_size, ...).
+
+  Returns:
+    [the record kind's transform, grain's Batch].
+
+  Raises:
+    ValueError: the record kind has no transform, or needs an option that is missing.
   """
   transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
   return [_ToExample(transform), grain.transforms.Batch(batch_size=batch_size, drop_remainder=drop_remainder)]
@@ -102,7 +132,19 @@ class _ReadBatch:
 def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
                 shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
                 cache_dir: str | None = None, verify: Verify = "sha256", **example_options) -> grain.MapDataset:
-  """The random-access form of `dataset` (a grain MapDataset of batches)."""
+  """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
+
+  Args:
+    path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
+    drop_remainder, cache_dir, verify, **example_options: as in `dataset`.
+
+  Returns:
+    A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
+
+  Raises:
+    ValueError: a bad batch size, shard, epoch count, verify level or example option.
+    NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
+  """
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if not 0 <= shard_index < shard_count:
@@ -120,14 +162,33 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
             verify: Verify = "sha256", **example_options) -> grain.IterDataset:
-  """A grain IterDataset of batches (dicts of numpy arrays) read by up to `num_threads` threads
-  (capped at the CPUs this process may use).
+  """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
 
-  `example_options`: image_size, patch_size, patch, hu_window, normalize,
-  max_nodes, max_edges (see loaders._transforms.ExampleOptions). With
-  drop_remainder=False the last batch is padded and every batch carries `mask`.
-  verify: how local shards are proven against the manifest, "sha256" (default,
-  once per shard per process), "size" or "none" (see docs/loaders.md).
+  Args:
+    path: the output folder, local or gs://.
+    split: the split to read.
+    batch_size: examples per batch.
+    shuffle: shuffle each epoch (seeded; reshuffled every epoch).
+    seed: fixes the order and every random draw (patch positions).
+    shard_index, shard_count: this replica's disjoint, equal share of the records.
+    num_epochs: epochs in a row.
+    drop_remainder: drop each epoch's last short batch; False pads it and every
+      batch carries `mask`.
+    num_threads: grain's reading threads.
+    prefetch_buffer_size: batches read ahead.
+    cache_dir: where gs:// shards are cached.
+    verify: how local shards are proven against the manifest, "sha256" (default,
+      once per shard per process), "size" or "none" (see docs/loaders.md).
+    **example_options: the fields of loaders.ExampleOptions (image_size,
+      patch_size, patch, hu_window, normalize, max_nodes, max_edges).
+
+  Returns:
+    An IterDataset of dicts of numpy arrays with static shapes; its iterator
+    has get_state()/set_state() for resuming.
+
+  Raises:
+    ValueError: a bad batch size, shard, epoch count, verify level or example option.
+    NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,

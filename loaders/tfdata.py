@@ -28,6 +28,8 @@ from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALE
                                 hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)
 from loaders._transforms import ExampleOptions, batched_features
 
+__all__ = ["dataset"]
+
 
 # The dtypes tf.io.decode_raw reads.
 _RAW_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16,
@@ -131,7 +133,29 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
   element_rng(seed, batch position, slot). With shuffle=False the batches
   equal grain's bit for bit; shuffled orders differ (tf.data's shuffle buffer
   is not grain's permutation), and so do the random patches a record gets.
-  verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+
+  Args:
+    path: the output folder (TFRecord shards), local or gs://.
+    split: the split to read.
+    batch_size: examples per batch (the remainder of each epoch is dropped).
+    shuffle: shuffle each epoch with a buffer of `shuffle_buffer` records.
+    seed: fixes the shuffle and every random draw.
+    shard_index, shard_count: this replica's disjoint, equal share of the records.
+    num_epochs: epochs in a row.
+    cache_dir: where gs:// shards are cached.
+    shuffle_buffer: the shuffle buffer's size.
+    verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+    **example_options: the fields of loaders.ExampleOptions.
+
+  Returns:
+    A tf.data.Dataset of dicts of tensors with static shapes.
+
+  Raises:
+    ValueError: the shards are not TFRecord, the record kind is not read here,
+      or a bad batch size, shard, epoch count, verify level or example option.
+    NotAnOutputError: `path` has no manifest.json.
+    KeyError: the output has no such split.
+    CorruptRecordError: a shard differs from the manifest (size, digest or record count).
   """
   verify_level(verify)
   if batch_size < 1:

@@ -26,9 +26,23 @@ def device_loader(path: str, split: str = "train", *, batch_size: int, device=No
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
                   loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
                   **example_options) -> DeviceLoader:
-  """A torch_xla MpDeviceLoader over `path`'s `split`, static shapes, drop_remainder.
+  """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.
 
-  verify: "sha256" (default), "size" or "none", as in loaders.grain.dataset.
+  Args:
+    path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify,
+      **example_options: as in loaders.grain.dataset.
+    device: the XLA device (default torch_xla.device()).
+    shard_index, shard_count: this replica's share (default torch_xla.runtime's
+      global_ordinal() and world_size()).
+    state: a DeviceLoader.get_state() of an earlier loader with the same
+      arguments: continue after the last batch it delivered.
+    loader_prefetch_size, device_prefetch_size: torch_xla MpDeviceLoader's queues.
+
+  Returns:
+    A DeviceLoader: iterate it for dicts of tensors on the device.
+
+  Raises:
+    ValueError, NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.dataset.
   """
   import torch_xla
   import torch_xla.runtime as xr
