@@ -17,6 +17,7 @@ import threading
 
 import numpy as np
 
+from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
 
 
@@ -119,7 +120,7 @@ class NeighborSampler:
     self._indices = np.asarray(graph.indices)
     self._features = np.asarray(graph.node_features) if graph.node_features is not None else None
     self._labels = np.asarray(graph.labels) if graph.labels is not None else None
-    self._id = np.dtype(np.int32) if graph.num_nodes < 2**31 - 1 else np.dtype(np.int64)
+    self._id = index_dtype(graph.num_nodes)  # local ids and the global -> local table
     self._unknown = np.iinfo(self._id).max
     self._local = threading.local()  # per thread: global id -> local id table, reset after each batch
     self._epoch_cache: tuple[int, np.ndarray] | None = None
