@@ -37,7 +37,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import bench_image_folder  # noqa: E402
-from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
+from formats import load_manifest  # noqa: E402
 from loaders import ShardedRecords, grain as grain_loader  # noqa: E402
 from pipelines import image_folder  # noqa: E402
 
@@ -70,8 +70,7 @@ def ensure_shards(work: str, root: str, encoding: str, size: tuple[int, int]) ->
         f"--image_size={size[0]},{size[1]}", "--overwrite=true", "--runner=DirectRunner",
         "--direct_num_workers=1", "--direct_running_mode=in_memory",
     ])
-    with open(os.path.join(out, MANIFEST_FILENAME), "rb") as f:
-      n = Manifest.loads(f.read()).num_records
+    n = load_manifest(out).num_records
     with open(done, "w") as f:
       f.write(f"{n}\n")
     print(f"converted {n} images to {encoding} shards in {out} ({time.perf_counter() - t0:.1f}s)", flush=True)

@@ -13,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from formats.inspect import load_manifest  # noqa: E402
+from formats import load_manifest  # noqa: E402
 from loaders import grain as grain_loader  # noqa: E402
 
 

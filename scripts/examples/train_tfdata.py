@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import tensorflow as tf  # noqa: E402
 
-from formats.inspect import load_manifest  # noqa: E402
+from formats import load_manifest  # noqa: E402
 from loaders import tfdata  # noqa: E402
 
 

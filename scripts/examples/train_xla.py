@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch_xla  # noqa: E402
 
-from formats.inspect import load_manifest  # noqa: E402
+from formats import load_manifest  # noqa: E402
 from loaders import xla  # noqa: E402
 
 
