@@ -32,13 +32,19 @@ from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, PATCH_MODES, c
 
 @dataclasses.dataclass(frozen=True)
 class ExampleOptions:
-  """How records become fixed-shape examples.
+  """How records become fixed-shape examples ("tensors" records need none of these).
 
-  image_size: (H, W) for images stored at their own size (required then).
-  patch_size: (D, H, W) of CT patches; patch: "random" or "center" (placement:
-  formats.transforms.center_patch_start / random_patch_start).
-  hu_window: HU range kept (clipped); normalize: map it to [0, 1] float32.
-  max_nodes / max_edges: budgets of graph records.
+  Attributes:
+    image_size: (H, W) for images stored at their own size (required then).
+    patch_size: (D, H, W) of CT patches (required for volumes).
+    patch: "random" or "center" (placement: formats.transforms.random_patch_start /
+      center_patch_start).
+    hu_window: the HU range kept (clipped).
+    normalize: map the HU window to [0, 1] float32.
+    max_nodes, max_edges: budgets of graph records (required for graphs).
+
+  Raises:
+    ValueError: (on construction) an unknown `patch`, or a window with low >= high.
   """
 
   image_size: tuple[int, int] | None = None
