@@ -15,8 +15,9 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY formats ./formats
 COPY pipelines ./pipelines
 COPY loaders ./loaders
+COPY scheduling ./scheduling
 RUN pip install --no-cache-dir -c constraints.txt ".[pipelines]" \
- && python -c "import pipelines.ct_volumes, pipelines.image_folder, pipelines.ogb_graphs, pydicom, gdcm, openjpeg, jpeg_ls"
+ && python -m pipelines.registry --check  # every registered converter and its workers' modules import
 
 # The Beam SDK harness stays the entry point.
 ENTRYPOINT ["/opt/apache/beam/boot"]

@@ -40,8 +40,8 @@ import SimpleITK as sitk  # noqa: E402
 from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
 from pipelines import ct_volumes  # noqa: E402
 from formats.transforms import CT_PADDING_HU as PADDING_HU  # noqa: E402
-from pipelines._ct_assembly import VolumePlan, plan_volumes, read_volume  # noqa: E402
-from pipelines._ct_headers import read_slices  # noqa: E402
+from pipelines.ct_volumes.assembly import VolumePlan, plan_volumes, read_volume  # noqa: E402
+from pipelines.ct_volumes.headers import read_slices  # noqa: E402
 import make_sample_ct  # noqa: E402
 
 SALT = "bench"

@@ -6,7 +6,7 @@
 
 Generates (once, cached under --work) a folder of plain RGB JPEGs around
 500x375, then times on it, in order: a single-process loop doing the same work
-(list, read, `_imaging.convert`, encode the Example, write the shards), the
+(list, read, `imaging.convert`, encode the Example, write the shards), the
 pipeline on the in-process DirectRunner with one worker, and the pipeline with
 two worker processes. The variants are alternated over `--rounds` rounds (this
 machine is shared and swings between runs: each round measures all variants
@@ -35,8 +35,10 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from formats import arrayrecord, naming, tfrecord  # noqa: E402
 from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
-from pipelines import _cli, _imaging, image_folder  # noqa: E402
-from pipelines._sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
+from pipelines import image_folder  # noqa: E402
+from pipelines.core import flags  # noqa: E402
+from pipelines.image_folder import imaging  # noqa: E402
+from pipelines.core.sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
 import make_sample_images  # noqa: E402
 
 NUM_CLASSES = 10
@@ -84,7 +86,7 @@ def _list_images(root: str) -> list[tuple[str, str]]:
   return out
 
 
-def run_loop(root: str, output: str, options: _imaging.ImageOptions, file_format: str,
+def run_loop(root: str, output: str, options: imaging.ImageOptions, file_format: str,
              num_shards: int, name: str) -> int:
   """The baseline: the pipeline's work in one plain loop; returns the records written."""
   files = _list_images(root)
@@ -95,7 +97,7 @@ def run_loop(root: str, output: str, options: _imaging.ImageOptions, file_format
   for cls, rel in files:
     with open(os.path.join(root, rel), "rb") as f:
       data = f.read()
-    image = _imaging.convert(data, options)
+    image = imaging.convert(data, options)
     payloads.append(features.encode({"image": image, "label": labels[cls], "file_name": rel}))
   num_bytes = sum(len(p) for p in payloads)
   shards = min(num_shards or max(1, math.ceil(num_bytes / DEFAULT_TARGET_SHARD_BYTES)), len(payloads))
@@ -173,9 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   work = os.path.abspath(a.work)
   root, n = ensure_images(work, a.num_images)
   h, w = (int(v) for v in a.image_size.split(","))
-  options = _imaging.ImageOptions(size=(h, w), encoding=a.encoding)
+  options = imaging.ImageOptions(size=(h, w), encoding=a.encoding)
   out = os.path.join(work, "out")
-  name = _cli.dataset_name(None, root)
+  name = flags.dataset_name(None, root)
   print(f"{n} images, image_size={a.image_size} encoding={a.encoding} format={a.format} "
         f"num_shards={a.num_shards} rounds={a.rounds} cpus={os.cpu_count()}", flush=True)
 

@@ -79,10 +79,10 @@ def _gcs_server():
   os.environ["STORAGE_EMULATOR_HOST"] = proxy.host
   # Both clients read the variable when they are created: start from fresh ones.
   from formats import files
-  from pipelines import _fileio
+  from pipelines.core import emulator
 
   files._gcs_client.cache_clear()
-  _fileio._use_anonymous_gcs_for_emulator()
+  emulator.use_anonymous_credentials()
   try:
     yield bucket, proxy
   finally:

@@ -14,7 +14,8 @@ from airflow.models.dagbag import DagBag
 
 from formats import inspect
 from formats.manifest import Manifest
-from pipelines.airflow_dags import ConversionConfig, dags_from_folder, make_dag
+from pipelines import registry
+from scheduling.airflow_dags import ConversionConfig, dags_from_folder, make_dag
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAG_FOLDER = os.path.join(REPO, "scripts", "airflow", "dags")
@@ -43,6 +44,13 @@ def test_operators_carry_module_arguments_and_dataflow_options():
   assert task.dataflow_config.job_name == "flowers-daily-{{ ds_nodash }}"
   assert dags["flowers_daily"].schedule == "@daily" or str(dags["flowers_daily"].timetable.summary) == "@daily"
   assert dags["ct_weekly"].get_task("convert").py_file == "pipelines.ct_volumes"
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_registered_converter_can_be_scheduled(name):
+  dag = make_dag(ConversionConfig(dag_id=f"d_{name}", pipeline=name, input="/in", output="/out/{{ ds }}"))
+  assert dag.get_task("convert").py_file == f"pipelines.{name}"
+  assert f"pipelines.{name}.pipeline" not in sys.modules  # reading the registry loads no converter
 
 
 @pytest.mark.parametrize("change,message", [

@@ -286,8 +286,9 @@ def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_pa
   tmpdir.mkdir()
   # A runner need not call DoFn.teardown (Dataflow may not): run with every teardown a no-op.
   no_teardown = (
-      "import sys\nfrom pipelines import _sink, image_folder, ogb_graphs\n"
-      "for c in (_sink._WriteShardFn, ogb_graphs._BuildPartFn, ogb_graphs._AssembleFn):\n"
+      "import sys\nfrom pipelines import image_folder, ogb_graphs\nfrom pipelines.core import sink\n"
+      "from pipelines.ogb_graphs import assemble\n"
+      "for c in (sink._WriteShardFn, assemble._BuildPartFn, assemble._AssembleFn):\n"
       "  c.teardown = lambda self: None\n"
       "{'image': image_folder, 'graph': ogb_graphs}[sys.argv[1]].run(sys.argv[2:])\n")
 
@@ -335,14 +336,14 @@ def test_graph_outputs_use_the_same_switch(tmp_path):
 
 
 def test_the_launcher_heartbeat_keeps_a_long_run_alive_and_stops_before_the_run_ends(tmp_path, monkeypatch):
-  from pipelines import _cli
+  from pipelines.core import launch
 
   out = str(tmp_path / "out")
   monkeypatch.setattr(commit, "HEARTBEAT_SECONDS", 0.05)
   gen, _ = commit.begin(out)
   marker = os.path.join(out, gen, commit.MARKER_FILENAME)
   os.utime(marker, (time.time() - 3600, time.time() - 3600))  # as if the run had been going for an hour
-  with _cli._Heartbeat(out, gen, "test"):
+  with launch._Heartbeat(out, gen, "test"):
     time.sleep(0.5)
   assert time.time() - os.path.getmtime(marker) < 60
   assert commit.cleanup(out, lease_seconds=600) == []  # alive: another run's clean-up leaves it

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from formats.transforms import CT_PADDING_HU
-from pipelines._ct_assembly import (
+from pipelines.ct_volumes.assembly import (
     SeriesRejected, VolumePlan, plan_volumes, read_volume, slice_hu, stored_values)
-from pipelines._ct_headers import SliceHeader, salted_hash
+from pipelines.ct_volumes.headers import SliceHeader, salted_hash
 
 AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 
@@ -171,7 +171,7 @@ def test_read_volume_drops_identical_and_rejects_conflicting_duplicates(monkeypa
     def __enter__(self): return self
     def __exit__(self, *a): pass
 
-  import pipelines._ct_assembly as asm
+  import pipelines.ct_volumes.assembly as asm
 
   def fake_read_dataset(f, max_inflated):
     class DS: pixel_array = pixels[f.path]

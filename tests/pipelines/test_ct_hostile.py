@@ -21,8 +21,8 @@ from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.tag import Tag
 import pytest
 
-from pipelines._ct_assembly import SeriesRejected, plan_volumes, read_volume
-from pipelines._ct_headers import Rejected, read_slices
+from pipelines.ct_volumes.assembly import SeriesRejected, plan_volumes, read_volume
+from pipelines.ct_volumes.headers import SliceRejected, read_slices
 from tests.conftest import REPO
 
 MARKER = "ZZPHI^SECRET^42"
@@ -134,7 +134,7 @@ def _planted_file(folder: str, keyword: str) -> str:
 @pytest.mark.parametrize("keyword", sorted(PLANTED))
 def test_a_bad_header_value_is_rejected_by_tag_name_never_quoted(tmp_path, said, keyword):
   path = _planted_file(str(tmp_path), keyword)
-  with pytest.raises(Rejected) as e:
+  with pytest.raises(SliceRejected) as e:
     _headers(path)
   reason = str(e.value)
   assert PLANTED[keyword][1] in reason and MARKER not in reason
@@ -143,7 +143,7 @@ def test_a_bad_header_value_is_rejected_by_tag_name_never_quoted(tmp_path, said,
 
 def test_a_well_formed_unknown_sop_class_is_not_named(tmp_path, said):
   path = _ct(str(tmp_path / "f"), SOPClassUID="1.2.826.0.1.3680043.9.9.77", plant={"Modality": MARKER})
-  with pytest.raises(Rejected, match=r"^not a CT image \(SOP class unknown\)$"):
+  with pytest.raises(SliceRejected, match=r"^not a CT image \(SOP class unknown\)$"):
     _headers(path)
   assert "ZZPHI" not in said()
 
@@ -152,10 +152,10 @@ def test_a_well_formed_unknown_sop_class_is_not_named(tmp_path, said):
 def test_a_secondary_capture_is_called_an_image_that_is_not_ct(tmp_path, said):
   """A secondary capture is an image (not a "non-image object"); a dose report is not one."""
   sc = _ct(str(tmp_path / "sc"), SOPClassUID="1.2.840.10008.5.1.4.1.1.7", plant={"Modality": MARKER})
-  with pytest.raises(Rejected, match=r"^not a CT image \(secondary capture\)$"):
+  with pytest.raises(SliceRejected, match=r"^not a CT image \(secondary capture\)$"):
     _headers(sc)
   sr = _ct(str(tmp_path / "sr"), SOPClassUID="1.2.840.10008.5.1.4.1.1.88.67", plant={"Modality": MARKER})
-  with pytest.raises(Rejected, match=r"^non-image object \(dose report \(structured report\)\)$"):
+  with pytest.raises(SliceRejected, match=r"^non-image object \(dose report \(structured report\)\)$"):
     _headers(sr)
   assert "ZZPHI" not in said()
 
@@ -197,12 +197,12 @@ def test_huge_dimensions_are_rejected_from_the_header(tmp_path):
     path = _ct(str(tmp_path / f"big{i}"), z=float(i), instance=i + 1, Rows=65535, Columns=65535,
                PixelData=bytes(14000))
     assert os.path.getsize(path) < 30000
-    with pytest.raises(Rejected, match=r"^pixel data over the size limit: .*Rows \(0028,0010\)"
+    with pytest.raises(SliceRejected, match=r"^pixel data over the size limit: .*Rows \(0028,0010\)"
                        r".*Columns \(0028,0011\).*1073741824 bytes"):
       _headers(path)
   rle = _ct(str(tmp_path / "rle"), Rows=65535, Columns=65535, TransferSyntaxUID=RLE_LOSSLESS,
             PixelData=pydicom.encaps.encapsulate([bytes(64)]))
-  with pytest.raises(Rejected, match="^pixel data over the size limit"):
+  with pytest.raises(SliceRejected, match="^pixel data over the size limit"):
     _headers(rle)
 
 
@@ -210,7 +210,7 @@ def test_the_caps_are_parameters(tmp_path):
   """A 128x128 16-bit file is 32 KiB decoded: a 16 KiB cap rejects it; the volume cap
   rejects a series of such files at planning and again (defensively) before decoding."""
   paths = _series(str(tmp_path))
-  with pytest.raises(Rejected, match="over the size limit.*16384 bytes"):
+  with pytest.raises(SliceRejected, match="over the size limit.*16384 bytes"):
     _headers(paths[0], max_file_bytes=16384)
   slices = [s for p in paths for s in _headers(p, max_file_bytes=32768)]
   plans, rejected = plan_volumes(slices, max_volume_voxels=3 * 128 * 128 - 1)
@@ -310,7 +310,7 @@ def test_huge_dimension_files_do_not_stop_the_job(tmp_path):
 
 @pytest.mark.slow
 def test_the_caps_are_flags_of_the_pipeline(tmp_path):
-  from pipelines import _cli
+  from pipelines.core import UsageError
 
   src = str(tmp_path / "in")
   os.makedirs(src)
@@ -327,6 +327,6 @@ def test_the_caps_are_flags_of_the_pipeline(tmp_path):
                     f"--max_file_bytes={rows * cols * 2}")
   assert m["splits"]["train"]["num_records"] == 1 and m["rejected"]["count"] == 0
   for bad in ("--max_file_bytes=0", "--max_volume_voxels=-1", "--max_file_bytes=lots"):
-    with pytest.raises(_cli.UsageError, match=bad.split("=")[0]):
+    with pytest.raises(UsageError, match=bad.split("=")[0]):
       _run_pipeline(src, str(tmp_path / "bad"), bad)
   assert not os.path.exists(tmp_path / "bad")

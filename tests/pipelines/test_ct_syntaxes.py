@@ -29,9 +29,9 @@ from formats.transforms import CT_PADDING_HU
 from formats import arrayrecord, files
 from formats.manifest import Manifest
 from pipelines import ct_volumes
-from pipelines._ct_assembly import plan_volumes, read_volume
-from pipelines import _ct_headers
-from pipelines._ct_headers import Rejected, read_slices, salted_hash
+from pipelines.ct_volumes.assembly import plan_volumes, read_volume
+from pipelines.ct_volumes import headers as ct_headers
+from pipelines.ct_volumes.headers import SliceRejected, read_slices, salted_hash
 from tests.pipelines.test_ct_hostile import _silently  # noqa: E402  (one quiet pydicom for the tests)
 
 SALT = "syntax-salt"
@@ -319,7 +319,7 @@ def test_a_deflate_bomb_is_rejected_without_inflating_it(tmp_path):
   bomb = comp.compress(body) + b"".join(comp.compress(bytes(1 << 24)) for _ in range(16)) + comp.flush()
   bombed = tmp_path / "bomb.dcm"
   bombed.write_bytes(data[:meta_end] + bomb)
-  with open(bombed, "rb") as f, pytest.raises(Rejected, match="^deflated data set over the size limit"):
+  with open(bombed, "rb") as f, pytest.raises(SliceRejected, match="^deflated data set over the size limit"):
     read_slices(f, str(bombed), SALT, max_file_bytes=1 << 20)
 
 
@@ -331,8 +331,8 @@ def test_a_syntax_without_an_installed_decoder_is_a_reject_naming_it(tmp_path, m
     is_available = False
     available_plugins = ()
 
-  monkeypatch.setattr(_ct_headers, "get_decoder", lambda uid: _NoPlugin())
-  with open(path, "rb") as f, pytest.raises(Rejected) as e:
+  monkeypatch.setattr(ct_headers, "get_decoder", lambda uid: _NoPlugin())
+  with open(path, "rb") as f, pytest.raises(SliceRejected) as e:
     read_slices(f, path, SALT)
   assert str(e.value) == "unsupported transfer syntax: JPEG 2000 Image Compression (Lossless Only) (no decoder installed)"
 

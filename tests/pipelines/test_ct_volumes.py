@@ -16,25 +16,26 @@ import pytest
 import make_sample_ct as ct
 from formats import arrayrecord, files, inspect, tfrecord
 from formats.manifest import Manifest
-from pipelines import UsageError, ct_volumes
-from pipelines._ct_headers import salted_hash
+from pipelines.core import UsageError
+from pipelines import ct_volumes
+from pipelines.ct_volumes.headers import salted_hash
 from tests.conftest import REPO, upload_tree
 
 pytestmark = pytest.mark.slow
 SALT = "test-salt"
 
-# What the errors/ reason says for each kind of broken input the generator makes.
+# What the errors/ reason says for each kind of broken input the generator makes: one of these.
 REASONS = {
-    ct.LOCALIZER: "localizer",
-    ct.MISSING_SLICE: "missing slice",
-    ct.IRREGULAR_SPACING: "irregular slice spacing",
-    ct.GANTRY_TILT: "gantry tilt",
-    ct.CONFLICTING_DUPLICATE: "conflicting duplicate",
-    ct.NO_PIXEL_DATA: "non-image object",
-    ct.SECONDARY_CAPTURE: "secondary capture",
-    ct.NOT_DICOM: "",  # not DICOM, or DICOM that is no CT image: either reason is right
-    ct.TRUNCATED: "pixel data",
-    ct.MISSING_TAG: "",  # the file itself: missing tag; the rest of its series: missing slice
+    ct.LOCALIZER: ("localizer",),
+    ct.MISSING_SLICE: ("missing slice",),
+    ct.IRREGULAR_SPACING: ("irregular slice spacing",),
+    ct.GANTRY_TILT: ("gantry tilt",),
+    ct.CONFLICTING_DUPLICATE: ("conflicting duplicate",),
+    ct.NO_PIXEL_DATA: ("non-image object",),
+    ct.SECONDARY_CAPTURE: ("secondary capture",),
+    ct.NOT_DICOM: ("not DICOM", "missing mandatory tag SOPClassUID"),  # no DICOM, or DICOM that is no image
+    ct.TRUNCATED: ("pixel data",),
+    ct.MISSING_TAG: ("missing mandatory tag", "missing slice"),  # the file itself; the rest of its series
 }
 
 
@@ -117,7 +118,9 @@ def test_every_other_file_is_in_errors_with_its_reason(tree, converted):
       if f in used:
         continue  # e.g. the good slices of a series whose localizer was left out
       assert f in errs, (t.name, f)
-      assert any(REASONS[t.expected] in r for r in errs[f]), (t.name, errs[f])
+      assert any(reason in r for reason in REASONS[t.expected] for r in errs[f]), (t.name, errs[f])
+    if t.expected == ct.MISSING_TAG:  # the file that lacks the tag is named for it
+      assert any("missing mandatory tag" in r for f in t.files for r in errs.get(f, ())), t.name
   # nothing is both used and rejected, apart from the identical duplicate dropped from a volume
   both = [f for f in used if f in errs]
   assert all(any("identical duplicate" in r for r in errs[f]) for f in both)
@@ -250,3 +253,10 @@ def test_both_pipelines_live_in_one_process_and_keep_their_own_flags(tree, tmp_p
     image_folder.run([f"--input={tree[0]}", f"--output={tmp_path}/o", "--id_salt=x"])
   with pytest.raises(UsageError, match="unrecognized arguments: --image_size=4,4"):
     ct_volumes.run([f"--input={tree[0]}", f"--output={tmp_path}/o", "--id_salt=x", "--image_size=4,4"])
+
+
+def sample_input(base: str) -> tuple[str, list[str]]:
+  """A small input for registry-driven tests (tests/pipelines/test_registry.py): (folder, own flags)."""
+  root = os.path.join(base, "dicom")
+  ct.make_mixed_tree(root, seed=1)
+  return root, [f"--id_salt={SALT}"]

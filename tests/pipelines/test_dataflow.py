@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 
-import make_sample_ct as ct
-import make_sample_ogb as mo
-from pipelines import UsageError, ct_volumes, image_folder, ogb_graphs
+from pipelines import registry
+from pipelines.core import UsageError, launch
 from tests.conftest import upload_tree
+from tests.pipelines.test_registry import sample_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.gcs]
 
@@ -20,25 +22,23 @@ def dataflow_flags(bucket: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def gcs_inputs(gcs_emulator, class_folder, tmp_path_factory):
+def gcs_inputs(gcs_emulator, tmp_path_factory):
+  """Every registered converter's sample input, uploaded: {name: its --input and own flags}."""
   base = tmp_path_factory.mktemp("df")
-  dicom = str(base / "dicom")
-  ct.make_mixed_tree(dicom, seed=1)
-  arxiv = mo.write_homogeneous_node(str(base / "ogbn_arxiv"), 0, num_nodes=200, num_edges=800)
-  upload_tree(class_folder, f"gs://{gcs_emulator}/df/pets")
-  upload_tree(dicom, f"gs://{gcs_emulator}/df/dicom")
-  upload_tree(arxiv.folder, f"gs://{gcs_emulator}/df/ogbn_arxiv")
-  return {"image_folder": [f"--input=gs://{gcs_emulator}/df/pets"],
-          "ct_volumes": [f"--input=gs://{gcs_emulator}/df/dicom", "--id_salt=s"],
-          "ogb_graphs": [f"--input=gs://{gcs_emulator}/df/ogbn_arxiv"]}
+  out = {}
+  for name in registry.names():
+    folder, flags = sample_input(name, str(base / name))
+    upload_tree(folder, f"gs://{gcs_emulator}/df/{name}/{os.path.basename(folder)}")
+    out[name] = [f"--input=gs://{gcs_emulator}/df/{name}/{os.path.basename(folder)}", *flags]
+  return out
 
 
+# Steps a converter's job must have, beyond the commit every job ends with.
 EXPECTED_STEPS = {
     "image_folder": {"ListFiles", "Convert", "Write"},
-    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "SpreadVolumes", "ReadVolumes", "Write"},
-    "ogb_graphs": {"EdgeSources", "ReadEdges", "GroupByPartition", "SortPartitions", "Assemble"},
+    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "ReadVolumes", "Write"},
+    "ogb_graphs": {"EdgeSources", "ReadEdges", "GroupByPartition", "SortPartitions", "Assemble", "Commit"},
 }
-MODULES = {"image_folder": image_folder, "ct_volumes": ct_volumes, "ogb_graphs": ogb_graphs}
 
 
 def _staged(job) -> set[str]:
@@ -49,9 +49,9 @@ def _staged(job) -> set[str]:
   return names
 
 
-@pytest.mark.parametrize("pipeline", sorted(MODULES))
+@pytest.mark.parametrize("pipeline", registry.names())
 def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, gcs_inputs, gcs_emulator):
-  result = MODULES[pipeline].run([*gcs_inputs[pipeline], f"--output=gs://{gcs_emulator}/df/out_{pipeline}",
+  result = launch.run(registry.converter(pipeline), [*gcs_inputs[pipeline], f"--output=gs://{gcs_emulator}/df/out_{pipeline}",
                                   *dataflow_flags(gcs_emulator)])
   job = result.job
   staged = _staged(job)
@@ -62,14 +62,15 @@ def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, g
   assert {"array-record", "pydicom", "python-gdcm", "pylibjpeg-openjpeg", "pandas", "scipy", "pillow"} <= names
   assert "apache-beam" not in names and all("==" in r for r in requirements)
   steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
-  assert EXPECTED_STEPS[pipeline] <= steps
+  assert EXPECTED_STEPS.get(pipeline, set()) <= steps
+  assert {"Write", "Commit"} & steps  # every job ends in the shared commit
   gcp = job.options.view_as(GoogleCloudOptions)
   assert (gcp.project, gcp.region) == ("toolkit-test", "europe-west4")
   assert gcp.temp_location.startswith(f"gs://{gcs_emulator}/tmp")  # Beam appends the job's own folder
 
 
 def test_a_user_container_is_left_alone(gcs_inputs, gcs_emulator):
-  result = ct_volumes.run([*gcs_inputs["ct_volumes"], f"--output=gs://{gcs_emulator}/df/out_container",
+  result = launch.run(registry.converter("ct_volumes"), [*gcs_inputs["ct_volumes"], f"--output=gs://{gcs_emulator}/df/out_container",
                            *dataflow_flags(gcs_emulator), "--sdk_container_image=example.org/toolkit:1"])
   assert not any(n.endswith(".whl") for n in _staged(result.job))
 
@@ -85,4 +86,4 @@ def test_dataflow_flags_are_checked_before_submission(gcs_inputs, gcs_emulator, 
   for old, new in change.items():
     argv = [a for a in argv if not a.startswith(old)] + ([new] if new else [])
   with pytest.raises(UsageError, match=message):
-    ct_volumes.run(argv)
+    launch.run(registry.converter("ct_volumes"), argv)

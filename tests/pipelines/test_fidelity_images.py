@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines._imaging import ImageOptions, convert
+from pipelines.image_folder.imaging import ImageOptions, convert
 
 H, W = 12, 16
 

@@ -21,7 +21,8 @@ from PIL import Image
 import make_sample_ct as ct
 from formats import files, inspect
 from formats.manifest import Manifest
-from pipelines import _inputs, ct_volumes, image_folder
+from pipelines import ct_volumes, image_folder
+from pipelines.core import UsageError, inputs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -103,7 +104,7 @@ def _rejected(out: str, m: Manifest) -> dict[str, str]:
 def test_listing_rejects_every_odd_entry_and_never_opens_them(tmp_path):
   root = str(tmp_path / "in")
   num_good, expected = make_hostile_tree(root)
-  listing = _inputs.list_tree(root)
+  listing = inputs.list_tree(root)
   rel = lambda f: f.path[len(root) + 1:]
   assert sorted(rel(f) for f in listing.files) == sorted(
       ["cat/cat0.jpg", "cat/cat1.jpg", "cat/caf\\xe9.jpg", "cat/linked.jpg", "dog/dog0.jpg", "dog/dog1.jpg",
@@ -114,16 +115,16 @@ def test_listing_rejects_every_odd_entry_and_never_opens_them(tmp_path):
   for path, reason in expected.items():
     assert got[path].startswith(reason), (path, got[path])
   (odd,) = [f for f in listing.files if f.undecodable]
-  assert odd.raw.endswith(NON_UTF8) and _inputs.read_input(odd.location) == _jpeg(7)
+  assert odd.raw.endswith(NON_UTF8) and inputs.read_input(odd.location) == _jpeg(7)
 
 
 def test_read_input_never_blocks_on_a_fifo_and_names_the_reason(tmp_path):
   fifo = str(tmp_path / "pipe.jpg")
   os.mkfifo(fifo)
-  with pytest.raises(_inputs.Unreadable, match=r"not a regular file \(FIFO\)"):
-    _inputs.read_input(fifo)
-  with pytest.raises(_inputs.Unreadable, match="vanished"):
-    _inputs.read_input(str(tmp_path / "absent.jpg"))
+  with pytest.raises(inputs.Unreadable, match=r"not a regular file \(FIFO\)"):
+    inputs.read_input(fifo)
+  with pytest.raises(inputs.Unreadable, match="vanished"):
+    inputs.read_input(str(tmp_path / "absent.jpg"))
 
 
 def test_unreadable_file_is_a_permission_reject(tmp_path):
@@ -132,8 +133,8 @@ def test_unreadable_file_is_a_permission_reject(tmp_path):
   path = str(tmp_path / "secret.jpg")
   _write(path, _jpeg(1))
   os.chmod(path, 0)
-  with pytest.raises(_inputs.Unreadable, match="^permission denied$"):
-    _inputs.read_input(path)
+  with pytest.raises(inputs.Unreadable, match="^permission denied$"):
+    inputs.read_input(path)
 
 
 # ------------------------------------------------------------------ image_folder end to end
@@ -368,7 +369,7 @@ def test_a_file_over_the_input_cap_is_a_reject_found_before_it_is_read(where, sm
   (reject,) = [json.loads(line) for line in open(os.path.join(out, m.rejected.path))]
   assert reject["input"].endswith("cat/huge.jpg")
   assert reject["reason"].startswith("file too large: ") and f"> {cap} (--max_input_bytes)" in reject["reason"]
-  with pytest.raises(image_folder._cli.UsageError, match="--max_input_bytes must be >= 1"):
+  with pytest.raises(UsageError, match="--max_input_bytes must be >= 1"):
     image_folder.run([f"--input={src}", f"--output={tmp_path / 'o2'}", "--max_input_bytes=0"])
 
 
@@ -401,7 +402,7 @@ def test_links_between_parts_of_the_input_never_duplicate_records(tmp_path):
   assert classes == ["bird", "cat", "dog"] and records == 7
   assert {os.path.relpath(p, root): r for p, r in rejects.items()} == {
       "loop": "symbolic link loop", "cat/up": "symbolic link loop",
-      "kitty": _inputs.OTHER_PART_OF_INPUT, "cat/dogs": _inputs.OTHER_PART_OF_INPUT}
+      "kitty": inputs.OTHER_PART_OF_INPUT, "cat/dogs": inputs.OTHER_PART_OF_INPUT}
   assert inspect.main([out, "--verify"]) == 0
 
 
@@ -420,4 +421,4 @@ def test_escaped_names_that_collide_are_rejects_not_merged_classes(tmp_path):
   classes, records, rejects = _classes_and_rejects(out)
   assert classes == ["cat\\xff", "dog"] and records == 3  # cat\xff (text), dog/a.jpg, dog/b\xff.jpg (text)
   assert sorted(os.path.relpath(p, root) for p in rejects) == ["cat\\xff", "dog/b\\xff.jpg"]
-  assert set(rejects.values()) == {_inputs.COLLIDING_NAME}
+  assert set(rejects.values()) == {inputs.COLLIDING_NAME}

@@ -12,9 +12,11 @@ import sys
 import numpy as np
 import pytest
 
+import make_sample_images
 from formats import arrayrecord, inspect, tfrecord
 from formats.manifest import Manifest
-from pipelines import UsageError, image_folder
+from pipelines.core import UsageError
+from pipelines import image_folder
 from tests.conftest import CLASSES, CORRUPT, PER_CLASS, REPO
 
 pytestmark = pytest.mark.slow
@@ -173,17 +175,17 @@ def test_existing_output_needs_overwrite_and_is_replaced_atomically(class_folder
     convert(class_folder, out)
 
   # A re-run that fails half-way leaves the previous output complete and intact.
-  from pipelines import _sink
-  real = _sink._FinalizeFn.process
+  from pipelines.core import sink
+  real = sink._FinalizeFn.process
 
   def crash(self, *a, **k):
     raise RuntimeError("worker lost")
     yield
 
-  monkeypatch.setattr(_sink._FinalizeFn, "process", crash)
+  monkeypatch.setattr(sink._FinalizeFn, "process", crash)
   with pytest.raises(Exception, match="worker lost"):
     convert(class_folder, out, "--num_shards=1", "--overwrite=true")
-  monkeypatch.setattr(_sink._FinalizeFn, "process", real)
+  monkeypatch.setattr(sink._FinalizeFn, "process", real)
   assert inspect.main([out, "--verify"]) == 0
   assert Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read()) == old
 
@@ -268,3 +270,10 @@ def test_multi_frame_images_keep_their_first_frame_and_are_a_manifest_warning(tm
   frames[1].save(still / "d.tif")
   m = convert(str(still.parent), str(tmp_path / "still_out"))
   assert not any("multi-frame" in w for w in m.warnings)
+
+
+def sample_input(base: str) -> tuple[str, list[str]]:
+  """A small input for registry-driven tests (tests/pipelines/test_registry.py): (folder, own flags)."""
+  root = os.path.join(base, "pets")
+  make_sample_images.make_folder(root, CLASSES, 2, None, (64, 48), 1, seed=3)
+  return root, []

@@ -10,6 +10,7 @@ import pytest
 from formats import files, inspect
 from formats.manifest import Manifest
 from pipelines import image_folder
+from pipelines.core import UsageError
 from tests.conftest import CLASSES, CORRUPT, PER_CLASS, upload_tree
 from tests.pipelines.test_image_folder import convert, shard_digests
 
@@ -49,10 +50,10 @@ def test_gcs_in_gcs_out_matches_a_local_run(gs_input, gcs_emulator, class_folder
 def test_gcs_output_refuses_to_clobber_without_overwrite(gs_input, gcs_emulator):
   out = f"gs://{gcs_emulator}/outputs/clobber"
   image_folder.run([f"--input={gs_input}", f"--output={out}", "--num_shards=1"])
-  with pytest.raises(image_folder._cli.UsageError, match="already holds"):
+  with pytest.raises(UsageError, match="already holds"):
     image_folder.run([f"--input={gs_input}", f"--output={out}"])
 
 
 def test_missing_gcs_input_is_a_usage_error(gcs_emulator, tmp_path):
-  with pytest.raises(image_folder._cli.UsageError, match="does not exist"):
+  with pytest.raises(UsageError, match="does not exist"):
     image_folder.run([f"--input=gs://{gcs_emulator}/nothing/here", f"--output={tmp_path}/o"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines._imaging import BadImage, ImageOptions, convert, convert_image
+from pipelines.image_folder.imaging import BadImage, ImageOptions, convert, convert_image
 
 
 def _encode(im: Image.Image, fmt: str, **kw) -> bytes:

@@ -16,7 +16,7 @@ from formats.graphbin import GraphBin, GraphBinError
 from formats.manifest import Manifest
 from loaders import graph as lg
 from pipelines import ogb_graphs
-from pipelines._ogb import OgbFormatError
+from pipelines.ogb_graphs.read import OgbFormatError
 from tests.conftest import REPO, upload_tree
 
 read_graph_raw = pytest.importorskip("ogb.io.read_graph_raw")
@@ -233,3 +233,8 @@ def test_gcs_round_trip_and_cached_load(data, outputs, gcs_emulator, tmp_path):
   g = lg.load(out, cache_dir=str(tmp_path / "cache"))
   np.testing.assert_array_equal(g.indices, lg.load(outputs["ogbn-arxiv"][0]).indices)
   assert lg.load(out, cache_dir=str(tmp_path / "cache")).path == g.path  # fetched once
+
+
+def sample_input(base: str) -> tuple[str, list[str]]:
+  """A small input for registry-driven tests (tests/pipelines/test_registry.py): (folder, own flags)."""
+  return str(mo.write_homogeneous_node(os.path.join(base, "ogbn_arxiv"), 0, num_nodes=200, num_edges=800).folder), []

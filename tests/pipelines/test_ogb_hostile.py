@@ -22,7 +22,7 @@ from formats import files, inspect
 from formats.graphbin import GraphBin
 from formats.manifest import Manifest
 from pipelines import ogb_graphs
-from pipelines._ogb import OgbFormatError
+from pipelines.ogb_graphs.read import OgbFormatError
 from tests.conftest import REPO
 
 REL = "___".join(mo.MAG_RELATIONS[0])  # author___affiliated_with___institution
@@ -97,7 +97,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def _one_line_error(r: subprocess.CompletedProcess, text: str) -> None:
   """Exit 1, and stderr ends with the one line `prog: error: ...text...`, the only such line,
-  with no traceback (Beam's own log of the failing step's traceback is filtered by _cli.main)."""
+  with no traceback (Beam's own log of the failing step's traceback is filtered by core.launch.main)."""
   assert r.returncode == 1, r.stderr
   last = r.stderr.rstrip("\n").splitlines()[-1]
   assert last.startswith("pipelines.ogb_graphs: error: " + text), r.stderr

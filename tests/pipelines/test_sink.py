@@ -15,7 +15,7 @@ import pytest
 from formats import tfrecord
 from formats.features import Features, Text
 from formats.manifest import Manifest, ShardInfo, SplitInfo
-from pipelines._sink import OutputSpec, Record, Reject, WriteOutput, _WriteShardFn, plan_shards, shard_of, sort_key
+from pipelines.core.sink import OutputSpec, Record, Reject, WriteOutput, _WriteShardFn, plan_shards, shard_of, sort_key
 
 
 @pytest.mark.parametrize("n,shards", [(10, 3), (7, 7), (1000, 16), (5, 1), (3, 10)])
@@ -120,7 +120,7 @@ def test_a_retried_shard_write_leaves_one_identical_file(tmp_path):
 
 
 def test_a_failed_shard_write_leaves_no_partial_file(tmp_path, monkeypatch):
-  from pipelines import _fileio
+  from pipelines.core import fileio
 
   features = Features({"t": Text()})
   out = str(tmp_path / "out")
@@ -130,7 +130,7 @@ def test_a_failed_shard_write_leaves_no_partial_file(tmp_path, monkeypatch):
   def fail(local, dest):
     raise OSError("disk full")
 
-  monkeypatch.setattr(_fileio, "publish", fail)
+  monkeypatch.setattr(fileio, "publish", fail)
   fn = _WriteShardFn(spec)
   fn.setup()
   with pytest.raises(OSError, match="disk full"):

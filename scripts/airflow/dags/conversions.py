@@ -2,12 +2,12 @@
 
 Put this folder in Airflow's dags folder (or point `dags_folder` at it). Configs
 are read from $TOOLKIT_DAG_CONFIGS, else from `configs/` beside this file; see
-pipelines/airflow_dags.py for the format.
+scheduling/airflow_dags.py for the format.
 """
 
 import os
 
-from pipelines.airflow_dags import dags_from_folder
+from scheduling.airflow_dags import dags_from_folder
 
 _CONFIGS = os.environ.get("TOOLKIT_DAG_CONFIGS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"))
 

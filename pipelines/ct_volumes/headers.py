@@ -2,7 +2,7 @@
 
 `read_slices(fileobj, path, salt)` parses a file's header only (pixel data is not
 read) and returns one `SliceHeader` per image frame (one for classic CT, one per
-frame for Enhanced CT), or raises `Rejected` with the reason the file cannot be
+frame for Enhanced CT), or raises `SliceRejected` with the reason the file cannot be
 part of a volume. Identifiers leave this module only as salted hashes, and only
 a whitelist of geometry and intensity tags is kept: no names, dates, IDs,
 institutions or private tags reach anything downstream.
@@ -26,7 +26,7 @@ import io
 import logging
 import struct
 import threading
-from typing import BinaryIO
+from typing import Any, BinaryIO
 import warnings
 import zlib
 
@@ -76,7 +76,7 @@ MAX_HEADER_BYTES = 64 << 20
 _GRAYSCALE = ("MONOCHROME1", "MONOCHROME2")
 
 
-class Rejected(Exception):
+class SliceRejected(Exception):
   """The file (or frame) cannot be part of a volume; str(e) is the reason (never a header value)."""
 
 
@@ -200,8 +200,8 @@ def salted_hash(salt: str, *parts: str) -> str:
   return h.hexdigest()
 
 
-def _invalid(keyword: str, why: str = "") -> Rejected:
-  return Rejected(f"invalid {tag_name(keyword)}" + (f": {why}" if why else ""))
+def _invalid(keyword: str, why: str = "") -> SliceRejected:
+  return SliceRejected(f"invalid {tag_name(keyword)}" + (f": {why}" if why else ""))
 
 
 def _element(ds, keyword: str):
@@ -218,7 +218,7 @@ def _element(ds, keyword: str):
 def _require(ds, keyword: str):
   value = _element(ds, keyword)
   if value is None:
-    raise Rejected(f"missing mandatory tag {keyword}")
+    raise SliceRejected(f"missing mandatory tag {keyword}")
   return value
 
 
@@ -274,18 +274,18 @@ def _uid(ds, keyword: str) -> UID | None:
 
 
 def _sop_class(ds) -> UID:
-  """The SOP class of a CT image, or Rejected naming what the object is (a registered
+  """The SOP class of a CT image, or SliceRejected naming what the object is (a registered
   UID's name; never the Modality or an unregistered UID, which are free text)."""
   sop_class = _uid(ds, "SOPClassUID")
   if sop_class is None:
-    raise Rejected(f"missing mandatory tag {tag_name('SOPClassUID')}")
+    raise SliceRejected(f"missing mandatory tag {tag_name('SOPClassUID')}")
   if sop_class in _KNOWN_NON_IMAGES:
-    raise Rejected(f"non-image object ({_KNOWN_NON_IMAGES[sop_class]})")
+    raise SliceRejected(f"non-image object ({_KNOWN_NON_IMAGES[sop_class]})")
   if sop_class in _KNOWN_NON_CT_IMAGES:
-    raise Rejected(f"not a CT image ({_KNOWN_NON_CT_IMAGES[sop_class]})")
+    raise SliceRejected(f"not a CT image ({_KNOWN_NON_CT_IMAGES[sop_class]})")
   if sop_class not in CT_SOP_CLASSES:
     name = UID_dictionary[sop_class][0] if sop_class in UID_dictionary else "unknown"
-    raise Rejected(f"not a CT image (SOP class {name})")
+    raise SliceRejected(f"not a CT image (SOP class {name})")
   return sop_class
 
 
@@ -296,7 +296,7 @@ def _syntax_name(syntax: str) -> str:
 
 def _transfer_syntax(ds) -> str:
   """The file's transfer syntax if the toolkit decodes it exactly ("" when the file does
-  not say), else Rejected naming it: "unsupported transfer syntax: JPEG 2000 Part 2 ..."."""
+  not say), else SliceRejected naming it: "unsupported transfer syntax: JPEG 2000 Part 2 ..."."""
   meta = getattr(ds, "file_meta", None)
   if meta is None:
     return ""
@@ -304,11 +304,11 @@ def _transfer_syntax(ds) -> str:
   if syntax is None:
     return ""
   if not syntax.is_transfer_syntax:
-    raise Rejected(f"unsupported {tag_name('TransferSyntaxUID')}")
+    raise SliceRejected(f"unsupported {tag_name('TransferSyntaxUID')}")
   if syntax not in SUPPORTED_TRANSFER_SYNTAXES:
-    raise Rejected(f"unsupported transfer syntax: {_syntax_name(syntax)}")
+    raise SliceRejected(f"unsupported transfer syntax: {_syntax_name(syntax)}")
   if syntax in _ENCAPSULATED and not get_decoder(syntax).is_available:
-    raise Rejected(f"unsupported transfer syntax: {_syntax_name(syntax)} (no decoder installed)")
+    raise SliceRejected(f"unsupported transfer syntax: {_syntax_name(syntax)} (no decoder installed)")
   return str(syntax)
 
 
@@ -317,11 +317,11 @@ def _check_syntax_depth(transfer_syntax: str, bits_allocated: int, bits_stored: 
   name = _syntax_name(transfer_syntax)
   if transfer_syntax == JPEG_EXTENDED and bits_stored > 8 and "pylibjpeg" not in get_decoder(
       transfer_syntax).available_plugins:  # pydicom's gdcm and pillow plugins refuse 12-bit JPEG
-    raise Rejected(f"unsupported transfer syntax: {name} with {tag_name('BitsStored')} over 8 "
+    raise SliceRejected(f"unsupported transfer syntax: {name} with {tag_name('BitsStored')} over 8 "
                    "(no 12-bit JPEG decoder installed)")
   if transfer_syntax == EXPLICIT_BIG_ENDIAN and bits_allocated > 16:
     # OW words are swapped 16 bits at a time: 32-bit samples have no one byte order
-    raise Rejected(f"unsupported transfer syntax: {name} with {tag_name('BitsAllocated')} over 16")
+    raise SliceRejected(f"unsupported transfer syntax: {name} with {tag_name('BitsAllocated')} over 16")
 
 
 def _at_pixel_data(tag, _vr, _length) -> bool:
@@ -333,9 +333,9 @@ def _inflate(data: bytes, limit: int) -> bytes:
   try:
     out = inflater.decompress(data, limit + 1)
   except zlib.error:
-    raise Rejected("unreadable deflated data set (not a deflate stream)") from None
+    raise SliceRejected("unreadable deflated data set (not a deflate stream)") from None
   if len(out) > limit:
-    raise Rejected(f"deflated data set over the size limit: it inflates to more than {limit} bytes")
+    raise SliceRejected(f"deflated data set over the size limit: it inflates to more than {limit} bytes")
   return out
 
 
@@ -431,7 +431,7 @@ def _padding(ds, pixel_representation: int, bits_allocated: int) -> tuple[int, i
 
 def read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int = MAX_FILE_BYTES
                 ) -> list[SliceHeader]:
-  """Header facts of one DICOM file (pixel data not read). Raises Rejected, whose reason
+  """Header facts of one DICOM file (pixel data not read). Raises SliceRejected, whose reason
   never holds a header value; nothing pydicom says about the file is shown.
 
   `max_file_bytes` bounds the decoded pixel data of the file (see MAX_FILE_BYTES).
@@ -439,89 +439,120 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int = M
   with quiet_pydicom():
     try:
       return _read_slices(fileobj, path, salt, max_file_bytes)
-    except Rejected:
+    except SliceRejected:
       raise
     except Exception as e:  # noqa: BLE001 (a damaged sequence, an odd value: its message may quote it)
       reason = f"invalid DICOM header: {type(e).__name__}"
-  raise Rejected(reason)
+  raise SliceRejected(reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FileFacts:
+  """What every frame of one file shares, and how frames of it are keyed into series."""
+
+  ds: Any
+  path: str
+  salt: str
+  study: str
+  series: str
+  frame_of_ref: str
+  number_of_frames: int
+  pixel_offset: int
+  common: dict  # SliceHeader fields every frame of the file has
+
+  def series_key(self, orientation, pixel_spacing) -> str:
+    """Frames of one series share study, series, frame of reference, orientation, size and spacing."""
+    c = self.common
+    return salted_hash(
+        self.salt, "group", self.study, self.series, self.frame_of_ref,
+        ",".join(f"{v:.{ORIENTATION_DECIMALS}f}" for v in orientation),
+        f"{c['rows']}x{c['columns']}", ",".join(f"{v:.{SPACING_DECIMALS}f}" for v in pixel_spacing))
 
 
 def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -> list[SliceHeader]:
+  facts = _file_facts(fileobj, path, salt, max_file_bytes)
+  if "PerFrameFunctionalGroupsSequence" in facts.ds:
+    return _enhanced_slices(facts)
+  return [_classic_slice(facts)]
+
+
+def _file_facts(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -> _FileFacts:
+  """The header checks every CT file passes (classic or Enhanced), and what its frames share."""
   try:
     ds, stream = read_dataset(fileobj, max_file_bytes + MAX_HEADER_BYTES, stop_before_pixels=True)
   except InvalidDicomError:
-    raise Rejected("not DICOM (no DICM preamble)") from None
-  except Rejected:
+    raise SliceRejected("not DICOM (no DICM preamble)") from None
+  except SliceRejected:
     raise
   except Exception as e:  # pydicom raises many types on a damaged header
-    raise Rejected(f"unreadable or truncated DICOM header: {type(e).__name__}") from None
+    raise SliceRejected(f"unreadable or truncated DICOM header: {type(e).__name__}") from None
   _sop_class(ds)
   transfer_syntax = _transfer_syntax(ds)
   rows = _int(ds, "Rows", required=True, low=1)
   columns = _int(ds, "Columns", required=True, low=1)
   bits_allocated = _int(ds, "BitsAllocated", required=True)
   if bits_allocated not in (8, 16, 32):
-    raise Rejected(f"unsupported {tag_name('BitsAllocated')}: 8, 16 or 32 expected")
+    raise SliceRejected(f"unsupported {tag_name('BitsAllocated')}: 8, 16 or 32 expected")
   number_of_frames = _int(ds, "NumberOfFrames", 1, low=0) or 1
   file_bytes = rows * columns * number_of_frames * bits_allocated // 8
   if file_bytes > max_file_bytes:
-    raise Rejected(f"pixel data over the size limit: {SIZE_TAGS} exceeds {max_file_bytes} bytes per file")
-  has_pixels, pixel_offset, pixel_bytes = _pixel_data(stream, transfer_syntax, rows * columns * bits_allocated // 8, bits_allocated)
+    raise SliceRejected(f"pixel data over the size limit: {SIZE_TAGS} exceeds {max_file_bytes} bytes per file")
+  has_pixels, pixel_offset, pixel_bytes = _pixel_data(stream, transfer_syntax, rows * columns * bits_allocated // 8,
+                                                      bits_allocated)
   if not has_pixels:
-    raise Rejected("no pixel data")
+    raise SliceRejected("no pixel data")
   if _is_localizer(_element(ds, "ImageType")):
-    raise Rejected("localizer (scout) image")
+    raise SliceRejected("localizer (scout) image")
   if _int(ds, "SamplesPerPixel", 1) != 1:
-    raise Rejected("not a grayscale image (SamplesPerPixel != 1)")
+    raise SliceRejected("not a grayscale image (SamplesPerPixel != 1)")
   if str(_require(ds, "PhotometricInterpretation")).strip() not in _GRAYSCALE:
-    raise Rejected(f"not a grayscale image ({tag_name('PhotometricInterpretation')})")
+    raise SliceRejected(f"not a grayscale image ({tag_name('PhotometricInterpretation')})")
   study = str(_require(ds, "StudyInstanceUID"))
   series = str(_require(ds, "SeriesInstanceUID"))
   frame_of_ref = str(_element(ds, "FrameOfReferenceUID") or "")
   bits_stored = _int(ds, "BitsStored", bits_allocated, low=1, high=bits_allocated)
   _check_syntax_depth(transfer_syntax, bits_allocated, bits_stored)
   pixel_representation = _int(ds, "PixelRepresentation", required=True, low=0, high=1)
-  patient = salted_hash(salt, "patient", str(_element(ds, "PatientID") or ""))
-  series_id = salted_hash(salt, "series", study, series)
-  padding = _padding(ds, pixel_representation, bits_allocated)
-  is_enhanced = "PerFrameFunctionalGroupsSequence" in ds
-
   common = dict(rows=rows, columns=columns, bits_stored=bits_stored, bits_allocated=bits_allocated,
-                pixel_representation=pixel_representation, padding=padding, patient_id=patient,
-                series_id=series_id, file_frames=number_of_frames, pixel_bytes=pixel_bytes,
-                byte_order=">" if transfer_syntax == EXPLICIT_BIG_ENDIAN else "<")
+                pixel_representation=pixel_representation,
+                padding=_padding(ds, pixel_representation, bits_allocated),
+                patient_id=salted_hash(salt, "patient", str(_element(ds, "PatientID") or "")),
+                series_id=salted_hash(salt, "series", study, series), file_frames=number_of_frames,
+                pixel_bytes=pixel_bytes, byte_order=">" if transfer_syntax == EXPLICIT_BIG_ENDIAN else "<")
+  return _FileFacts(ds, path, salt, study, series, frame_of_ref, number_of_frames, pixel_offset, common)
 
-  def key(orientation, pixel_spacing) -> str:
-    return salted_hash(
-        salt, "group", study, series, frame_of_ref,
-        ",".join(f"{v:.{ORIENTATION_DECIMALS}f}" for v in orientation),
-        f"{rows}x{columns}", ",".join(f"{v:.{SPACING_DECIMALS}f}" for v in pixel_spacing))
 
-  if not is_enhanced:
-    if number_of_frames != 1:
-      raise Rejected(f"multi-frame image without functional groups ({tag_name('NumberOfFrames')} > 1)")
-    orientation = _floats(_require(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
-    pixel_spacing = _floats(_require(ds, "PixelSpacing"), 2, "PixelSpacing")
-    position = _element(ds, "ImagePositionPatient")
-    position = _floats(position, 3, "ImagePositionPatient") if position else None
-    slope = _float(ds, "RescaleSlope", required=True)
-    intercept = _float(ds, "RescaleIntercept", required=True)
-    acq = _int(ds, "AcquisitionNumber")
-    temporal = _int(ds, "TemporalPositionIndex")
-    acquisition = f"temporal={temporal}" if temporal is not None else (
-        f"acq={acq}" if acq is not None else "")
-    return [SliceHeader(
-        path=path, frame=None, series_key=key(orientation, pixel_spacing), acquisition=acquisition,
-        position=position, orientation=orientation, pixel_spacing=pixel_spacing, slope=slope,
-        intercept=intercept, instance_number=_int(ds, "InstanceNumber"),
-        spacing_between_slices=_float(ds, "SpacingBetweenSlices"), pixel_offset=pixel_offset,
-        **common)]
+def _classic_slice(f: _FileFacts) -> SliceHeader:
+  """CT Image Storage: one frame, geometry and rescale in the data set itself."""
+  ds = f.ds
+  if f.number_of_frames != 1:
+    raise SliceRejected(f"multi-frame image without functional groups ({tag_name('NumberOfFrames')} > 1)")
+  orientation = _floats(_require(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
+  pixel_spacing = _floats(_require(ds, "PixelSpacing"), 2, "PixelSpacing")
+  position = _element(ds, "ImagePositionPatient")
+  position = _floats(position, 3, "ImagePositionPatient") if position else None
+  slope = _float(ds, "RescaleSlope", required=True)
+  intercept = _float(ds, "RescaleIntercept", required=True)
+  acq = _int(ds, "AcquisitionNumber")
+  temporal = _int(ds, "TemporalPositionIndex")
+  acquisition = f"temporal={temporal}" if temporal is not None else (
+      f"acq={acq}" if acq is not None else "")
+  return SliceHeader(
+      path=f.path, frame=None, series_key=f.series_key(orientation, pixel_spacing), acquisition=acquisition,
+      position=position, orientation=orientation, pixel_spacing=pixel_spacing, slope=slope,
+      intercept=intercept, instance_number=_int(ds, "InstanceNumber"),
+      spacing_between_slices=_float(ds, "SpacingBetweenSlices"), pixel_offset=f.pixel_offset,
+      **f.common)
 
-  # Enhanced / legacy-converted enhanced CT: geometry and rescale per frame.
+
+def _enhanced_slices(f: _FileFacts) -> list[SliceHeader]:
+  """Enhanced / legacy-converted enhanced CT: geometry and rescale per frame, from the
+  per-frame functional groups, else the shared ones."""
+  ds = f.ds
   shared = _element(ds, "SharedFunctionalGroupsSequence")
   shared = shared[0] if shared else None
   per_frame = _element(ds, "PerFrameFunctionalGroupsSequence") or []
-  if len(per_frame) != number_of_frames:
+  if len(per_frame) != f.number_of_frames:
     raise _invalid("PerFrameFunctionalGroupsSequence", f"not one item per frame ({tag_name('NumberOfFrames')})")
 
   def group(item, name):
@@ -534,12 +565,12 @@ def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -
   for i, item in enumerate(per_frame):
     frame_type = group(item, "CTImageFrameTypeSequence")
     if frame_type is not None and _is_localizer(_element(frame_type, "FrameType")):
-      raise Rejected("localizer (scout) image")
+      raise SliceRejected("localizer (scout) image")
     plane_pos = group(item, "PlanePositionSequence")
     plane_ori = group(item, "PlaneOrientationSequence")
     measures = group(item, "PixelMeasuresSequence")
     if plane_ori is None or measures is None:
-      raise Rejected(f"missing mandatory tag PlaneOrientationSequence/PixelMeasuresSequence (frame {i})")
+      raise SliceRejected(f"missing mandatory tag PlaneOrientationSequence/PixelMeasuresSequence (frame {i})")
     orientation = _floats(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
     pixel_spacing = _floats(_require(measures, "PixelSpacing"), 2, "PixelSpacing")
     position = None
@@ -556,7 +587,7 @@ def _read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) -
         f"stack={stack}" if stack is not None else "",
         f"temporal={temporal}" if temporal is not None else "") if x)
     out.append(SliceHeader(
-        path=path, frame=i, series_key=key(orientation, pixel_spacing), acquisition=acquisition,
+        path=f.path, frame=i, series_key=f.series_key(orientation, pixel_spacing), acquisition=acquisition,
         position=position, orientation=orientation, pixel_spacing=pixel_spacing, slope=slope,
-        intercept=intercept, instance_number=i + 1, spacing_between_slices=None, **common))
+        intercept=intercept, instance_number=i + 1, spacing_between_slices=None, **f.common))
   return out

@@ -4,7 +4,7 @@ A config is a JSON file (one DAG each), for example::
 
     {
       "dag_id": "flowers_daily",
-      "pipeline": "image_folder",                  # image_folder | ct_volumes | ogb_graphs
+      "pipeline": "image_folder",                  # a name in pipelines.registry
       "schedule": "@daily",
       "start_date": "2026-01-01",
       "input": "gs://bucket/incoming/flowers/{{ ds }}",
@@ -34,7 +34,8 @@ import json
 import os
 from typing import Any
 
-PIPELINES = ("image_folder", "ct_volumes", "ogb_graphs")
+from pipelines import registry
+
 _DATE_MACROS = ("{{ ds }}", "{{ ds_nodash }}", "{{ logical_date", "{{ data_interval_start", "{{ ts")
 
 
@@ -57,8 +58,8 @@ class ConversionConfig:
   catchup: bool = False
 
   def __post_init__(self):
-    if self.pipeline not in PIPELINES:
-      raise ValueError(f"{self.dag_id}: pipeline must be one of {PIPELINES}, got {self.pipeline!r}")
+    if self.pipeline not in registry.CONVERTERS:
+      raise ValueError(f"{self.dag_id}: pipeline must be one of {registry.names()}, got {self.pipeline!r}")
     if not any(m in self.output for m in _DATE_MACROS):
       raise ValueError(f"{self.dag_id}: output {self.output!r} must contain the logical date (e.g. {{{{ ds }}}}) "
                        "so that every run writes its own output")

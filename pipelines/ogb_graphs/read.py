@@ -22,7 +22,7 @@ from typing import BinaryIO
 import numpy as np
 import pandas as pd
 
-from pipelines._errors import InputDataError
+from pipelines.core.errors import InputDataError
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 

@@ -29,21 +29,27 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
+import dataclasses
+
 from formats import naming
 from formats.features import Features, Tensor, Text
-from pipelines import _cli, _inputs
-from pipelines._ct_assembly import (
+from pipelines.core import inputs
+from pipelines.core.converter import ConvertUnits, Converter, OutputPlan, Records, UnitConverter
+from pipelines.core.errors import UsageError
+from pipelines.core.flags import CommonConfig, int_flag
+from pipelines.core.sink import InputSummary, Record, Reject
+from pipelines.ct_volumes.assembly import (
     DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
-from pipelines._ct_headers import MAX_FILE_BYTES, Rejected, read_slices, salted_hash
-from pipelines._sink import InputSummary, OutputSpec, Record, Reject, WriteOutput
+from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, read_slices, salted_hash
 
-PIPELINE = "pipelines.ct_volumes"
+NAME = "ct_volumes"
+PIPELINE = f"pipelines.{NAME}"
 DEFAULT_SPLITS = "train=0.8,validation=0.1,test=0.1"
 _log = logging.getLogger(PIPELINE)
 
 
 class CtVolumesOptions(PipelineOptions):
-  """Flags of `pipelines.ct_volumes` beyond the shared ones (`_cli.ConverterOptions`)."""
+  """Flags of `pipelines.ct_volumes` beyond the shared ones (`core.flags.ConverterOptions`)."""
 
   @classmethod
   def _add_argparse_args(cls, parser):
@@ -66,13 +72,13 @@ def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
   for part in text.split(","):
     m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*([0-9.]+)\s*", part)
     if not m:
-      raise _cli.UsageError(f"--splits must look like train=0.8,validation=0.1,test=0.1, got {text!r}")
+      raise UsageError(f"--splits must look like train=0.8,validation=0.1,test=0.1, got {text!r}")
     out.append((m[1], float(m[2])))
   names = [n for n, _ in out]
   if len(set(names)) != len(names):
-    raise _cli.UsageError(f"--splits names a split twice: {text!r}")
+    raise UsageError(f"--splits names a split twice: {text!r}")
   if any(f < 0 for _, f in out) or abs(sum(f for _, f in out) - 1) > 1e-6:
-    raise _cli.UsageError(f"--splits fractions must be >= 0 and sum to 1, got {text!r}")
+    raise UsageError(f"--splits fractions must be >= 0 and sum to 1, got {text!r}")
   return tuple(out)
 
 
@@ -107,16 +113,16 @@ class _Opener:
   to their bytes. Remembers the errors it raised, which read_volume turns into a
   series reject: a transient one must fail the job instead."""
 
-  def __init__(self, raw: dict[str, bytes], read_policy: _inputs.ReadPolicy):
+  def __init__(self, raw: dict[str, bytes], read_policy: inputs.ReadPolicy):
     self._raw = raw
     self._read_policy = read_policy
     self.errors: dict[str, Exception] = {}
 
   def __call__(self, path: str) -> io.BytesIO:
-    f = _inputs.InputFile(path, self._raw.get(path, b""))
+    f = inputs.InputFile(path, self._raw.get(path, b""))
     try:
       return io.BytesIO(self._read_policy.read(f.location))
-    except (_inputs.Unreadable, _inputs.TransientInputError) as e:
+    except (inputs.Unreadable, inputs.TransientInputError) as e:
       self.errors[path] = e
       raise
 
@@ -126,7 +132,7 @@ class _ReadHeadersFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, salt: str, read_policy: _inputs.ReadPolicy, max_file_bytes: int = MAX_FILE_BYTES):
+  def __init__(self, salt: str, read_policy: inputs.ReadPolicy, max_file_bytes: int = MAX_FILE_BYTES):
     self._salt = salt
     self._read_policy = read_policy
     self._max_file_bytes = max_file_bytes
@@ -136,12 +142,12 @@ class _ReadHeadersFn(beam.DoFn):
     self._frames = Metrics.counter(PIPELINE, "frames_found")
     self._rejected = Metrics.counter(PIPELINE, "files_rejected")
 
-  def process(self, f: _inputs.InputFile):
+  def process(self, f: inputs.InputFile):
     self._files.inc()
     try:
       data = self._read_policy.read(f.location)  # a transient error fails the job
       slices = read_slices(io.BytesIO(data), f.path, self._salt, self._max_file_bytes)
-    except (Rejected, _inputs.Unreadable) as e:
+    except (SliceRejected, inputs.Unreadable) as e:
       self._rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
       return
@@ -167,12 +173,10 @@ class _PlanFn(beam.DoFn):
     yield from plans
 
 
-class _ReadVolumeFn(beam.DoFn):
+class _VolumeUnits(UnitConverter):
   """VolumePlan → one Record with the HU volume, or Rejects for all its files."""
 
-  REJECTS = "rejects"
-
-  def __init__(self, splits, features_by_dtype: dict[str, Features], read_policy: _inputs.ReadPolicy,
+  def __init__(self, splits, features_by_dtype: dict[str, Features], read_policy: inputs.ReadPolicy,
                max_volume_voxels: int = MAX_VOLUME_VOXELS):
     self._splits = splits
     self._features = features_by_dtype
@@ -184,13 +188,13 @@ class _ReadVolumeFn(beam.DoFn):
     self._slices = Metrics.counter(PIPELINE, "slices_used")
     self._series_rejected = Metrics.counter(PIPELINE, "volumes_rejected")
 
-  def process(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
+  def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
     opener = _Opener(raw_paths, self._read_policy)
     try:
       volume, dropped = read_volume(plan, opener, dtype, self._max_volume_voxels)
     except SeriesRejected as e:
-      transient = [x for x in opener.errors.values() if isinstance(x, _inputs.TransientInputError)]
+      transient = [x for x in opener.errors.values() if isinstance(x, inputs.TransientInputError)]
       if transient:
         raise transient[0]
       self._series_rejected.inc()
@@ -198,10 +202,10 @@ class _ReadVolumeFn(beam.DoFn):
         reason = e.culprit_reason if path == e.culprit else f"series rejected, {e}"
         if path in opener.errors:  # listed and read once, then gone or forbidden
           reason = str(opener.errors[path])
-        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split, n))
+        yield Reject(path, reason, split, n)
       return
     for path, reason in dropped:
-      yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, split))
+      yield Reject(path, reason, split)
     direction = np.asarray(plan.direction, np.float32).reshape(3, 3)
     payload = self._features[dtype].encode({
         "volume": volume, "spacing": np.asarray(plan.spacing, np.float32),
@@ -223,123 +227,117 @@ def _volume_dtype(needs_float: bool, policy: str) -> str:
 def _summarize(_, num_files: int, num_undecodable: int, warnings: list[str]) -> InputSummary:
   warnings = sorted(set(warnings))
   if num_undecodable:
-    warnings.append(_inputs.undecodable_warning(num_undecodable))
+    warnings.append(inputs.undecodable_warning(num_undecodable))
   return InputSummary(num_files, tuple(warnings))
 
 
-def _parse(argv: Sequence[str] | None) -> tuple[PipelineOptions, dict]:
-  options = _cli.parse_options(argv, [CtVolumesOptions])
-  c, o = options.view_as(_cli.ConverterOptions), options.view_as(CtVolumesOptions)
-  root, output, overwrite = _cli.check_input_output(c.input, c.output, c.overwrite, "a tree of DICOM files")
-  if not o.id_salt:
-    raise _cli.UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
-  _cli.check_file_format(c.file_format)
-  splits = parse_splits(o.splits)
-  for split, _ in splits:
-    naming.check_split_name(split)
-  if o.volume_dtype not in ("auto", "int16", "float32"):
-    raise _cli.UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
-  try:
-    tolerance = float(o.slice_tolerance)
-  except ValueError:
-    tolerance = -1.0
-  if not 0 < tolerance < 0.5:
-    raise _cli.UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
-  return options, dict(
-      root=root, output=output, overwrite=overwrite, name=_cli.dataset_name(c.name, root),
-      file_format=c.file_format, num_shards=_cli.int_flag("num_shards", c.num_shards, 0),
-      seed=_cli.int_flag("seed", c.seed, 0), salt=o.id_salt, splits=splits,
-      volume_dtype=o.volume_dtype, tolerance=tolerance,
-      read_policy=_cli.read_policy(options),
-      max_file_bytes=_cli.int_flag("max_file_bytes", o.max_file_bytes, 1),
-      max_volume_voxels=_cli.int_flag("max_volume_voxels", o.max_volume_voxels, 1),
-  )
+@dataclasses.dataclass(frozen=True)
+class CtVolumesConfig:
+  """The CT converter's own flags, checked."""
+
+  salt: str
+  splits: tuple[tuple[str, float], ...]
+  volume_dtype: str = "auto"  # auto, int16 or float32
+  tolerance: float = DEFAULT_TOLERANCE
+  max_file_bytes: int = MAX_FILE_BYTES
+  max_volume_voxels: int = MAX_VOLUME_VOXELS
 
 
-def build(p: beam.Pipeline, args: dict):
-  """Adds the conversion to pipeline `p`; returns the PCollection of the manifest."""
-  splits = args["splits"]
-  policy = args["volume_dtype"]
-  features_by_dtype = {d: volume_features(d) for d in ("int16", "float32")}
-  spec = OutputSpec(
-      output=args["output"], name=args["name"], file_format=args["file_format"],
-      features=features_by_dtype["float32" if policy == "float32" else "int16"],
-      splits=tuple(s for s, _ in splits), num_shards=args["num_shards"], seed=args["seed"],
-      generation=args.get("generation", ""), expected=args.get("expected"),
-      description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
-      source={"pipeline": PIPELINE, "input": _inputs.printable(args["root"]), "splits": dict(splits),
-              "volume_dtype": policy, "slice_tolerance": args["tolerance"], "seed": args["seed"],
-              "num_shards": args["num_shards"], "max_file_bytes": args["max_file_bytes"],
-              "max_volume_voxels": args["max_volume_voxels"]},
-  )
-  read_policy = args["read_policy"]
-  listed = (
-      p
-      | "InputFolder" >> beam.Create([("", _inputs.InputFile.of(args["root"]))])
-      | "ListFiles" >> _inputs.ListFiles(read_policy.retry_seconds)
-  )
-  files = listed.files | "DropKey" >> beam.Values() | "SpreadFiles" >> beam.Reshuffle()
-  listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda _, f, reason: Reject(f.path, reason))
-  names = (files, listed.rejects | "RejectNames" >> beam.MapTuple(lambda _, f, reason: f)) | "AllNames" >> beam.Flatten()
-  raw_paths = (
-      names
-      | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
-      | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
-  )
-  headers = files | "ReadHeaders" >> beam.ParDo(_ReadHeadersFn(args["salt"], read_policy, args["max_file_bytes"])).with_outputs(
-      _ReadHeadersFn.REJECTS, main="slices")
-  planned = (
-      headers.slices
-      | "GroupBySeries" >> beam.GroupByKey()
-      | "PlanVolumes" >> beam.ParDo(_PlanFn(args["tolerance"], args["max_volume_voxels"])).with_outputs(_PlanFn.REJECTS, main="plans")
-  )
-  dtype = (
-      planned.plans
-      | "NeedsFloat" >> beam.Map(lambda plan: not plan.integral_rescale)
-      | "AnyNeedsFloat" >> beam.CombineGlobally(any)
-      | "VolumeDtype" >> beam.Map(_volume_dtype, policy)
-  )
-  volumes = (
-      planned.plans
-      | "SpreadVolumes" >> beam.Reshuffle()
-      | "ReadVolumes" >> beam.ParDo(
-          _ReadVolumeFn(splits, features_by_dtype, read_policy, args["max_volume_voxels"]), dtype=beam.pvalue.AsSingleton(dtype),
-          raw_paths=beam.pvalue.AsDict(raw_paths)
-      ).with_outputs(_ReadVolumeFn.REJECTS, main="records")
-  )
-  rejects = (
-      (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes[_ReadVolumeFn.REJECTS],
-       listing_rejects)
-      | "AllRejects" >> beam.Flatten()
-  )
-  num_frames = (
-      (headers.slices | "Frames" >> beam.Map(lambda kv: 1),
-       headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1),
-       listing_rejects | "RejectedEntries" >> beam.Map(lambda r: 1))
-      | "Units" >> beam.Flatten()
-      | "CountUnits" >> beam.CombineGlobally(sum)
-  )
-  warnings = planned.plans | "FallbackWarnings" >> beam.FlatMap(
-      lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
-      if plan.sorted_by != "position" else [])
-  summary = (
-      p
-      | "SummaryTrigger" >> beam.Create([None])
-      | "Summarize" >> beam.Map(_summarize, num_files=beam.pvalue.AsSingleton(num_frames),
-                                num_undecodable=beam.pvalue.AsSingleton(
-                                    raw_paths | "CountUndecodable" >> beam.combiners.Count.Globally()),
-                                warnings=beam.pvalue.AsList(warnings))
-  )
-  features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])
-  return {"records": volumes.records, "rejects": rejects} | "Write" >> WriteOutput(
-      spec, summary=summary, features=features)
+class CtVolumes(Converter):
+  """DICOM CT series → one record per volume in Hounsfield units; splits per patient."""
 
+  name = NAME
+  kind = "volume"
+  input_kind = "a tree of DICOM files"
+  options = CtVolumesOptions
 
-def run(argv: Sequence[str] | None = None) -> beam.runners.runner.PipelineResult:
-  """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
-  options, args = _parse(argv)
-  return _cli.run_pipeline(options, args, build, PIPELINE)
+  def configure(self, options: PipelineOptions, common: CommonConfig) -> CtVolumesConfig:
+    o = options.view_as(CtVolumesOptions)
+    if not o.id_salt:
+      raise UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
+    splits = parse_splits(o.splits)
+    for split, _ in splits:
+      naming.check_split_name(split)
+    if o.volume_dtype not in ("auto", "int16", "float32"):
+      raise UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
+    try:
+      tolerance = float(o.slice_tolerance)
+    except ValueError:
+      tolerance = -1.0
+    if not 0 < tolerance < 0.5:
+      raise UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
+    return CtVolumesConfig(
+        salt=o.id_salt, splits=splits, volume_dtype=o.volume_dtype, tolerance=tolerance,
+        max_file_bytes=int_flag("max_file_bytes", o.max_file_bytes, 1),
+        max_volume_voxels=int_flag("max_volume_voxels", o.max_volume_voxels, 1))
 
+  def plan(self, common: CommonConfig, config: CtVolumesConfig) -> OutputPlan:
+    policy = config.volume_dtype
+    return OutputPlan(
+        features=volume_features("float32" if policy == "float32" else "int16"),
+        splits=tuple(s for s, _ in config.splits),
+        description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
+        source={"pipeline": PIPELINE, "input": inputs.printable(common.input), "splits": dict(config.splits),
+                "volume_dtype": policy, "slice_tolerance": config.tolerance, "seed": common.seed,
+                "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
+                "max_volume_voxels": config.max_volume_voxels})
 
-if __name__ == "__main__":
-  _cli.main(run, PIPELINE)
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> Records:
+    features_by_dtype = {d: volume_features(d) for d in ("int16", "float32")}
+    read_policy = common.read_policy
+    listed = (
+        p
+        | "InputFolder" >> beam.Create([("", inputs.InputFile.of(common.input))])
+        | "ListFiles" >> inputs.ListFiles(read_policy.retry_seconds)
+    )
+    files = listed.files | "DropKey" >> beam.Values() | "SpreadFiles" >> beam.Reshuffle()
+    listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda _, f, reason: Reject(f.path, reason))
+    names = ((files, listed.rejects | "RejectNames" >> beam.MapTuple(lambda _, f, reason: f))
+             | "AllNames" >> beam.Flatten())
+    raw_paths = (
+        names
+        | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
+        | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
+    )
+    headers = files | "ReadHeaders" >> beam.ParDo(
+        _ReadHeadersFn(config.salt, read_policy, config.max_file_bytes)).with_outputs(
+            _ReadHeadersFn.REJECTS, main="slices")
+    planned = (
+        headers.slices
+        | "GroupBySeries" >> beam.GroupByKey()
+        | "PlanVolumes" >> beam.ParDo(_PlanFn(config.tolerance, config.max_volume_voxels)).with_outputs(
+            _PlanFn.REJECTS, main="plans")
+    )
+    dtype = (
+        planned.plans
+        | "NeedsFloat" >> beam.Map(lambda plan: not plan.integral_rescale)
+        | "AnyNeedsFloat" >> beam.CombineGlobally(any)
+        | "VolumeDtype" >> beam.Map(_volume_dtype, config.volume_dtype)
+    )
+    volumes = planned.plans | "ReadVolumes" >> ConvertUnits(
+        _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels), PIPELINE,
+        dtype=beam.pvalue.AsSingleton(dtype), raw_paths=beam.pvalue.AsDict(raw_paths))
+    rejects = (
+        (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes.rejects, listing_rejects)
+        | "AllRejects" >> beam.Flatten()
+    )
+    num_frames = (
+        (headers.slices | "Frames" >> beam.Map(lambda kv: 1),
+         headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1),
+         listing_rejects | "RejectedEntries" >> beam.Map(lambda r: 1))
+        | "Units" >> beam.Flatten()
+        | "CountUnits" >> beam.CombineGlobally(sum)
+    )
+    warnings = planned.plans | "FallbackWarnings" >> beam.FlatMap(
+        lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
+        if plan.sorted_by != "position" else [])
+    summary = (
+        p
+        | "SummaryTrigger" >> beam.Create([None])
+        | "Summarize" >> beam.Map(_summarize, num_files=beam.pvalue.AsSingleton(num_frames),
+                                  num_undecodable=beam.pvalue.AsSingleton(
+                                      raw_paths | "CountUndecodable" >> beam.combiners.Count.Globally()),
+                                  warnings=beam.pvalue.AsList(warnings))
+    )
+    features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])
+    return Records(volumes.records, rejects, summary, features)

@@ -40,7 +40,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from formats import arrayrecord, commit, naming, tfrecord
+from formats import adapters, commit, naming
 from formats.features import Features
 from formats.manifest import (
     MANIFEST_FILENAME,
@@ -51,7 +51,8 @@ from formats.manifest import (
     SplitInfo,
     sha256_file,
 )
-from pipelines import _fileio
+from formats import files as fs
+from pipelines.core import fileio
 
 _NAMESPACE = "toolkit"
 DEFAULT_TARGET_SHARD_BYTES = 128 << 20
@@ -94,7 +95,7 @@ class InputSummary(NamedTuple):
   warnings: tuple[str, ...] = ()
 
 
-class _Layout(NamedTuple):
+class ShardPlan(NamedTuple):
   num_records: int
   num_bytes: int
   num_shards: int
@@ -110,7 +111,7 @@ def sort_key(seed: int, split: str, key: str) -> bytes:
 def plan_shards(
     sort_keys: Sequence[bytes], num_bytes: int, num_shards: int, target_shard_bytes: int,
     num_inputs: int = 0,
-) -> _Layout:
+) -> ShardPlan:
   """Shard boundaries giving shards whose record counts differ by at most one.
 
   `num_shards` 0 picks ceil(num_bytes / target_shard_bytes); never more shards than records.
@@ -118,15 +119,15 @@ def plan_shards(
   keys = sorted(sort_keys)
   n = len(keys)
   if n == 0:
-    return _Layout(0, 0, 0, (), num_inputs)
+    return ShardPlan(0, 0, 0, (), num_inputs)
   shards = num_shards or max(1, math.ceil(num_bytes / target_shard_bytes))
   shards = min(shards, n)
   boundaries = tuple(keys[i * n // shards] for i in range(1, shards))
-  return _Layout(n, num_bytes, shards, boundaries, num_inputs)
+  return ShardPlan(n, num_bytes, shards, boundaries, num_inputs)
 
 
-def shard_of(layout: _Layout, key: bytes) -> int:
-  return bisect.bisect_right(layout.boundaries, key)
+def shard_of(plan: ShardPlan, key: bytes) -> int:
+  return bisect.bisect_right(plan.boundaries, key)
 
 
 class _KeyAndBatch(beam.DoFn):
@@ -160,16 +161,16 @@ class _KeyAndBatch(beam.DoFn):
     return batch
 
 
-def _assign_shards(batch, layouts):
+def _assign_shards(batch, plans):
   """A batch → ((split, shard index), [(sort key, payload), ...]) per shard it touches."""
   groups: dict[tuple[str, int], list] = collections.defaultdict(list)
   for split, key, payload, _ in batch:
-    groups[(split, shard_of(layouts[split], key))].append((key, payload))
+    groups[(split, shard_of(plans[split], key))].append((key, payload))
   return groups.items()
 
 
 class _CollectKeys(beam.CombineFn):
-  """Per split: all sort keys, payload bytes and input units, combined into a `_Layout`."""
+  """Per split: all sort keys, payload bytes and input units, combined into a `ShardPlan`."""
 
   def __init__(self, num_shards: int, target_shard_bytes: int):
     self._num_shards = num_shards
@@ -215,6 +216,7 @@ class OutputSpec:
   # (formats.commit.begin); WriteOutput claims them itself when left empty.
   generation: str = ""
   expected: commit.Version | None = None
+  kind: str = ""  # the record kind (formats.kinds) the manifest records
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
@@ -246,25 +248,21 @@ class _WriteShardFn(beam.DoFn):
     self._bytes = Metrics.counter(_NAMESPACE, "bytes_written")
     self._shards = Metrics.counter(_NAMESPACE, "shards_written")
 
-  def process(self, element, layouts):
+  def process(self, element, plans):
     (split, index), groups = element
-    layout = layouts[split]
-    shard = self._spec.shard_name(split, index, layout.num_shards)
-    dest = _fileio.join(self._spec.output, self._spec.relative(shard.filename))
+    plan = plans[split]
+    shard = self._spec.shard_name(split, index, plan.num_shards)
+    dest = fs.join(self._spec.output, self._spec.relative(shard.filename))
     items = [item for group in groups for item in group]
     payloads = [p for _, p in sorted(items, key=lambda kv: kv[0])]
     # One temp folder per shard, removed here: runners do not promise to call teardown.
     tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")
-    local = _fileio.local_staging_path(dest, tmpdir)
+    local = fileio.local_staging_path(dest, tmpdir)
     try:
-      if self._spec.file_format == "array_record":
-        arrayrecord.write_file(local, payloads)
-      else:
-        with open(local, "wb") as f:
-          tfrecord.write_records(f, payloads)
+      adapters.get(self._spec.file_format).write_file(local, payloads)
       size = os.path.getsize(local)
       digest = sha256_file(local)
-      _fileio.publish(local, dest)
+      fileio.publish(local, dest)
     finally:
       if os.path.exists(local):
         os.remove(local)
@@ -282,33 +280,33 @@ class _FinalizeFn(beam.DoFn):
     self._spec = spec
     self._launcher_rejects = launcher_rejects
 
-  def process(self, _, shards, layouts, rejects, summary: InputSummary | None, features: Features | None):
+  def process(self, _, shards, plans, rejects, summary: InputSummary | None, features: Features | None):
     spec = self._spec if features is None else dataclasses.replace(self._spec, features=features)
     by_split: dict[str, dict[int, ShardInfo]] = collections.defaultdict(dict)
     for split, index, info in shards:
       by_split[split][index] = info
     splits: dict[str, SplitInfo] = {}
-    for split in sorted(set(spec.splits) | set(layouts)):
-      layout = layouts.get(split, _Layout(0, 0, 0, ()))
+    for split in sorted(set(spec.splits) | set(plans)):
+      plan = plans.get(split, ShardPlan(0, 0, 0, ()))
       got = by_split.get(split, {})
-      if sorted(got) != list(range(layout.num_shards)):
+      if sorted(got) != list(range(plan.num_shards)):
         raise RuntimeError(
-            f"split {split!r}: expected shards 0..{layout.num_shards - 1}, got {sorted(got)}"
+            f"split {split!r}: expected shards 0..{plan.num_shards - 1}, got {sorted(got)}"
         )
-      split_info = SplitInfo(tuple(got[i] for i in range(layout.num_shards)))
-      if split_info.num_records != layout.num_records:
+      split_info = SplitInfo(tuple(got[i] for i in range(plan.num_shards)))
+      if split_info.num_records != plan.num_records:
         raise RuntimeError(
-            f"split {split!r}: shards hold {split_info.num_records} records, expected {layout.num_records}"
+            f"split {split!r}: shards hold {split_info.num_records} records, expected {plan.num_records}"
         )
       if split_info.num_records:
         splits[split] = split_info
     # TFDS cannot open a split without records (a split of one empty shard file is refused by
     # both as_data_source and as_dataset), so neither the manifest nor the metadata lists one.
-    empty = sorted((set(spec.splits) | set(layouts)) - set(splits))
+    empty = sorted((set(spec.splits) | set(plans)) - set(splits))
     empty_warning = (f"empty splits left out: {', '.join(empty)} (no records)",) if empty else ()
 
     rejects = sorted([*rejects, *self._launcher_rejects])
-    used = sum(layout.num_inputs for layout in layouts.values())
+    used = sum(plan.num_inputs for plan in plans.values())
     rejected_units = sum(r.units for r in rejects)
     if summary is not None and used + rejected_units != summary.num_inputs:
       raise RuntimeError(
@@ -324,20 +322,64 @@ class _FinalizeFn(beam.DoFn):
         rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
         source=spec.source,
         warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + empty_warning,
+        kind=spec.kind,
     )
 
-    out = spec.output
-    commit.fault_point("finalize:start")
-    _fileio.write_bytes(
-        _fileio.join(out, manifest.rejected.path),
-        b"".join(json.dumps(r.to_json(), sort_keys=True).encode() + b"\n" for r in rejects),
-    )
-    commit.fault_point("finalize:rejects_written")
-    replaced = commit.commit(out, spec.generation, manifest, spec.expected)  # the switch
-    logging.info("committed %s (generation %s)", _fileio.join(out, MANIFEST_FILENAME), spec.generation)
-    commit.sync_tfds_metadata(out, spec.description)
-    commit.cleanup(out, replaced=replaced, log=logging.info)
+    commit_output(spec, manifest, rejects)
     yield manifest.to_json()
+
+
+def commit_output(spec: OutputSpec, manifest: Manifest, rejects: Sequence[Reject]) -> None:
+  """The end of every run: errors/rejected.jsonl, the switch to `manifest`, the TFDS view, clean-up.
+
+  The one commit path of all converters (formats.commit, docs/manifest.md): a
+  run that loses the race to another raises `commit.CommitConflict`.
+  """
+  out = spec.output
+  commit.fault_point("finalize:start")
+  fs.write_bytes(
+      fs.join(out, manifest.rejected.path),
+      b"".join(json.dumps(r.to_json(), sort_keys=True).encode() + b"\n" for r in rejects),
+  )
+  commit.fault_point("finalize:rejects_written")
+  replaced = commit.commit(out, spec.generation, manifest, spec.expected)  # the switch
+  logging.info("committed %s (generation %s)", fs.join(out, MANIFEST_FILENAME), spec.generation)
+  commit.sync_tfds_metadata(out, spec.description)  # a no-op for file outputs: they have no TFDS view
+  commit.cleanup(out, replaced=replaced, log=logging.info)
+
+
+class _CommitFilesFn(beam.DoFn):
+  """The published files of a file converter → the manifest, committed like any output."""
+
+  def __init__(self, spec: OutputSpec, graph):
+    self._spec = spec
+    self._graph = graph
+
+  def process(self, _, infos):
+    spec = self._spec
+    manifest = Manifest(
+        name=spec.name, file_format=infos[0].kind if infos else spec.file_format, features=spec.features,
+        splits={}, source=spec.source, files=tuple(sorted(infos, key=lambda f: f.path)),
+        rejected=Rejected(0, {}, spec.relative(REJECTED_FILENAME)), graph=self._graph, kind=spec.kind)
+    commit_output(spec, manifest, ())
+    yield manifest.to_json()
+
+
+class CommitFiles(beam.PTransform):
+  """PCollection[FileInfo] (files published in the run's generation) → the committed manifest.
+
+  For converters whose output is whole files (a `.graphbin`) rather than record shards.
+  """
+
+  def __init__(self, spec: OutputSpec, graph=None):
+    super().__init__()
+    self._spec = spec
+    self._graph = graph
+
+  def expand(self, infos):
+    return (infos.pipeline
+            | "CommitTrigger" >> beam.Create([None])
+            | "CommitManifest" >> beam.ParDo(_CommitFilesFn(self._spec, self._graph), infos=beam.pvalue.AsList(infos)))
 
 
 class WriteOutput(beam.PTransform):
@@ -362,21 +404,21 @@ class WriteOutput(beam.PTransform):
 
   def expand(self, pcolls):
     spec = self._spec
-    if not spec.generation:  # not launched by pipelines._cli: claim a generation now, at construction
+    if not spec.generation:  # not launched by pipelines.core.launch: claim a generation now, at construction
       generation, expected = commit.begin(spec.output, {"pipeline": "WriteOutput"})
       spec = dataclasses.replace(spec, generation=generation, expected=expected)
     records, rejects = pcolls["records"], pcolls["rejects"]
     batches = records | "SortKeyAndBatch" >> beam.ParDo(_KeyAndBatch(spec.seed))
-    layouts = (
+    plans = (
         batches
         | "KeysAndSizes" >> beam.FlatMap(lambda batch: [(t[0], (t[1], len(t[2]), t[3])) for t in batch])
         | "PlanShards" >> beam.CombinePerKey(_CollectKeys(spec.num_shards, spec.target_shard_bytes))
     )
     shards = (
         batches
-        | "AssignShard" >> beam.FlatMap(_assign_shards, layouts=beam.pvalue.AsDict(layouts))
+        | "AssignShard" >> beam.FlatMap(_assign_shards, plans=beam.pvalue.AsDict(plans))
         | "GroupByShard" >> beam.GroupByKey()
-        | "WriteShard" >> beam.ParDo(_WriteShardFn(spec), layouts=beam.pvalue.AsDict(layouts))
+        | "WriteShard" >> beam.ParDo(_WriteShardFn(spec), plans=beam.pvalue.AsDict(plans))
     )
     return (
         records.pipeline
@@ -384,7 +426,7 @@ class WriteOutput(beam.PTransform):
         | "Finalize" >> beam.ParDo(
             _FinalizeFn(spec, self._launcher_rejects),
             shards=beam.pvalue.AsList(shards),
-            layouts=beam.pvalue.AsDict(layouts),
+            plans=beam.pvalue.AsDict(plans),
             rejects=beam.pvalue.AsList(rejects),
             summary=beam.pvalue.AsSingleton(self._summary) if self._summary is not None else None,
             features=beam.pvalue.AsSingleton(self._features) if self._features is not None else None,

@@ -2,7 +2,7 @@
 
 A pipeline that runs on the DirectRunner but whose Dataflow workers lack the
 toolkit, pydicom's decoders or array_record fails only after the job started.
-`prepare(options, args)` runs on the launcher before anything is submitted:
+`prepare(options, common, extras)` runs on the launcher before anything is submitted:
 
 - one-line UsageErrors for what Dataflow cannot work with: no --project or
   --region, a --temp_location / --input / --output that is not gs://;
@@ -28,10 +28,9 @@ import tempfile
 from apache_beam.options.pipeline_options import (
     GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, WorkerOptions)
 
-from pipelines._errors import UsageError
+from pipelines.core.errors import UsageError
 
 DISTRIBUTION = "tpu-shards"
-WORKER_EXTRAS = ("pipelines",)
 _NOT_ON_WORKERS = {"apache-beam"}  # the SDK container has it
 _log = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ def is_dataflow(options: PipelineOptions) -> bool:
   return "dataflow" in str(runner).lower()
 
 
-def check(options: PipelineOptions, args: dict) -> None:
+def check(options: PipelineOptions, common) -> None:
   """UsageError for the Dataflow flags that are missing or point at local files."""
   gcp = options.view_as(GoogleCloudOptions)
   if not gcp.project:
@@ -52,16 +51,15 @@ def check(options: PipelineOptions, args: dict) -> None:
     raise UsageError(f"--temp_location must be a gs:// path on Dataflow, got {gcp.temp_location!r}")
   if gcp.staging_location and not gcp.staging_location.startswith("gs://"):
     raise UsageError(f"--staging_location must be a gs:// path on Dataflow, got {gcp.staging_location!r}")
-  for flag in ("root", "output"):
-    if not str(args[flag]).startswith("gs://"):
-      name = "--input" if flag == "root" else "--output"
+  for name, value in (("--input", common.input), ("--output", common.output)):
+    if not str(value).startswith("gs://"):
       raise UsageError(f"{name} must be a gs:// path on Dataflow (workers cannot read this machine's disk), "
-                       f"got {args[flag]!r}")
+                       f"got {value!r}")
 
 
 def project_root() -> str | None:
   """The source tree this toolkit runs from, when it runs from one (pyproject.toml beside the packages)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pipelines/core/..
   return root if os.path.exists(os.path.join(root, "pyproject.toml")) else None
 
 
@@ -84,8 +82,8 @@ def _name(requirement: str) -> str:
   return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def worker_requirements() -> list[str]:
-  """`name==version` of every worker-side dependency (base + the pipelines extra), as installed here."""
+def worker_requirements(extras: tuple[str, ...] = ("pipelines",)) -> list[str]:
+  """`name==version` of every worker-side dependency (base + `extras`), as installed here."""
   try:
     requires = importlib.metadata.requires(DISTRIBUTION) or []
   except importlib.metadata.PackageNotFoundError:
@@ -93,8 +91,8 @@ def worker_requirements() -> list[str]:
   names = []
   for req in requires:
     marker = req.split(";", 1)[1] if ";" in req else ""
-    extras = re.findall(r'extra\s*==\s*"([^"]+)"', marker)
-    if extras and not set(extras) & set(WORKER_EXTRAS):
+    needed_by = re.findall(r'extra\s*==\s*"([^"]+)"', marker)
+    if needed_by and not set(needed_by) & set(extras):
       continue
     name = _name(req)
     if name not in _NOT_ON_WORKERS and name not in names:
@@ -108,11 +106,17 @@ def worker_requirements() -> list[str]:
   return sorted(out)
 
 
-def prepare(options: PipelineOptions, args: dict) -> None:
-  """Checks the Dataflow flags and, unless the user chose otherwise, stages the toolkit."""
+def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipelines",)) -> None:
+  """Checks the Dataflow flags and, unless the user chose otherwise, stages the toolkit.
+
+  Args:
+    options: the job's options; staging flags are added to them.
+    common: the converter's `flags.CommonConfig` (its input and output must be gs://).
+    extras: the pyproject extras the converter's workers need (`Converter.worker_extras`).
+  """
   if not is_dataflow(options):
     return
-  check(options, args)
+  check(options, common)
   setup = options.view_as(SetupOptions)
   if (setup.setup_file or setup.extra_packages or setup.requirements_file
       or options.view_as(WorkerOptions).sdk_container_image):
@@ -121,7 +125,7 @@ def prepare(options: PipelineOptions, args: dict) -> None:
   wheel = build_wheel(staging)
   requirements = os.path.join(staging, "requirements.txt")
   with open(requirements, "w") as f:
-    f.write("".join(r + "\n" for r in worker_requirements()))
+    f.write("".join(r + "\n" for r in worker_requirements(extras)))
   setup.extra_packages = [wheel]
   setup.requirements_file = requirements
   if setup.requirements_cache is None:

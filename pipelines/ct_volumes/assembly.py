@@ -35,8 +35,8 @@ from typing import BinaryIO
 import numpy as np
 
 from formats.transforms import CT_PADDING_HU
-from pipelines._ct_headers import (
-    MAX_HEADER_BYTES, SIZE_TAGS, Rejected, SliceHeader, quiet_pydicom, read_dataset, tag_name)
+from pipelines.ct_volumes.headers import (
+    MAX_HEADER_BYTES, SIZE_TAGS, SliceRejected, SliceHeader, quiet_pydicom, read_dataset, tag_name)
 
 DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
 MAX_TILT_DEGREES = 0.1
@@ -321,7 +321,7 @@ class _Decoded:
             self._array = self._decode(s)
       except SeriesRejected:
         raise
-      except Rejected as e:  # a deflated file over its bound: the reason holds no header value
+      except SliceRejected as e:  # a deflated file over its bound: the reason holds no header value
         why = str(e)
       except Exception as e:  # noqa: BLE001 (a codec without a plugin, corrupt data)
         why = type(e).__name__  # pydicom's message may quote values: raised outside, without a context

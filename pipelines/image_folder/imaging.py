@@ -21,6 +21,7 @@ from PIL import Image, ImageOps, TiffImagePlugin
 _EXIF_ORIENTATION = 0x0112
 # Decompression bombs: images above this many pixels are refused from their header,
 # before any decoding (`ImageOptions.max_pixels`, the `--max_image_pixels` flag).
+MAX_IMAGE_SIDE = 16384  # --image_size sides: a 16384x16384 RGB record is already 805 MB
 MAX_PIXELS = 178_956_970  # twice Pillow's warning threshold: about 540 MB of RGB pixels
 # The toolkit checks its own cap right after the header is read; Pillow's check
 # (a warning above 89 M pixels, an error above 179 M) would otherwise fire first and
@@ -42,16 +43,19 @@ class ImageOptions:
   max_pixels: int = MAX_PIXELS  # width x height above which an image is rejected unread
 
   def __post_init__(self):
+    # The messages name the command-line flags: the converter's flag checks are these.
     if self.encoding not in ("jpeg", "raw"):
-      raise ValueError(f"encoding must be jpeg or raw, got {self.encoding!r}")
-    if self.encoding == "raw" and self.size is None:
-      raise ValueError("encoding=raw needs a fixed image size (--image_size=H,W)")
+      raise ValueError(f"--encoding must be jpeg or raw, got {self.encoding!r}")
     if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
-      raise ValueError(f"image size must be two positive integers H,W, got {self.size}")
+      raise ValueError(f"--image_size must be H,W with positive integers, got {self.size}")
+    if self.size is not None and max(self.size) > MAX_IMAGE_SIDE:
+      raise ValueError(f"--image_size sides must be <= {MAX_IMAGE_SIDE}, got {self.size}")
+    if self.encoding == "raw" and self.size is None:
+      raise ValueError("--encoding=raw needs --image_size=H,W (raw pixels must have a fixed shape)")
     if not 1 <= self.jpeg_quality <= 100:
-      raise ValueError(f"jpeg_quality must be in [1, 100], got {self.jpeg_quality}")
+      raise ValueError(f"--jpeg_quality must be in [1, 100], got {self.jpeg_quality}")
     if self.max_pixels < 1:
-      raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
+      raise ValueError(f"--max_image_pixels must be >= 1, got {self.max_pixels}")
 
 
 class Converted(NamedTuple):

@@ -1,33 +1,31 @@
-"""Command-line plumbing shared by the pipelines: strict flag parsing and exit codes.
+"""Flag parsing shared by the converters: strict parsing, checks, the common configuration.
 
-A bad argument is a `UsageError`; `main` prints it as one line and exits 2
-before anything is written. Unknown flags are errors too (Beam itself only
-warns and drops them, so a typo would silently change a job).
+A bad argument is a `UsageError` (the launcher prints it as one line and exits 2
+before anything is written). Unknown flags are errors too: Beam itself only
+warns and drops them, so a typo would silently change a job. Every converter's
+shared flags become one frozen `CommonConfig`; its own flags are checked by
+its `configure` with the helpers here (`int_flag`, `bool_flag`, ...).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+import dataclasses
 import importlib
-import logging
 import os
 import re
 import sys
-import threading
-import time
 
-import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.portability import common_urns
 from apache_beam.runners.runner import PipelineRunner
 
-from formats import commit
+from formats import commit, naming
 from formats import files as fs
-from formats import naming
-from formats.manifest import MANIFEST_FILENAME, Manifest
-from pipelines import _dataflow, _inputs
-from pipelines._errors import InputDataError, UsageError
+from formats.output import is_output
+from pipelines.core import inputs
+from pipelines.core.errors import UsageError
 
 # Beam's numeric flags and their smallest sensible value (Beam itself does not check them).
 _BEAM_INT_MINIMUMS = {
@@ -58,9 +56,9 @@ class ConverterOptions(PipelineOptions):
     parser.add_argument("--seed", default="0", help="Seed of the record order.")
     parser.add_argument("--overwrite", default="false",
                         help="true: replace an output folder that already holds a complete output.")
-    parser.add_argument("--max_input_bytes", default=str(_inputs.DEFAULT_MAX_INPUT_BYTES),
+    parser.add_argument("--max_input_bytes", default=str(inputs.DEFAULT_MAX_INPUT_BYTES),
                         help="Largest input file read; a larger one is a reject (default 2 GiB).")
-    parser.add_argument("--transient_retry_seconds", default=str(int(_inputs.DEFAULT_TRANSIENT_RETRY_SECONDS)),
+    parser.add_argument("--transient_retry_seconds", default=str(int(inputs.DEFAULT_TRANSIENT_RETRY_SECONDS)),
                         help="How long to retry an input that answers a transient error (HTTP 5xx/429, "
                              "timeout, dropped connection) before the job fails (default 300).")
 
@@ -78,11 +76,16 @@ def parse_options(argv: Sequence[str] | None, own: Sequence[type[PipelineOptions
   parser = _RaisingParser(allow_abbrev=False, add_help=False)
   allowed = [ConverterOptions, *own]
   beam_classes = [c for c in _all_option_classes() if c.__module__.startswith("apache_beam.")]
-  for cls in dict.fromkeys([*allowed, *beam_classes]):
+  for cls in dict.fromkeys(beam_classes):
     try:
       cls._add_argparse_args(parser)
     except argparse.ArgumentError:
-      pass  # a flag Beam defines in two classes; the first definition wins
+      pass  # a flag Beam itself defines in two classes; the first definition wins
+  for cls in dict.fromkeys(allowed):
+    try:
+      cls._add_argparse_args(parser)
+    except argparse.ArgumentError as e:  # a converter's flag that Beam or the shared flags define
+      raise TypeError(f"{cls.__name__} defines a flag that is already defined: {e}") from None
   _, unknown = parser.parse_known_args(argv)
   if unknown:
     raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
@@ -136,10 +139,10 @@ def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
   return n
 
 
-def read_policy(options: PipelineOptions) -> _inputs.ReadPolicy:
+def read_policy(options: PipelineOptions) -> inputs.ReadPolicy:
   """How the converter reads its inputs, from the shared flags."""
   c = options.view_as(ConverterOptions)
-  return _inputs.ReadPolicy(seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
+  return inputs.ReadPolicy(seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
                             int_flag("max_input_bytes", c.max_input_bytes, 1))
 
 
@@ -206,112 +209,51 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   if fs.is_gcs(output) and output.count("/") > 2 and fs.exists(output) or (
       not fs.is_gcs(output) and os.path.lexists(output) and not os.path.isdir(output)):
     raise UsageError(f"--output {output_flag!r} is a file; it must be a folder (or not exist yet)")
-  if fs.exists(fs.join(output, MANIFEST_FILENAME)) and not overwrite:
+  if is_output(output) and not overwrite:
     raise UsageError(f"--output {output_flag!r} already holds a complete output; pass --overwrite=true to replace it")
   return root, output, overwrite
 
 
-class _Heartbeat:
-  """Refreshes the run's generation marker while the job runs, so no other run's
-  clean-up takes the generation for a dead run's (formats.commit.LEASE_SECONDS)."""
 
-  def __init__(self, output: str, generation: str, prog: str):
-    self._args = (output, generation, {"pipeline": prog})
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._beat, name="toolkit-heartbeat", daemon=True)
+@dataclasses.dataclass(frozen=True)
+class CommonConfig:
+  """The flags every converter shares, checked: what the untyped `args` dict used to hold.
 
-  def _beat(self):
-    while not self._stop.wait(commit.HEARTBEAT_SECONDS):
-      try:
-        commit.heartbeat(*self._args)
-      except Exception as e:  # a missed beat is not fatal; a lease lasts many beats
-        logging.warning("heartbeat of %s failed: %s", self._args[1], type(e).__name__)
+  `generation` and `expected` are set by the launcher (`launch.run_pipeline`):
+  the run's fresh generation folder and the manifest version its commit
+  replaces (formats.commit); a converter never sets them.
+  """
 
-  def __enter__(self):
-    self._thread.start()
-    return self
+  input: str  # the input root: an absolute local path or gs://...
+  output: str  # the output folder: an absolute local path or gs://...
+  name: str  # the data set's name in shard names
+  file_format: str
+  num_shards: int = 0  # per split; 0 picks ~128 MB shards
+  seed: int = 0
+  overwrite: bool = False
+  read_policy: inputs.ReadPolicy = inputs.ReadPolicy()
+  generation: str = ""
+  expected: commit.Version | None = None
 
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()  # a beat in flight ends before the caller records the end of the run
-
-
-def run_pipeline(options: PipelineOptions, args: dict, build: Callable[[beam.Pipeline, dict], object],
-                 prog: str) -> beam.runners.runner.PipelineResult:
-  """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
-  t0 = time.monotonic()
-  _dataflow.prepare(options, args)
-  # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
-  # of manifest.json against the version read now (formats.commit, docs/manifest.md).
-  output = args["output"]
-  generation = naming.new_generation()
-  args = {**args, "generation": generation, "expected": commit.read_version(output)}
-  p = beam.Pipeline(options=options)
-  build(p, args)  # reads the input's listing; writes nothing
-  commit.repair(output)  # an earlier run killed between its switch and its clean-up
-  commit.claim(output, generation, {"pipeline": prog})
-  manifest_path = fs.join(output, MANIFEST_FILENAME)
-  try:
-    with _Heartbeat(output, generation, prog):  # stopped before finish: no beat may re-create the marker
-      result = p.run()
-      result.wait_until_finish()
-  finally:
-    commit.finish(output, generation)
-  if fs.exists(manifest_path):
-    m = Manifest.loads(fs.read_bytes(manifest_path))
-    if m.files:
-      print(f"{prog}: {', '.join(f'{f.path} ({f.num_bytes / 1e6:.1f} MB)' for f in m.files)} "
-            f"-> {args['output']} in {time.monotonic() - t0:.1f}s", flush=True)
-      return result
-    shards = sum(len(s.shards) for s in m.splits.values())
-    size = sum(s.num_bytes for s in m.splits.values())
-    print(
-        f"{prog}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "
-        f"{', '.join(f'{k}={v.num_records}' for k, v in m.splits.items())}), "
-        f"{m.rejected.count} rejected -> {args['output']} in {time.monotonic() - t0:.1f}s",
-        flush=True,
-    )
-    for w in m.warnings:
-      print(f"{prog}: warning: {w}", flush=True)
-  return result
+  def __post_init__(self):
+    naming.check_dataset_name(self.name)
+    if self.file_format not in naming.FILE_FORMATS:
+      raise ValueError(f"file_format must be one of {naming.FILE_FORMATS}, got {self.file_format!r}")
+    if self.num_shards < 0 or self.seed < 0:
+      raise ValueError(f"num_shards and seed must be >= 0, got {self.num_shards} and {self.seed}")
 
 
-# Errors `main` reports as one line: Beam's own log of their traceback is noise.
-_ONE_LINE_ERRORS = (UsageError, InputDataError, _inputs.TransientInputError, commit.CommitConflict)
+def common_config(options: PipelineOptions, input_kind: str, name: str | None = None) -> CommonConfig:
+  """The shared flags of `options`, checked (UsageError), as a `CommonConfig`.
 
-
-class _OneLineErrors(logging.Filter):
-  """Drops Beam's ERROR records (a full traceback) for errors `main` prints as one line."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    exc = record.exc_info[1] if record.exc_info else None
-    return not (record.name.startswith("apache_beam") and isinstance(exc, _ONE_LINE_ERRORS))
-
-
-def main(run: Callable[[Sequence[str] | None], object], prog: str) -> None:
-  """Runs `run(sys.argv[1:])`: one-line errors, exit status 2 for bad arguments and 1 for
-  unusable input, persistent transient faults and a lost race to another run."""
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-  for handler in logging.getLogger().handlers:
-    handler.addFilter(_OneLineErrors())
-  for noisy in ("apache_beam", "google", "urllib3", "absl"):
-    logging.getLogger(noisy).setLevel(logging.WARNING)
-  try:
-    run(sys.argv[1:])
-  except UsageError as e:
-    print(f"{prog}: error: {e}", file=sys.stderr)
-    sys.exit(2)
-  except InputDataError as e:  # the whole input is unusable: no output was marked complete
-    print(f"{prog}: error: {_message(e)}", file=sys.stderr)
-    sys.exit(1)
-  except _inputs.TransientInputError as e:  # the job failed before its switch: no new manifest
-    print(f"{prog}: error: {_message(e)}; nothing was committed, run again", file=sys.stderr)
-    sys.exit(1)
-  except commit.CommitConflict as e:  # lost a race to another run: its output stands
-    print(f"{prog}: error: {_message(e)}", file=sys.stderr)
-    sys.exit(1)
-
-
-def _message(e: Exception) -> str:
-  """The error's own text, without the step name Beam appends."""
-  return str(e).split(" [while running")[0]
+  Args:
+    options: the parsed options.
+    input_kind: what --input should be, for the "--input is required" message.
+    name: the data set name when the converter derives its own; else --name or the input folder's name.
+  """
+  c = options.view_as(ConverterOptions)
+  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind)
+  return CommonConfig(
+      input=root, output=output, name=name or dataset_name(c.name, root),
+      file_format=check_file_format(c.file_format), num_shards=int_flag("num_shards", c.num_shards, 0),
+      seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options))

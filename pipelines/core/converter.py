@@ -1,0 +1,211 @@
+"""The converter protocol: the one shape every converter has, and the shared path that runs it.
+
+A converter is a small class (a subclass of `Converter`) that says
+
+- who it is: `name` (`python -m pipelines.<name>`, the registry key, the
+  metrics namespace), the record `kind` it writes (formats.kinds), what its
+  `--input` must be, and its own flags (`options`, a Beam options class);
+- `configure`: its own flags → a frozen config (UsageError on a bad value);
+- `plan`: at launch, from the input's top level, what the output will be
+  (features, splits, description, source, the inputs already turned down);
+- `expand`: the Beam graph from input to `Records` (records + rejects, and the
+  accounting of inputs) or, for a converter that writes whole files, `Files`.
+
+Everything else is shared and lives in `pipelines.core`: flag parsing and the
+common flags (`flags.CommonConfig`), listing and reading inputs (`inputs`),
+converting units (`ConvertUnits`), shuffling, sharding, writing and committing
+(`sink`), running, the heartbeat and exit codes (`launch`), Dataflow packaging
+(`dataflow`). The stages are: list inputs → plan units → convert each unit →
+write shards → commit; a converter supplies the first three as pure functions
+and small transforms, so a change to how units become shards (conversions at
+scale) is made once, in `core`. docs/architecture.md walks through adding one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from formats.features import Features
+from pipelines.core import flags
+from pipelines.core.flags import CommonConfig
+from pipelines.core.sink import CommitFiles, InputSummary, OutputSpec, Record, Reject, WriteOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputPlan:
+  """What the launcher knows of the output before the job runs.
+
+  `features` may be replaced at run time (`Records.features`) when the schema
+  depends on the data (CT's volume dtype). `launcher_rejects` are inputs the
+  launcher already turned down while listing the top level. `kind` overrides
+  the converter's record kind when one converter writes several (OGB).
+  `state` carries what `plan` found to `expand` (an input layout, a graph plan).
+  """
+
+  features: Features
+  splits: tuple[str, ...]
+  description: str
+  source: Mapping[str, Any]
+  launcher_rejects: tuple[Reject, ...] = ()
+  kind: str | None = None
+  state: Any = None  # what `plan` found that `expand` needs (the converter's own business)
+
+
+class Records(NamedTuple):
+  """A record converter's result: PCollections the shared sink shards, writes and commits.
+
+  `summary` holds one `InputSummary` (the input units found, for the check
+  that nothing was lost, and the manifest's warnings); `features` one
+  `Features` when the schema is only known at run time.
+  """
+
+  records: beam.PCollection
+  rejects: beam.PCollection
+  summary: beam.PCollection | None = None
+  features: beam.PCollection | None = None
+
+
+class Files(NamedTuple):
+  """A file converter's result: a PCollection of the `FileInfo`s it published in the run's
+  generation, and what the manifest says of them (its `graph` section)."""
+
+  files: beam.PCollection
+  graph: Mapping[str, Any] | None = None
+
+
+class Converter(abc.ABC):
+  """Raw input → a committed output. Subclass it, set the class attributes, implement
+  `configure`, `plan` and `expand`; register the name in pipelines/registry.py."""
+
+  name: ClassVar[str]
+  kind: ClassVar[str]
+  input_kind: ClassVar[str] = "a folder"
+  options: ClassVar[type[PipelineOptions]]
+  worker_extras: ClassVar[tuple[str, ...]] = ("pipelines",)  # pyproject extras Dataflow workers need
+
+  @property
+  def prog(self) -> str:
+    """The module users run: `python -m pipelines.<name>`."""
+    return f"pipelines.{self.name}"
+
+  def common_config(self, options: PipelineOptions) -> CommonConfig:
+    """The shared flags, checked. Override to derive the data set name differently."""
+    return flags.common_config(options, self.input_kind)
+
+  @abc.abstractmethod
+  def configure(self, options: PipelineOptions, common: CommonConfig) -> Any:
+    """The converter's own flags → a frozen config.
+
+    Raises:
+      UsageError: a flag is missing or has a bad value (nothing has been read or written).
+    """
+
+  @abc.abstractmethod
+  def plan(self, common: CommonConfig, config: Any) -> OutputPlan:
+    """What the output will be, from the input's top level (listed here, at launch).
+
+    Raises:
+      UsageError: the input cannot be converted at all (for example, no class folders).
+    """
+
+  @abc.abstractmethod
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: Any, plan: OutputPlan) -> Records | Files:
+    """The Beam graph from the input to records and rejects (or published files)."""
+
+  def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
+    """Adds the whole conversion to `p`; returns the PCollection holding the manifest (a dict)."""
+    plan = self.plan(common, config)
+    spec = OutputSpec(
+        output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
+        splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
+        source=plan.source, generation=common.generation, expected=common.expected,
+        kind=plan.kind or self.kind)
+    out = self.expand(p, common, config, plan)
+    if isinstance(out, Files):
+      return out.files | "Commit" >> CommitFiles(spec, graph=out.graph)
+    return {"records": out.records, "rejects": out.rejects} | "Write" >> WriteOutput(
+        spec, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
+
+
+class Event(NamedTuple):
+  """Something a unit's conversion noticed that the converter counts for its summary
+  (for example "multi_frame"); it is neither a record nor a reject."""
+
+  name: str
+
+
+class UnitConverter(abc.ABC):
+  """Converts one unit of input (a file, a series, a graph) into records and rejects.
+
+  Pure Python, picklable (it is shipped to workers): open clients in `setup`.
+  `convert` yields `Record`s, `Reject`s and `Event`s; a transient error raised from it
+  fails the bundle, which the runner retries.
+  """
+
+  def setup(self) -> None:
+    """Called once per worker before the first unit."""
+
+  @abc.abstractmethod
+  def convert(self, unit, **side_inputs) -> Iterable[Record | Reject | Event]:
+    """The records, rejects and events of one unit."""
+
+
+class _ConvertUnitsFn(beam.DoFn):
+  def __init__(self, converter: UnitConverter, namespace: str):
+    self._converter = converter
+    self._namespace = namespace
+
+  def setup(self):
+    self._converter.setup()
+    self._units = Metrics.counter(self._namespace, "units_converted")
+    self._records = Metrics.counter(self._namespace, "records_made")
+    self._rejects = Metrics.counter(self._namespace, "units_rejected")
+
+  def process(self, unit, **side_inputs):
+    self._units.inc()
+    for out in self._converter.convert(unit, **side_inputs):
+      if isinstance(out, Reject):
+        self._rejects.inc()
+        yield beam.pvalue.TaggedOutput("rejects", out)
+      elif isinstance(out, Event):
+        yield beam.pvalue.TaggedOutput("events", out)
+      else:
+        self._records.inc()
+        yield out
+
+
+class ConvertUnits(beam.PTransform):
+  """PCollection[unit] → (records, rejects, events): each unit converted by `converter` on some worker.
+
+      converted = units | ConvertUnits(MyUnitConverter(...), namespace="pipelines.my_folder")
+      converted.records, converted.rejects, converted.events
+
+  `side_inputs` are passed to `convert` by name (Beam side inputs, e.g. AsSingleton).
+  The units are spread over workers first (a Reshuffle): listing hands them out unevenly.
+  """
+
+  def __init__(self, converter: UnitConverter, namespace: str, reshuffle: bool = True, **side_inputs):
+    super().__init__()
+    self._converter = converter
+    self._namespace = namespace
+    self._reshuffle = reshuffle
+    self._side_inputs = side_inputs
+
+  def expand(self, units):
+    if self._reshuffle:
+      units = units | "Spread" >> beam.Reshuffle()
+    return units | "Convert" >> beam.ParDo(
+        _ConvertUnitsFn(self._converter, self._namespace), **self._side_inputs).with_outputs("rejects", "events", main="records")
+
+
+def summary_of(p: beam.Pipeline, count: beam.PCollection, warnings: Sequence[str] = ()) -> beam.PCollection:
+  """A PCollection of one `InputSummary` from a PCollection holding the number of input units."""
+  return (p | "SummaryTrigger" >> beam.Create([None])
+          | "Summarize" >> beam.Map(lambda _, n: InputSummary(n, tuple(warnings)), n=beam.pvalue.AsSingleton(count)))

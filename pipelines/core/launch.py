@@ -1,0 +1,145 @@
+"""Running a converter: from argv to a committed output, and the exit codes of `python -m`.
+
+`run(converter, argv)` parses the flags (UsageError before anything is
+written), builds the pipeline (the converter lists its input's top level),
+then claims a fresh generation folder, runs the job with a heartbeat, and
+commits by the protocol of formats.commit (docs/architecture.md). `main`
+turns the errors a user can act on into one line on stderr and an exit status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import dataclasses
+import logging
+import sys
+import threading
+import time
+
+import apache_beam as beam
+from apache_beam.runners.runner import PipelineResult
+
+from formats import commit, naming
+from formats.manifest import Manifest
+from formats.output import is_output, load_manifest
+from pipelines.core import dataflow, flags, inputs
+from pipelines.core.converter import Converter
+from pipelines.core.errors import InputDataError, UsageError
+
+
+def parse(converter: Converter, argv: Sequence[str] | None):
+  """(Beam options, CommonConfig, the converter's own config) from `argv`; raises UsageError."""
+  options = flags.parse_options(argv, [converter.options])
+  common = converter.common_config(options)
+  return options, common, converter.configure(options, common)
+
+
+def run(converter: Converter, argv: Sequence[str] | None = None) -> PipelineResult:
+  """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
+  options, common, config = parse(converter, argv)
+  return run_pipeline(options, converter, common, config)
+
+
+class _Heartbeat:
+  """Refreshes the run's generation marker while the job runs, so no other run's
+  clean-up takes the generation for a dead run's (formats.commit.LEASE_SECONDS)."""
+
+  def __init__(self, output: str, generation: str, prog: str):
+    self._args = (output, generation, {"pipeline": prog})
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._beat, name="toolkit-heartbeat", daemon=True)
+
+  def _beat(self):
+    while not self._stop.wait(commit.HEARTBEAT_SECONDS):
+      try:
+        commit.heartbeat(*self._args)
+      except Exception as e:  # a missed beat is not fatal; a lease lasts many beats
+        logging.warning("heartbeat of %s failed: %s", self._args[1], type(e).__name__)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()  # a beat in flight ends before the caller records the end of the run
+
+
+def run_pipeline(options, converter: Converter, common: flags.CommonConfig, config) -> PipelineResult:
+  """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
+  t0 = time.monotonic()
+  prog = converter.prog
+  dataflow.prepare(options, common, converter.worker_extras)
+  # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
+  # of manifest.json against the version read now (formats.commit, docs/manifest.md).
+  output = common.output
+  common = dataclasses.replace(common, generation=naming.new_generation(), expected=commit.read_version(output))
+  p = beam.Pipeline(options=options)
+  converter.build(p, common, config)  # reads the input's listing; writes nothing
+  commit.repair(output)  # an earlier run killed between its switch and its clean-up
+  commit.claim(output, common.generation, {"pipeline": prog})
+  try:
+    with _Heartbeat(output, common.generation, prog):  # stopped before finish: no beat may re-create the marker
+      result = p.run()
+      result.wait_until_finish()
+  finally:
+    commit.finish(output, common.generation)
+  if is_output(output):
+    print(summary_line(prog, load_manifest(output), output, time.monotonic() - t0), flush=True)
+  return result
+
+
+def summary_line(prog: str, m: Manifest, output: str, seconds: float) -> str:
+  """The line a run prints when it is done (and its warnings, one line each)."""
+  if m.files:
+    return (f"{prog}: {', '.join(f'{f.path} ({f.num_bytes / 1e6:.1f} MB)' for f in m.files)} "
+            f"-> {output} in {seconds:.1f}s")
+  shards = sum(len(s.shards) for s in m.splits.values())
+  size = sum(s.num_bytes for s in m.splits.values())
+  lines = [f"{prog}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "
+           f"{', '.join(f'{k}={v.num_records}' for k, v in m.splits.items())}), "
+           f"{m.rejected.count} rejected -> {output} in {seconds:.1f}s"]
+  lines += [f"{prog}: warning: {w}" for w in m.warnings]
+  return "\n".join(lines)
+
+
+# Errors `main` reports as one line: Beam's own log of their traceback is noise.
+_ONE_LINE_ERRORS = (UsageError, InputDataError, inputs.TransientInputError, commit.CommitConflict)
+
+
+class _OneLineErrors(logging.Filter):
+  """Drops Beam's ERROR records (a full traceback) for errors `main` prints as one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (record.name.startswith("apache_beam") and isinstance(exc, _ONE_LINE_ERRORS))
+
+
+def main(converter: Converter, argv: Sequence[str] | None = None) -> None:
+  """`python -m pipelines.<name>`: runs the converter with one-line errors; exit status 2 for bad
+  arguments and 1 for unusable input, persistent transient faults and a lost race to another run."""
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(_OneLineErrors())
+  for noisy in ("apache_beam", "google", "urllib3", "absl"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  prog = converter.prog
+  try:
+    run(converter, sys.argv[1:] if argv is None else argv)
+  except UsageError as e:
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    sys.exit(2)
+  except InputDataError as e:  # the whole input is unusable: no output was marked complete
+    print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+    sys.exit(1)
+  except inputs.TransientInputError as e:  # the job failed before its switch: no new manifest
+    print(f"{prog}: error: {_message(e)}; nothing was committed, run again", file=sys.stderr)
+    sys.exit(1)
+  except commit.CommitConflict as e:  # lost a race to another run: its output stands
+    print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _message(e: Exception) -> str:
+  """The error's own text, without the step name Beam appends."""
+  return str(e).split(" [while running")[0]

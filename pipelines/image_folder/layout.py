@@ -1,0 +1,84 @@
+"""What the launcher finds under an image folder: splits, class folders, stray files, odd entries."""
+
+from __future__ import annotations
+
+import os
+
+from formats import files as fs
+from pipelines.core import inputs
+from pipelines.core.sink import Reject
+
+DEFAULT_SPLIT = "train"
+
+
+def _scan(folder: str, root: str, taken: list[str]) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+  """(folder names, file names, (name, reason) of other entries) directly in `folder`.
+
+  Locally a sub-folder is judged by where it leads: back to `root` or above it
+  is a link loop; into a folder already `taken` (real paths of the layout's
+  folders so far, extended here) or one that holds it lists files twice (under
+  another label): both are odd entries, as are names whose escaped form collides.
+  """
+  if fs.is_gcs(folder):
+    dirs, files = fs.list_dir(folder)
+    return dirs, files, []
+  dirs, files, others = inputs.scan_dir(folder)
+  clashes = inputs.colliding([*dirs, *files])
+  others += [(n, inputs.COLLIDING_NAME) for n in sorted(clashes)]
+  files = [f for f in files if f not in clashes]
+  real_root, kept = os.path.realpath(root), []
+  for d in dirs:
+    if d in clashes:
+      continue
+    real = os.path.realpath(os.path.join(folder, d))
+    if real == real_root or real_root.startswith(real.rstrip(os.sep) + os.sep):
+      others.append((d, "symbolic link loop"))
+    elif any(real == t or real.startswith(t + os.sep) or t.startswith(real + os.sep) for t in taken):
+      others.append((d, inputs.OTHER_PART_OF_INPUT))
+    else:
+      taken.append(real)
+      kept.append(d)
+  return kept, files, sorted(others)
+
+
+class InputLayout:
+  """What the launcher found under the input: splits, classes, stray files, odd entries.
+
+  Names are kept as the OS gives them (surrogate escapes for non-UTF-8 bytes);
+  class names, labels and file names are their printable forms (`inputs.printable`).
+  """
+
+  def __init__(self, root: str, layout: str):
+    self.root = root
+    dirs, root_files, root_others = _scan(root, root, [])
+    below = {}
+    for d in dirs:  # each split's class folders: no two of the whole input may overlap
+      below[d] = _scan(fs.join(root, d), root, [os.path.realpath(fs.join(root, e)) for e in dirs if e != d])
+    if layout == "auto":
+      layout = "splits" if dirs and all(below[d][0] for d in dirs) else "classes"
+    self.layout = layout
+    self.class_dirs: dict[str, list[str]] = {}  # split -> class folder names
+    self.stray_files = [fs.join(root, f) for f in root_files]
+    self.odd_entries = [(fs.join(root, f), reason) for f, reason in root_others]
+    if layout == "classes":
+      self.class_dirs[DEFAULT_SPLIT] = dirs
+    else:
+      for split in dirs:
+        classes, files, others = below[split]
+        self.class_dirs[split] = classes
+        self.stray_files += [fs.join(root, split, f) for f in files]
+        self.odd_entries += [(fs.join(root, split, f), reason) for f, reason in others]
+    self.class_names = sorted({inputs.printable(c) for cs in self.class_dirs.values() for c in cs})
+
+  def folder(self, split: str, cls: str) -> str:
+    return fs.join(self.root, cls) if self.layout == "classes" else fs.join(self.root, split, cls)
+
+  def num_undecodable(self) -> int:
+    """Launcher rejects and class folders whose names are not valid UTF-8."""
+    names = [*self.stray_files, *(f for f, _ in self.odd_entries), *(c for cs in self.class_dirs.values() for c in cs)]
+    return sum(1 for n in names if inputs.printable(n) != n)
+
+  def launcher_rejects(self) -> list[Reject]:
+    """Files outside class folders and entries that are no file or folder."""
+    return ([Reject(inputs.printable(f), "not inside a class folder") for f in self.stray_files]
+            + [Reject(inputs.printable(f), reason) for f, reason in self.odd_entries])

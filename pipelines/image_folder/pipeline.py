@@ -1,0 +1,252 @@
+"""Image folders (ImageNet style) → ArrayRecord or TFRecord shards.
+
+    python -m pipelines.image_folder --input=DIR_OR_GS --output=DIR_OR_GS \
+        [--format=array_record|tfrecord] [--num_shards=N] [--image_size=H,W] \
+        [--encoding=jpeg|raw] [--name=NAME] [--seed=0] [any Beam option]
+
+Input is `<input>/<class>/<files>` (one split, `train`) or
+`<input>/<split>/<class>/<files>`; files below a class folder are taken
+recursively. Class names, sorted, give the label ids. Each record holds
+`image` (JPEG bytes, or raw uint8 HxWx3 with --encoding=raw), `label` and
+`file_name` (the path relative to the input root). Files that are not
+decodable images go to `<output>/errors/rejected.jsonl` with the reason and are
+counted in the manifest; the pipeline goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import re
+import time
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from formats import naming
+from formats.features import ClassLabel, Features, Image, Tensor, Text
+from pipelines.core import inputs
+from pipelines.core.converter import ConvertUnits, Converter, Event, OutputPlan, Records, UnitConverter
+from pipelines.core.errors import UsageError
+from pipelines.core.flags import CommonConfig, int_flag
+from pipelines.core.sink import InputSummary, Record, Reject
+from pipelines.image_folder import imaging
+from pipelines.image_folder.layout import InputLayout
+
+NAME = "image_folder"
+PIPELINE = f"pipelines.{NAME}"
+_log = logging.getLogger(PIPELINE)
+
+
+class ImageFolderOptions(PipelineOptions):
+  """Flags of `pipelines.image_folder` beyond the shared ones (`core.flags.ConverterOptions`)."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--image_size", default=None, help="H,W: resize (keep aspect) and center-crop to this size.")
+    parser.add_argument("--encoding", default="jpeg", help="jpeg (default) or raw (uint8 HxWx3; needs --image_size).")
+    parser.add_argument("--jpeg_quality", default="95", help="JPEG quality when images are re-encoded.")
+    parser.add_argument("--layout", default="auto",
+                        help="auto, classes (<class>/<files>) or splits (<split>/<class>/<files>).")
+    parser.add_argument("--max_image_pixels", default=str(imaging.MAX_PIXELS),
+                        help=f"Reject images with more pixels (width x height) than this, from their header, "
+                             f"before decoding (default {imaging.MAX_PIXELS}).")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFolderConfig:
+  """The image converter's own flags, checked."""
+
+  image: imaging.ImageOptions
+  layout: str = "auto"  # auto, classes or splits
+
+  def __post_init__(self):
+    if self.layout not in ("auto", "classes", "splits"):
+      raise ValueError(f"--layout must be auto, classes or splits, got {self.layout!r}")
+
+
+class _ImageUnits(UnitConverter):
+  """((split, class name), InputFile) → a Record, or a Reject naming the file and the reason."""
+
+  def __init__(self, root: str, class_names, features: Features, image_options: imaging.ImageOptions,
+               read_policy: inputs.ReadPolicy):
+    self._root = inputs.printable(root).rstrip("/") + "/"
+    self._labels = {c: i for i, c in enumerate(class_names)}
+    self._features = features
+    self._image_options = image_options
+    self._read_policy = read_policy
+
+  def setup(self):
+    self._read = Metrics.counter(PIPELINE, "images_read")
+    self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
+    self._rejected = Metrics.counter(PIPELINE, "images_rejected")
+    self._converted = Metrics.counter(PIPELINE, "images_converted")
+    self._multi_frame = Metrics.counter(PIPELINE, "images_multi_frame")
+    self._n = 0
+    self._t0 = self._last_log = time.monotonic()
+
+  def _progress(self):
+    self._n += 1
+    now = time.monotonic()
+    if now - self._last_log >= 10:
+      self._last_log = now
+      _log.info("converted %d images on this worker (%.0f/s)", self._n, self._n / (now - self._t0))
+
+  def convert(self, unit):
+    (split, class_name), f = unit
+    rel = f.path[len(self._root):]
+    self._read.inc()
+    try:
+      data = self._read_policy.read(f.location)  # the file's own fault is a reject; a transient error fails the job
+      self._bytes_read.inc(len(data))
+      image = imaging.convert_image(data, self._image_options)
+    except (inputs.Unreadable, imaging.BadImage) as e:
+      self._rejected.inc()
+      yield Reject(f.path, str(e), split)
+      return
+    self._converted.inc()
+    if image.multi_frame:
+      self._multi_frame.inc()
+    self._progress()
+    payload = self._features.encode({"image": image.data, "label": self._labels[class_name], "file_name": rel})
+    if image.multi_frame:
+      yield Event("multi_frame")
+    yield Record(split, rel, payload)
+
+
+def image_features(class_names: list[str] | tuple[str, ...], options: imaging.ImageOptions) -> Features:
+  """The records' schema: `image` (JPEG, or raw uint8 HxWx3), `label`, `file_name`."""
+  if options.encoding == "raw":
+    image = Tensor(shape=(*options.size, 3), dtype="uint8")
+  else:
+    image = Image(shape=(*options.size, 3) if options.size else (None, None, 3), encoding="jpeg")
+  return Features({"image": image, "label": ClassLabel(class_names), "file_name": Text()})
+
+
+def multi_frame_warning(count: int) -> str:
+  """The manifest warning for `count` files stored as their first frame only."""
+  return f"{count} multi-frame image{'s' if count != 1 else ''}: first frame kept"
+
+
+class _InputCounts(beam.CombineFn):
+  """Events of the listing and the conversion → (files per (split, class), listing rejects,
+  undecodable names, multi-frame files): one combine for all the input accounting."""
+
+  def create_accumulator(self):
+    return collections.Counter(), 0, 0, 0
+
+  def add_input(self, acc, event):
+    per_folder, rejects, undecodable, multi_frame = acc
+    kind, key, is_undecodable = event
+    if kind == "file":
+      per_folder[key] += 1
+    elif kind == "reject":
+      rejects += 1
+    else:
+      multi_frame += 1
+    return per_folder, rejects, undecodable + int(is_undecodable), multi_frame
+
+  def merge_accumulators(self, accs):
+    per_folder, totals = collections.Counter(), [0, 0, 0]
+    for counts, *rest in accs:
+      per_folder.update(counts)
+      totals = [t + r for t, r in zip(totals, rest)]
+    return (per_folder, *totals)
+
+  def extract_output(self, acc):
+    return dict(acc[0]), acc[1], acc[2], acc[3]
+
+
+def _summarize_inputs(_, counts, folders, num_launcher_rejects, num_launcher_undecodable) -> InputSummary:
+  """Entries found (files + listing rejects + launcher rejects), a warning per empty
+  class folder, one for names that are not valid UTF-8 and one for multi-frame files."""
+  per_folder, num_listing_rejects, num_undecodable, num_multi_frame = counts
+  warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not per_folder.get((split, cls))]
+  if num_undecodable + num_launcher_undecodable:
+    warnings.append(inputs.undecodable_warning(num_undecodable + num_launcher_undecodable))
+  if num_multi_frame:
+    warnings.append(multi_frame_warning(num_multi_frame))
+  return InputSummary(sum(per_folder.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
+
+
+class ImageFolder(Converter):
+  """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
+
+  name = NAME
+  kind = "image"
+  input_kind = "a folder of class folders"
+  options = ImageFolderOptions
+
+  def configure(self, options: PipelineOptions, common: CommonConfig) -> ImageFolderConfig:
+    o = options.view_as(ImageFolderOptions)
+    size = None
+    if o.image_size:
+      m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", o.image_size)
+      if not m:
+        raise UsageError(f"--image_size must be H,W with positive integers, got {o.image_size!r}")
+      size = (int(m[1]), int(m[2]))
+    try:
+      return ImageFolderConfig(
+          image=imaging.ImageOptions(size=size, encoding=o.encoding,
+                                     jpeg_quality=int_flag("jpeg_quality", o.jpeg_quality, 1),
+                                     max_pixels=int_flag("max_image_pixels", o.max_image_pixels, 1)),
+          layout=o.layout)
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+
+  def plan(self, common: CommonConfig, config: ImageFolderConfig) -> OutputPlan:
+    layout = InputLayout(common.input, config.layout)
+    if not layout.class_names:
+      raise UsageError(f"--input {common.input!r} holds no class folders")
+    splits = tuple(sorted(layout.class_dirs))
+    for s in splits:
+      try:
+        naming.check_split_name(s)
+      except ValueError as e:
+        raise UsageError(f"split folder: {e}") from None
+    opts = config.image
+    return OutputPlan(
+        features=image_features(layout.class_names, opts), splits=splits,
+        description=f"Images from {inputs.printable(common.input)}, converted by {PIPELINE}.",
+        source={
+            "pipeline": PIPELINE, "input": inputs.printable(common.input), "layout": layout.layout,
+            "image_size": list(opts.size) if opts.size else None, "encoding": opts.encoding,
+            "jpeg_quality": opts.jpeg_quality, "seed": common.seed, "num_shards": common.num_shards,
+        },
+        launcher_rejects=tuple(layout.launcher_rejects()),
+        state=layout,
+    )
+
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ImageFolderConfig, plan: OutputPlan) -> Records:
+    layout: InputLayout = plan.state
+    folders = [(s, c, layout.folder(s, c)) for s in plan.splits for c in layout.class_dirs[s]]
+    listed = (
+        p
+        | "ClassFolders" >> beam.Create(
+            [((s, inputs.printable(c)), inputs.InputFile.of(f)) for s, c, f in folders])
+        | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=layout.root)
+    )
+    converted = listed.files | "Convert" >> ConvertUnits(
+        _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy), PIPELINE)
+    listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
+        lambda key, f, reason: Reject(f.path, reason, key[0]))
+    counts = (
+        (listed.files | "FileEvents" >> beam.MapTuple(lambda key, f: ("file", key, f.undecodable)),
+         listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)),
+         converted.events | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False)))
+        | "InputEvents" >> beam.Flatten()
+        | "CountInputs" >> beam.CombineGlobally(_InputCounts())
+    )
+    summary = (
+        p
+        | "SummaryTrigger" >> beam.Create([None])
+        | "SummarizeInputs" >> beam.Map(
+            _summarize_inputs, counts=beam.pvalue.AsSingleton(counts),
+            num_launcher_undecodable=layout.num_undecodable(),
+            folders=[(s, inputs.printable(c), inputs.printable(f)) for s, c, f in folders],
+            num_launcher_rejects=len(plan.launcher_rejects))
+    )
+    rejects = (converted.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
+    return Records(converted.records, rejects, summary)

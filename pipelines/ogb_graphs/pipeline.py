@@ -1,0 +1,149 @@
+"""Open Graph Benchmark data sets → a memory-mappable CSR blob (`.graphbin`), or shards.
+
+    python -m pipelines.ogb_graphs --input=DIR_OR_GS --output=DIR_OR_GS [--name=ogbn-arxiv] \
+        [--add_inverse_edges=auto|true|false] [--feature_dtype=float32|float16] [--csc=false] \
+        [--allow_nonfinite=false] [--format=array_record|tfrecord] [any Beam option]
+
+`--input` is the data set folder as OGB lays it out (holding `raw/` and
+`split/`); nothing is downloaded. Node- and link-property data sets
+(homogeneous CSV, heterogeneous mag-style, binary npz) become one `.graphbin`
+(docs/graphbin.md); graph-property data sets (ogbg-*) become ArrayRecord or
+TFRecord shards with one record per graph.
+
+The CSR build never holds the whole edge list in one worker: edges are read
+in chunks, keyed by source-node range (partition), each partition is sorted
+into a part file, and one step streams the parts, the node arrays and the
+splits into the final file. A bad row or cell, NaN/inf in a feature (unless
+--allow_nonfinite=true), a row count that disagrees with OGB's count files or a
+node id out of range fails the job with `file: line N: reason` (exit 1); no
+manifest is written, so the output never looks complete (docs/ogb_graphs.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from formats import files as fs
+from formats.features import Features
+from pipelines.core.converter import ConvertUnits, Converter, Files, OutputPlan, Records
+from pipelines.core.errors import UsageError
+from pipelines.core.flags import CommonConfig, ConverterOptions, bool_flag, common_config, dataset_name, int_flag
+from pipelines.core.sink import InputSummary
+from pipelines.ogb_graphs.assemble import PARTS_DIR, _AssembleFn, _BuildPartFn, _ReadEdgesFn
+from pipelines.ogb_graphs.plan import PIPELINE, GraphPlan, csv_path, plan_graph, read_counts
+from pipelines.ogb_graphs.property import GraphUnits, graph_features_from_plan
+from pipelines.ogb_graphs.read import OgbMissingFileError
+
+NAME = "ogb_graphs"
+DEFAULT_EDGES_PER_PARTITION = 1 << 24
+
+
+class OgbGraphsOptions(PipelineOptions):
+  """Flags of `pipelines.ogb_graphs` beyond the shared ones (`core.flags.ConverterOptions`)."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--add_inverse_edges", default="auto",
+                        help="auto (as OGB's master.csv says for --name), true or false.")
+    parser.add_argument("--feature_dtype", default="float32", help="float32 or float16 for float node and edge features.")
+    parser.add_argument("--csc", default="false", help="true: also store the reverse (in-neighbour) CSC.")
+    parser.add_argument("--edges_per_partition", default=str(DEFAULT_EDGES_PER_PARTITION),
+                        help="Edges per sort partition: bounds a worker's memory (~40 bytes/edge).")
+    parser.add_argument("--allow_nonfinite", default="false",
+                        help="true: keep NaN/inf feature cells (default: a NaN/inf cell fails the job; "
+                             "an empty label cell is always a missing label).")
+
+
+@dataclasses.dataclass(frozen=True)
+class OgbGraphsConfig:
+  """The OGB converter's own flags, checked."""
+
+  ogb_name: str  # OGB's name of the data set (ogbn-arxiv): master.csv's key
+  add_inverse: str = "auto"  # auto, true or false
+  feature_dtype: str = "float32"
+  csc: bool = False
+  edges_per_partition: int = DEFAULT_EDGES_PER_PARTITION
+  allow_nonfinite: bool = False
+
+
+def _ogb_name(options: PipelineOptions, root: str) -> str:
+  """--name, or OGB's name derived from the folder's (ogbn_arxiv → ogbn-arxiv)."""
+  return options.view_as(ConverterOptions).name or os.path.basename(root.rstrip("/")).replace("_", "-")
+
+
+class OgbGraphs(Converter):
+  """OGB data sets → one `.graphbin` (node and link tasks) or record shards (graph-property sets)."""
+
+  name = NAME
+  kind = "graphbin"
+  input_kind = "an OGB data set folder holding raw/ and split/"
+  options = OgbGraphsOptions
+
+  def common_config(self, options: PipelineOptions) -> CommonConfig:
+    common = common_config(options, self.input_kind, name="x")  # the flags' checks; the name follows
+    name = dataset_name(_ogb_name(options, common.input).replace("-", "_"), common.input)
+    return dataclasses.replace(common, name=name)
+
+  def configure(self, options: PipelineOptions, common: CommonConfig) -> OgbGraphsConfig:
+    o = options.view_as(OgbGraphsOptions)
+    if o.add_inverse_edges not in ("auto", "true", "false"):
+      raise UsageError(f"--add_inverse_edges must be auto, true or false, got {o.add_inverse_edges!r}")
+    if o.feature_dtype not in ("float32", "float16"):
+      raise UsageError(f"--feature_dtype must be float32 or float16, got {o.feature_dtype!r}")
+    return OgbGraphsConfig(
+        ogb_name=_ogb_name(options, common.input), add_inverse=o.add_inverse_edges, feature_dtype=o.feature_dtype,
+        csc=bool_flag("csc", o.csc), edges_per_partition=int_flag("edges_per_partition", o.edges_per_partition, 1),
+        allow_nonfinite=bool_flag("allow_nonfinite", o.allow_nonfinite))
+
+  def plan(self, common: CommonConfig, config: OgbGraphsConfig) -> OutputPlan:
+    try:
+      plan = plan_graph(common.input, config.ogb_name, config.add_inverse, config.edges_per_partition,
+                        config.allow_nonfinite)
+    except OgbMissingFileError as e:  # a malformed file stays an OgbFormatError: exit status 1
+      raise UsageError(str(e)) from None
+    source = {"pipeline": PIPELINE, "input": common.input, "ogb_name": config.ogb_name, "layout": plan.layout,
+              "add_inverse_edges": plan.add_inverse, "feature_dtype": config.feature_dtype}
+    if plan.allow_nonfinite:
+      source["allow_nonfinite"] = True
+    if plan.layout == "graphs":
+      return OutputPlan(
+          features=graph_features_from_plan(plan, config.feature_dtype),
+          splits=tuple(sorted({pfx.rsplit("/", 1)[1] for pfx, _ in plan.split_files})) or ("train",),
+          description=f"OGB graph-property data set {config.ogb_name}, one record per graph ({PIPELINE}).",
+          source=source, kind="graph", state=plan)
+    return OutputPlan(features=Features({}), splits=(), description="", source=source, state=plan)
+
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: OgbGraphsConfig, plan: OutputPlan
+             ) -> Records | Files:
+    graph: GraphPlan = plan.state
+    if graph.layout == "graphs":
+      converted = p | "Start" >> beam.Create([None]) | "ReadGraphs" >> ConvertUnits(
+          GraphUnits(graph, config.feature_dtype), PIPELINE, reshuffle=False)
+      num_graphs = len(read_counts(csv_path(graph.root, "raw", "num-node-list.csv.gz")))
+      return Records(converted.records, converted.rejects, p | "Summary" >> beam.Create([InputSummary(num_graphs)]))
+    sources = list(graph.edge_files)
+    if config.csc:
+      sources += [dataclasses.replace(s, reverse=True, extras=()) for s in graph.edge_files]
+    parts = (
+        p
+        | "EdgeSources" >> beam.Create(sources)
+        | "SpreadSources" >> beam.Reshuffle()
+        | "ReadEdges" >> beam.ParDo(_ReadEdgesFn(graph, config.feature_dtype))
+        | "GroupByPartition" >> beam.GroupByKey()
+        | "SortPartitions" >> beam.ParDo(_BuildPartFn(graph, fs.join(common.output, common.generation, PARTS_DIR)))
+    )
+    files = (
+        p
+        | "AssembleTrigger" >> beam.Create([None])
+        | "Assemble" >> beam.ParDo(
+            _AssembleFn(graph, common.output, common.name + ".graphbin", config.feature_dtype, config.csc,
+                        common.generation),
+            parts=beam.pvalue.AsList(parts))
+    )
+    return Files(files, graph={
+        "layout": graph.layout, "task": graph.task, "num_nodes": graph.num_nodes,
+        "num_edges": {k: v * (2 if graph.add_inverse else 1) for k, v in graph.num_edges.items()},
+        "add_inverse_edges": graph.add_inverse, "csc": config.csc})

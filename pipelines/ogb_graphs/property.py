@@ -1,0 +1,124 @@
+"""Graph-property data sets (ogbg-*): one record per graph, in ArrayRecord or TFRecord shards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from formats.features import Features, Tensor
+from pipelines.core.converter import UnitConverter
+from pipelines.core.sink import Record
+from pipelines.ogb_graphs.csr import interleave_inverse
+from pipelines.ogb_graphs.plan import GraphPlan, cast_like_ogb, csv_path, list_dir, open_input, read_counts, read_small
+from pipelines.ogb_graphs.read import OgbFormatError, OgbMissingFileError, check_rows, read_csv_chunks
+
+
+def graph_features(node_feat: np.ndarray | None, edge_feat: np.ndarray | None, label: np.ndarray) -> Features:
+  specs = {
+      "edge_index": Tensor(shape=(2, None), dtype="int64"),
+      "num_nodes": Tensor(shape=(), dtype="int64", encoding="none"),
+      "label": Tensor(shape=(label.shape[1],), dtype=str(label.dtype), encoding="none"),
+  }
+  if node_feat is not None:
+    specs["node_feat"] = Tensor(shape=(None, node_feat.shape[1]), dtype=str(node_feat.dtype))
+  if edge_feat is not None:
+    specs["edge_feat"] = Tensor(shape=(None, edge_feat.shape[1]), dtype=str(edge_feat.dtype))
+  return Features(specs)
+
+
+def read_graph_property(plan: GraphPlan, feature_dtype: str):
+  """(features, [(graph index, values)], {graph index: split}) of an ogbg-* folder."""
+  raw = csv_path(plan.root, "raw")
+  node_list, edge_list = csv_path(raw, "num-node-list.csv.gz"), csv_path(raw, "num-edge-list.csv.gz")
+  num_nodes, num_edges = read_counts(node_list), read_counts(edge_list)
+  if len(num_edges) != len(num_nodes):
+    check_rows(edge_list, len(num_edges), len(num_nodes), "graphs", node_list)
+  _, raw_files = list_dir(raw)
+
+  def read(file: str, dtype: str, ncols: int | None, expected: int, what: str, source: str, section: str,
+           optional: bool = False):
+    """A whole file, with one row per node, edge or graph as `source` says."""
+    if optional and file not in raw_files:
+      return None
+    arr = read_small(csv_path(raw, file), dtype, ncols, nonfinite=plan.nonfinite(section))
+    check_rows(csv_path(raw, file), len(arr), expected, what, source)
+    return arr
+
+  e_total, n_total = int(num_edges.sum()), int(num_nodes.sum())
+  edges = read("edge.csv.gz", "int", 2, e_total, "edges", edge_list, "edge")
+  node_feat = read("node-feat.csv.gz", "auto", None, n_total, "nodes", node_list, "node/feat", optional=True)
+  edge_feat = read("edge-feat.csv.gz", "auto", None, e_total, "edges", edge_list, "edge/feat", optional=True)
+  label = read("graph-label.csv.gz", "auto", None, len(num_nodes), "graphs", node_list, "graph/label")
+  node_feat = None if node_feat is None else cast_like_ogb(node_feat, "float", feature_dtype)
+  edge_feat = None if edge_feat is None else cast_like_ogb(edge_feat, "float", feature_dtype)
+  label = cast_like_ogb(label, "auto", "float32")
+  split_of = {}
+  for prefix, path in plan.split_files:
+    ids = read_small(path, "int", 1)[:, 0]
+    bad = np.flatnonzero((ids < 0) | (ids >= len(num_nodes)))
+    if bad.size:
+      raise OgbFormatError(f"{path}: line {int(bad[0]) + 1}: graph id outside [0, {len(num_nodes)})")
+    for g in ids:
+      split_of[int(g)] = prefix.rsplit("/", 1)[1]
+  features = graph_features(node_feat, edge_feat, label)
+  graphs = []
+  na = ea = 0
+  for g, (n, e) in enumerate(zip(num_nodes, num_edges)):
+    ei = edges[ea:ea + e].T.astype(np.int64)
+    bad = np.nonzero((ei < 0) | (ei >= n))
+    if bad[0].size:
+      raise OgbFormatError(f"{csv_path(raw, 'edge.csv.gz')}: line {ea + int(bad[1][0]) + 1}: node id outside [0, {n}) of graph {g}")
+    values = {"edge_index": ei, "num_nodes": int(n), "label": label[g]}
+    ef = None if edge_feat is None else edge_feat[ea:ea + e]
+    if plan.add_inverse:
+      s, d = interleave_inverse(ei[0], ei[1])
+      values["edge_index"] = np.stack([s, d])
+      ef = None if ef is None else np.repeat(ef, 2, axis=0)
+    if node_feat is not None:
+      values["node_feat"] = node_feat[na:na + n]
+    if ef is not None:
+      values["edge_feat"] = ef
+    graphs.append((g, values))
+    na += n
+    ea += e
+  return features, graphs, split_of
+
+
+class GraphUnits(UnitConverter):
+  """The whole data set is one unit (its files are small): all graphs as records."""
+
+  def __init__(self, plan: GraphPlan, feature_dtype: str):
+    self._plan, self._feature_dtype = plan, feature_dtype
+
+  def convert(self, _) -> Iterable[Record]:
+    features, graphs, split_of = read_graph_property(self._plan, self._feature_dtype)
+    for g, values in graphs:
+      yield Record(split_of.get(g, "unassigned"), f"{g:012d}", features.encode(values))
+
+
+def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
+  """The record schema of a graph-property data set, from the first rows of its files."""
+  raw = csv_path(plan.root, "raw")
+  _, raw_files = list_dir(raw)
+
+  def first(name: str, section: str, expected: int, what: str, source: str):
+    if name not in raw_files:
+      return None
+    with open_input(csv_path(raw, name)) as f:
+      chunk = next(read_csv_chunks(f, csv_path(raw, name), "auto", None, 1000, nonfinite=plan.nonfinite(section)), None)
+    if chunk is None:
+      check_rows(csv_path(raw, name), 0, expected, what, csv_path(raw, source))
+      return np.zeros((0, 1))
+    return chunk[1]
+
+  num_graphs = len(read_counts(csv_path(raw, "num-node-list.csv.gz")))
+  nf = first("node-feat.csv.gz", "node/feat", plan.num_nodes[""], "nodes", "num-node-list.csv.gz")
+  ef = first("edge-feat.csv.gz", "edge/feat", plan.num_edges[""], "edges", "num-edge-list.csv.gz")
+  label = first("graph-label.csv.gz", "graph/label", num_graphs, "graphs", "num-node-list.csv.gz")
+  if label is None:
+    raise OgbMissingFileError(f"{csv_path(raw, 'graph-label.csv.gz')}: missing file")
+  return graph_features(None if nf is None else cast_like_ogb(nf, "float", feature_dtype),
+                        None if ef is None else cast_like_ogb(ef, "float", feature_dtype), cast_like_ogb(label, "auto", "float32"))
+
+
