@@ -36,6 +36,7 @@ CONVERTERS: dict[str, Entry] = {e.name: e for e in (
           ("pydicom", "gdcm", "openjpeg", "jpeg_ls")),
     Entry("ogb_graphs", "Open Graph Benchmark data sets → .graphbin CSR blobs or graph shards",
           ("pandas", "scipy")),
+    Entry("array_folder", "folders of NumPy .npy arrays → ArrayRecord/TFRecord shards", ("numpy",)),
 )}
 
 

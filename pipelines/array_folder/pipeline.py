@@ -1,0 +1,167 @@
+"""Folders of NumPy `.npy` files → ArrayRecord or TFRecord shards, one record per array.
+
+    python -m pipelines.array_folder --input=DIR_OR_GS --output=DIR_OR_GS \
+        --shape=D0,D1,... --dtype=float32 [--format=array_record|tfrecord] [any shared or Beam flag]
+
+The input is `<input>/<split>/.../*.npy`: each top-level folder is a split;
+files below it are taken recursively. Every array must have the shape and
+dtype the flags give (static shapes: XLA compiles once); one that does not,
+a file that is not a `.npy` array (or holds Python objects), and files
+outside a split folder are rejects with the reason. Each record holds `array`
+(the values) and `file_name` (the path relative to the input). The record
+kind is `tensors` (formats.kinds). docs/array_folder.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
+import numpy as np
+
+from formats import files as fs
+from formats import naming
+from formats.features import Features, Tensor, Text
+from pipelines.core import inputs
+from pipelines.core.converter import ConvertUnits, Converter, OutputPlan, Records, UnitConverter, summary_of
+from pipelines.core.errors import UsageError
+from pipelines.core.flags import CommonConfig
+from pipelines.core.sink import Record, Reject
+
+NAME = "array_folder"
+PIPELINE = f"pipelines.{NAME}"
+_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+           "float64")
+
+
+class ArrayFolderOptions(PipelineOptions):
+  """Flags of `pipelines.array_folder` beyond the shared ones (`core.flags.ConverterOptions`)."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--shape", default=None, help="D0,D1,...: the shape every array must have (required).")
+    parser.add_argument("--dtype", default=None, help=f"The dtype every array must have: {', '.join(_DTYPES)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayFolderConfig:
+  """The array converter's own flags, checked."""
+
+  shape: tuple[int, ...]
+  dtype: str
+
+  def __post_init__(self):
+    if self.dtype not in _DTYPES:
+      raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+    if any(d <= 0 for d in self.shape):
+      raise ValueError(f"--shape sides must be positive, got {self.shape}")
+
+
+def load_array(data: bytes, config: ArrayFolderConfig) -> np.ndarray:
+  """The array in `.npy` bytes, checked against the config.
+
+  Raises:
+    ValueError: the reason the file is a reject (never a value from the file).
+  """
+  if not data.startswith(b"\x93NUMPY"):  # np.load would take other bytes for a pickle
+    raise ValueError("not a .npy array")
+  try:
+    arr = np.load(io.BytesIO(data), allow_pickle=False)
+  except ValueError as e:
+    if "allow_pickle" in str(e):
+      raise ValueError("holds Python objects (not allowed)") from None
+    raise ValueError("not a .npy array") from None
+  except (OSError, EOFError):
+    raise ValueError("not a .npy array") from None
+  if not isinstance(arr, np.ndarray):
+    raise ValueError("not a .npy array")
+  if arr.dtype != np.dtype(config.dtype):
+    raise ValueError(f"dtype {arr.dtype} is not --dtype {config.dtype}")
+  if arr.shape != config.shape:
+    raise ValueError(f"shape {arr.shape} is not --shape {config.shape}")
+  return arr
+
+
+class _ArrayUnits(UnitConverter):
+  """(split, InputFile) → a Record of the array, or a Reject naming the file and the reason."""
+
+  def __init__(self, root: str, features: Features, config: ArrayFolderConfig, read_policy: inputs.ReadPolicy):
+    self._root = inputs.printable(root).rstrip("/") + "/"
+    self._features = features
+    self._config = config
+    self._read_policy = read_policy
+
+  def setup(self):
+    self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
+
+  def convert(self, unit):
+    split, f = unit
+    rel = f.path[len(self._root):]
+    try:
+      data = self._read_policy.read(f.location)  # a transient error fails the job; the file's own fault is a reject
+      self._bytes_read.inc(len(data))
+      arr = load_array(data, self._config)
+    except (inputs.Unreadable, ValueError) as e:
+      yield Reject(f.path, str(e), split)
+      return
+    yield Record(split, rel, self._features.encode({"array": arr, "file_name": rel}))
+
+
+class ArrayFolder(Converter):
+  """Folders of `.npy` arrays → shards of (array, file_name) records of one static shape and dtype."""
+
+  name = NAME
+  kind = "tensors"
+  input_kind = "a folder of split folders holding .npy files"
+  options = ArrayFolderOptions
+
+  def configure(self, options: PipelineOptions, common: CommonConfig) -> ArrayFolderConfig:
+    o = options.view_as(ArrayFolderOptions)
+    if not o.shape or not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", o.shape):
+      raise UsageError(f"--shape is required: D0,D1,... with positive integers, got {o.shape!r}")
+    try:
+      return ArrayFolderConfig(shape=tuple(int(d) for d in o.shape.split(",")), dtype=str(o.dtype))
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+
+  def plan(self, common: CommonConfig, config: ArrayFolderConfig) -> OutputPlan:
+    dirs, files = fs.list_dir(common.input)
+    splits = tuple(sorted(d for d in dirs if inputs.printable(d) == d))
+    if not splits:
+      raise UsageError(f"--input {common.input!r} holds no split folders")
+    for s in splits:
+      try:
+        naming.check_split_name(s)
+      except ValueError as e:
+        raise UsageError(f"split folder: {e}") from None
+    strays = [*files, *(d for d in dirs if d not in splits)]
+    return OutputPlan(
+        features=Features({"array": Tensor(shape=config.shape, dtype=config.dtype), "file_name": Text()}),
+        splits=splits,
+        description=f"Arrays from {inputs.printable(common.input)}, converted by {PIPELINE}.",
+        source={"pipeline": PIPELINE, "input": inputs.printable(common.input), "shape": list(config.shape),
+                "dtype": config.dtype, "seed": common.seed, "num_shards": common.num_shards},
+        launcher_rejects=tuple(Reject(inputs.printable(fs.join(common.input, n)), "not inside a split folder")
+                               for n in sorted(strays)))
+
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ArrayFolderConfig, plan: OutputPlan) -> Records:
+    listed = (
+        p
+        | "SplitFolders" >> beam.Create([(s, inputs.InputFile.of(fs.join(common.input, s))) for s in plan.splits])
+        | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=common.input)
+    )
+    converted = listed.files | "Convert" >> ConvertUnits(
+        _ArrayUnits(common.input, plan.features, config, common.read_policy), PIPELINE)
+    listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda split, f, why: Reject(f.path, why, split))
+    count = (
+        (listed.files, listed.rejects)
+        | "Entries" >> beam.Flatten()
+        | "CountEntries" >> beam.combiners.Count.Globally()
+        | "AndLauncherRejects" >> beam.Map(lambda n, extra: n + extra, len(plan.launcher_rejects))
+    )
+    rejects = (converted.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
+    return Records(converted.records, rejects, summary_of(p, count))
