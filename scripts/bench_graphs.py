@@ -8,7 +8,7 @@ Generates in memory (untimed, the same for a given seed) `--num_edges` distinct
 directed edges between uniform random nodes, in random order, as int64 arrays.
 Then, in order:
  1. times the CSR build: scipy's `coo_matrix(...).tocsr()` (the baseline,
-    which also sorts rows and sums duplicates) against `pipelines._csr.csr_from_coo`
+    which also sorts rows and sums duplicates) against `pipelines.ogb_graphs.csr.csr_from_coo`
     (the pipeline's per-partition build), and checks they agree: same indptr and,
     rows sorted, the same neighbours;
  2. writes (once, cached under --work) a .graphbin with that CSR, float32
@@ -49,7 +49,7 @@ import scipy.sparse  # noqa: E402
 
 from formats.graphbin import GraphBinWriter  # noqa: E402
 from loaders.graph import Graph, NeighborSampler, grain_dataset  # noqa: E402
-from pipelines._csr import csr_from_coo  # noqa: E402
+from pipelines.ogb_graphs.csr import csr_from_coo  # noqa: E402
 
 PRODUCTS_NODES = 2_449_029
 PRODUCTS_EDGES = 61_859_140
