@@ -110,16 +110,9 @@ class RandomAccessReader:
     return self._n
 
   def read(self, i: int) -> bytes:
-    """Record `i`'s payload.
-
-    Args:
-      i: the record's index in the file, 0 <= i < len(self).
-
-    Returns:
-      The payload.
+    """See adapters.RandomAccessFile.read.
 
     Raises:
-      IndexError: `i` is outside the file.
       CorruptRecordError: the C++ reader failed; the message names the file,
         the record and the reader's error.
     """

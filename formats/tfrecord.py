@@ -225,17 +225,10 @@ class IndexedReader:
     return len(self._offsets)
 
   def read(self, i: int) -> bytes:
-    """Record `i`'s payload.
-
-    Args:
-      i: the record's index in the file, 0 <= i < len(self).
-
-    Returns:
-      The payload.
+    """See adapters.RandomAccessFile.read.
 
     Raises:
-      IndexError: `i` is outside the file.
-      TFRecordCorruptError: its data checksum is wrong.
+      TFRecordCorruptError: the record's data checksum is wrong.
     """
     if not 0 <= i < len(self._offsets):
       raise IndexError(f"{self.path}: record {i} outside [0, {len(self._offsets)})")
