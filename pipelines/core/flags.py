@@ -201,7 +201,7 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   overwrite = bool_flag("overwrite", overwrite_flag)
   if not fs.is_dir(root):
     raise UsageError(f"--input {input_flag!r} does not exist or is not a folder")
-  if fs.is_gcs(output) or not fs.is_gcs(root):
+  if fs.is_gcs(output) == fs.is_gcs(root):  # a gs:// output is never inside a local input, nor the reverse
     # Real paths: an output reached through a symbolic link into the input is inside it too.
     real_root, real_output = (root, output) if fs.is_gcs(root) else (os.path.realpath(root), os.path.realpath(output))
     if (real_output + "/").startswith(real_root + "/"):
