@@ -29,7 +29,12 @@ def _dims(shape: tuple[int | None, ...]) -> dict:
 
 
 class _OneKey:
-  """Features stored under their own name as one Example feature (all but unknown-shape Tensors)."""
+  """Features stored under their own name as one Example feature (all but unknown-shape Tensors).
+
+  A subclass defines `encode(value) -> bytes`, the serialized Feature holding
+  `value`, and `decode(entry)`, the value back from its entry as
+  `decode_example` returns it.
+  """
 
   def encode_into(self, name: str, value) -> dict[str, bytes]:
     return {name: self.encode(value)}
@@ -56,25 +61,11 @@ class Image(_OneKey):
       raise ValueError(f"Image shape must be (height, width, channels), got {self.shape}")
 
   def encode(self, value: bytes) -> bytes:
-    """The serialized Feature holding the encoded image bytes.
-
-    Args:
-      value: the encoded image bytes.
-
-    Returns:
-      The serialized Feature.
-    """
+    """The serialized Feature holding `value`, the encoded image bytes."""
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> bytes:
-    """The value from its decoded Example entry.
-
-    Args:
-      value: the entry as `decode_example` returns it.
-
-    Returns:
-      The encoded image bytes.
-    """
+    """The encoded image bytes from their decoded Example entry `value`."""
     return value[0]
 
   def to_json(self) -> dict:
@@ -243,13 +234,7 @@ class ClassLabel(_OneKey):
     return len(self.names)
 
   def encode(self, value: int) -> bytes:
-    """The serialized Feature holding a class id.
-
-    Args:
-      value: a class id.
-
-    Returns:
-      The serialized Feature.
+    """The serialized Feature holding `value`, a class id.
 
     Raises:
       ValueError: the id is outside [0, num_classes).
@@ -259,14 +244,7 @@ class ClassLabel(_OneKey):
     return example_lib.int64_feature([int(value)])
 
   def decode(self, value) -> int:
-    """The value from its decoded Example entry.
-
-    Args:
-      value: the entry as `decode_example` returns it.
-
-    Returns:
-      The class id.
-    """
+    """The class id from its decoded Example entry `value`."""
     return int(value[0])
 
   def to_json(self) -> dict:
@@ -296,25 +274,11 @@ class Text(_OneKey):
   kind: ClassVar[str] = "text"
 
   def encode(self, value: str) -> bytes:
-    """The serialized Feature holding a string.
-
-    Args:
-      value: a string.
-
-    Returns:
-      The serialized Feature.
-    """
+    """The serialized Feature holding `value`, a string (stored as UTF-8)."""
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> str:
-    """The value from its decoded Example entry.
-
-    Args:
-      value: the entry as `decode_example` returns it.
-
-    Returns:
-      The string.
-    """
+    """The string from its decoded Example entry `value`."""
     return bytes(value[0]).decode("utf-8")
 
   def to_json(self) -> dict:
