@@ -111,16 +111,11 @@ class _ArrayUnits(UnitConverter):
     yield Record(split, rel, self._features.encode({"array": arr, "file_name": rel}))
 
 
-class ArrayFolder(Converter):
+class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptions,
+                  input_kind="a folder of split folders holding .npy files"):
   """Folders of `.npy` arrays → shards of (array, file_name) records of one static shape and dtype."""
 
-  name = NAME
-  kind = "tensors"
-  input_kind = "a folder of split folders holding .npy files"
-  options = ArrayFolderOptions
-
-  def configure(self, options: PipelineOptions, common: CommonConfig) -> ArrayFolderConfig:
-    o = options.view_as(ArrayFolderOptions)
+  def configure(self, o: ArrayFolderOptions, common: CommonConfig) -> ArrayFolderConfig:
     if not o.shape or not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", o.shape):
       raise UsageError(f"--shape is required: D0,D1,... with positive integers, got {o.shape!r}")
     try:

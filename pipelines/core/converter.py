@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
+import types
 from typing import Any, ClassVar, NamedTuple
 
 import apache_beam as beam
@@ -81,14 +82,21 @@ class Files(NamedTuple):
 
 
 class Converter(abc.ABC):
-  """Raw input → a committed output. Subclass it, set the class attributes, implement
-  `configure`, `plan` and `expand`; register the name in pipelines/registry.py."""
+  """Raw input → a committed output. Subclass it with the class keywords (`name`, `kind`,
+  `options`, and optionally `input_kind`, `worker_extras`), implement `configure`, `plan`
+  and `expand`; register the name in pipelines/registry.py."""
 
   name: ClassVar[str]
   kind: ClassVar[str]
   input_kind: ClassVar[str] = "a folder"
   options: ClassVar[type[PipelineOptions]]
   worker_extras: ClassVar[tuple[str, ...]] = ("pipelines",)  # pyproject extras Dataflow workers need
+
+  def __init_subclass__(cls, *, name: str, kind: str, options: type[PipelineOptions], input_kind: str = "a folder",
+                        worker_extras: tuple[str, ...] = ("pipelines",), **kwargs):
+    """`class MyConverter(Converter, name="my_folder", kind="tensors", options=MyOptions, ...)`."""
+    super().__init_subclass__(**kwargs)
+    cls.name, cls.kind, cls.options, cls.input_kind, cls.worker_extras = name, kind, options, input_kind, worker_extras
 
   @property
   def prog(self) -> str:
@@ -100,8 +108,8 @@ class Converter(abc.ABC):
     return flags.common_config(options, self.input_kind)
 
   @abc.abstractmethod
-  def configure(self, options: PipelineOptions, common: CommonConfig) -> Any:
-    """The converter's own flags → a frozen config.
+  def configure(self, own: PipelineOptions, common: CommonConfig) -> Any:
+    """The converter's own flags (`own`: the options viewed as its `options` class) → a frozen config.
 
     Raises:
       UsageError: a flag is missing or has a bad value (nothing has been read or written).
@@ -203,6 +211,15 @@ class ConvertUnits(beam.PTransform):
       units = units | "Spread" >> beam.Reshuffle()
     return units | "Convert" >> beam.ParDo(
         _ConvertUnitsFn(self._converter, self._namespace), **self._side_inputs).with_outputs("rejects", "events", main="records")
+
+
+def counters(namespace: str, *names: str) -> types.SimpleNamespace:
+  """Beam counters by name, for a DoFn's or UnitConverter's `setup`.
+
+      self._count = counters(PIPELINE, "files_read", "files_rejected")
+      self._count.files_read.inc()
+  """
+  return types.SimpleNamespace(**{n: Metrics.counter(namespace, n) for n in names})
 
 
 def summary_of(p: beam.Pipeline, count: beam.PCollection, warnings: Sequence[str] = ()) -> beam.PCollection:

@@ -9,7 +9,7 @@ turns the errors a user can act on into one line on stderr and an exit status.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
 import logging
 import sys
@@ -31,13 +31,27 @@ def parse(converter: Converter, argv: Sequence[str] | None):
   """(Beam options, CommonConfig, the converter's own config) from `argv`; raises UsageError."""
   options = flags.parse_options(argv, [converter.options])
   common = converter.common_config(options)
-  return options, common, converter.configure(options, common)
+  return options, common, converter.configure(options.view_as(converter.options), common)
 
 
 def run(converter: Converter, argv: Sequence[str] | None = None) -> PipelineResult:
   """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
   options, common, config = parse(converter, argv)
   return run_pipeline(options, converter, common, config)
+
+
+def entry_point(converter: Converter) -> Callable[[Sequence[str] | None], PipelineResult]:
+  """`pipelines.<name>.run`: the converter run with command-line flags, waited for.
+
+  The returned function raises UsageError on a bad flag (nothing was written).
+  """
+  def run_converter(argv: Sequence[str] | None = None) -> PipelineResult:
+    return run(converter, argv)
+
+  run_converter.__name__ = run_converter.__qualname__ = "run"
+  run_converter.__doc__ = (f"Runs {converter.prog} with command-line flags (`python -m {converter.prog} --help`) "
+                           "and waits for it.\n\nRaises:\n  UsageError: a bad flag (nothing was written).")
+  return run_converter
 
 
 class _Heartbeat:

@@ -25,7 +25,6 @@ import logging
 import re
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
@@ -34,7 +33,7 @@ import dataclasses
 from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines.core import inputs
-from pipelines.core.converter import ConvertUnits, Converter, OutputPlan, Records, UnitConverter
+from pipelines.core.converter import ConvertUnits, Converter, OutputPlan, Records, UnitConverter, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, int_flag
 from pipelines.core.sink import InputSummary, Record, Reject
@@ -138,20 +137,18 @@ class _ReadHeadersFn(beam.DoFn):
     self._max_file_bytes = max_file_bytes
 
   def setup(self):
-    self._files = Metrics.counter(PIPELINE, "files_read")
-    self._frames = Metrics.counter(PIPELINE, "frames_found")
-    self._rejected = Metrics.counter(PIPELINE, "files_rejected")
+    self._count = counters(PIPELINE, "files_read", "frames_found", "files_rejected")
 
   def process(self, f: inputs.InputFile):
-    self._files.inc()
+    self._count.files_read.inc()
     try:
       data = self._read_policy.read(f.location)  # a transient error fails the job
       slices = read_slices(io.BytesIO(data), f.path, self._salt, self._max_file_bytes)
     except (SliceRejected, inputs.Unreadable) as e:
-      self._rejected.inc()
+      self._count.files_rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
       return
-    self._frames.inc(len(slices))
+    self._count.frames_found.inc(len(slices))
     for s in slices:
       yield s.series_key, s
 
@@ -184,9 +181,7 @@ class _VolumeUnits(UnitConverter):
     self._max_volume_voxels = max_volume_voxels
 
   def setup(self):
-    self._volumes = Metrics.counter(PIPELINE, "volumes_written")
-    self._slices = Metrics.counter(PIPELINE, "slices_used")
-    self._series_rejected = Metrics.counter(PIPELINE, "volumes_rejected")
+    self._count = counters(PIPELINE, "volumes_written", "slices_used", "volumes_rejected")
 
   def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
@@ -197,7 +192,7 @@ class _VolumeUnits(UnitConverter):
       transient = [x for x in opener.errors.values() if isinstance(x, inputs.TransientInputError)]
       if transient:
         raise transient[0]
-      self._series_rejected.inc()
+      self._count.volumes_rejected.inc()
       for path, n in frames_per_file([*plan.slices, *(d for _, d in plan.duplicates)]).items():
         reason = e.culprit_reason if path == e.culprit else f"series rejected, {e}"
         if path in opener.errors:  # listed and read once, then gone or forbidden
@@ -213,8 +208,8 @@ class _VolumeUnits(UnitConverter):
         "num_slices": len(plan.slices), "series_id": plan.series_id, "patient_id": plan.patient_id,
         "sorted_by": plan.sorted_by,
     })
-    self._volumes.inc()
-    self._slices.inc(len(plan.slices))
+    self._count.volumes_written.inc()
+    self._count.slices_used.inc(len(plan.slices))
     yield Record(split, plan.key, payload, num_inputs=len(plan.slices))
 
 
@@ -243,16 +238,11 @@ class CtVolumesConfig:
   max_volume_voxels: int = MAX_VOLUME_VOXELS
 
 
-class CtVolumes(Converter):
+class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
+                input_kind="a tree of DICOM files"):
   """DICOM CT series → one record per volume in Hounsfield units; splits per patient."""
 
-  name = NAME
-  kind = "volume"
-  input_kind = "a tree of DICOM files"
-  options = CtVolumesOptions
-
-  def configure(self, options: PipelineOptions, common: CommonConfig) -> CtVolumesConfig:
-    o = options.view_as(CtVolumesOptions)
+  def configure(self, o: CtVolumesOptions, common: CommonConfig) -> CtVolumesConfig:
     if not o.id_salt:
       raise UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
     splits = parse_splits(o.splits)

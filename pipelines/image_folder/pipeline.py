@@ -22,13 +22,12 @@ import re
 import time
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import naming
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import inputs
-from pipelines.core.converter import ConvertUnits, Converter, Event, OutputPlan, Records, UnitConverter
+from pipelines.core.converter import ConvertUnits, Converter, Event, OutputPlan, Records, UnitConverter, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, int_flag
 from pipelines.core.sink import InputSummary, Record, Reject
@@ -79,11 +78,8 @@ class _ImageUnits(UnitConverter):
     self._read_policy = read_policy
 
   def setup(self):
-    self._read = Metrics.counter(PIPELINE, "images_read")
-    self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
-    self._rejected = Metrics.counter(PIPELINE, "images_rejected")
-    self._converted = Metrics.counter(PIPELINE, "images_converted")
-    self._multi_frame = Metrics.counter(PIPELINE, "images_multi_frame")
+    self._count = counters(PIPELINE, "images_read", "bytes_read", "images_rejected", "images_converted",
+                           "images_multi_frame")
     self._n = 0
     self._t0 = self._last_log = time.monotonic()
 
@@ -97,18 +93,18 @@ class _ImageUnits(UnitConverter):
   def convert(self, unit):
     (split, class_name), f = unit
     rel = f.path[len(self._root):]
-    self._read.inc()
+    self._count.images_read.inc()
     try:
       data = self._read_policy.read(f.location)  # the file's own fault is a reject; a transient error fails the job
-      self._bytes_read.inc(len(data))
+      self._count.bytes_read.inc(len(data))
       image = imaging.convert_image(data, self._image_options)
     except (inputs.Unreadable, imaging.BadImage) as e:
-      self._rejected.inc()
+      self._count.images_rejected.inc()
       yield Reject(f.path, str(e), split)
       return
-    self._converted.inc()
+    self._count.images_converted.inc()
     if image.multi_frame:
-      self._multi_frame.inc()
+      self._count.images_multi_frame.inc()
     self._progress()
     payload = self._features.encode({"image": image.data, "label": self._labels[class_name], "file_name": rel})
     if image.multi_frame:
@@ -171,16 +167,11 @@ def _summarize_inputs(_, counts, folders, num_launcher_rejects, num_launcher_und
   return InputSummary(sum(per_folder.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
 
 
-class ImageFolder(Converter):
+class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions,
+                  input_kind="a folder of class folders"):
   """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
 
-  name = NAME
-  kind = "image"
-  input_kind = "a folder of class folders"
-  options = ImageFolderOptions
-
-  def configure(self, options: PipelineOptions, common: CommonConfig) -> ImageFolderConfig:
-    o = options.view_as(ImageFolderOptions)
+  def configure(self, o: ImageFolderOptions, common: CommonConfig) -> ImageFolderConfig:
     size = None
     if o.image_size:
       m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", o.image_size)

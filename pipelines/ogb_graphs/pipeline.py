@@ -74,27 +74,22 @@ def _ogb_name(options: PipelineOptions, root: str) -> str:
   return options.view_as(ConverterOptions).name or os.path.basename(root.rstrip("/")).replace("_", "-")
 
 
-class OgbGraphs(Converter):
+class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
+                input_kind="an OGB data set folder holding raw/ and split/"):
   """OGB data sets → one `.graphbin` (node and link tasks) or record shards (graph-property sets)."""
-
-  name = NAME
-  kind = "graphbin"
-  input_kind = "an OGB data set folder holding raw/ and split/"
-  options = OgbGraphsOptions
 
   def common_config(self, options: PipelineOptions) -> CommonConfig:
     common = common_config(options, self.input_kind, name="x")  # the flags' checks; the name follows
     name = dataset_name(_ogb_name(options, common.input).replace("-", "_"), common.input)
     return dataclasses.replace(common, name=name)
 
-  def configure(self, options: PipelineOptions, common: CommonConfig) -> OgbGraphsConfig:
-    o = options.view_as(OgbGraphsOptions)
+  def configure(self, o: OgbGraphsOptions, common: CommonConfig) -> OgbGraphsConfig:
     if o.add_inverse_edges not in ("auto", "true", "false"):
       raise UsageError(f"--add_inverse_edges must be auto, true or false, got {o.add_inverse_edges!r}")
     if o.feature_dtype not in ("float32", "float16"):
       raise UsageError(f"--feature_dtype must be float32 or float16, got {o.feature_dtype!r}")
     return OgbGraphsConfig(
-        ogb_name=_ogb_name(options, common.input), add_inverse=o.add_inverse_edges, feature_dtype=o.feature_dtype,
+        ogb_name=_ogb_name(o, common.input), add_inverse=o.add_inverse_edges, feature_dtype=o.feature_dtype,
         csc=bool_flag("csc", o.csc), edges_per_partition=int_flag("edges_per_partition", o.edges_per_partition, 1),
         allow_nonfinite=bool_flag("allow_nonfinite", o.allow_nonfinite))
 

@@ -305,13 +305,18 @@ class NpzMember:
       raise OgbFormatError(f"{name}: no array {key!r} (it has {sorted(n[:-4] for n in zf.namelist())})")
     info = zf.getinfo(member)
     self._zf, self._member, self._compressed = zf, member, info.compress_type != zipfile.ZIP_STORED
-    with zf.open(member) as m:
-      version = np.lib.format.read_magic(m)
-      read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-      shape, fortran, dtype = read_header(m)
-      header_len = m.tell()
+    try:
+      with zf.open(member) as m:
+        version = np.lib.format.read_magic(m)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(m)
+        header_len = m.tell()
+    except (ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # numpy quotes the bytes it found
+      raise OgbFormatError(f"{self.name}: not a .npy array ({type(e).__name__})") from None
     if fortran:
       raise OgbFormatError(f"{self.name}: Fortran-ordered arrays are not supported")
+    if np.dtype(dtype).hasobject:  # pickled Python objects: never unpickled
+      raise OgbFormatError(f"{self.name}: an array of Python objects, not numbers")
     self.shape, self.dtype = tuple(shape), np.dtype(dtype)
     self._data_start = None
     if not self._compressed:
