@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import numpy as np  # noqa: E402
 import SimpleITK as sitk  # noqa: E402
 
-from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
+from formats import load_manifest  # noqa: E402
 from pipelines import ct_volumes  # noqa: E402
-from formats.transforms import CT_PADDING_HU as PADDING_HU  # noqa: E402
+from formats.kinds import CT_PADDING_HU as PADDING_HU  # noqa: E402
 from pipelines.ct_volumes.assembly import VolumePlan, plan_volumes, read_volume  # noqa: E402
 from pipelines.ct_volumes.headers import read_slices  # noqa: E402
 import make_sample_ct  # noqa: E402
@@ -154,8 +154,7 @@ def run_pipeline(data: CtInput, output: str) -> int:
       "--runner=DirectRunner", "--splits=train=1.0",
   ])
   gc.collect()
-  with open(os.path.join(output, MANIFEST_FILENAME), "rb") as f:
-    return Manifest.loads(f.read()).num_records
+  return load_manifest(output).num_records
 
 
 def alternated(variants: Sequence[tuple[str, Callable[[], object]]], rounds: int, slices: int) -> list[Result]:

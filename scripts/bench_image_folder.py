@@ -33,8 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
-from formats import arrayrecord, naming, tfrecord  # noqa: E402
-from formats.manifest import MANIFEST_FILENAME, Manifest  # noqa: E402
+from formats import adapters, naming  # noqa: E402
+from formats import load_manifest  # noqa: E402
 from pipelines import image_folder  # noqa: E402
 from pipelines.core import flags  # noqa: E402
 from pipelines.image_folder import imaging  # noqa: E402
@@ -105,11 +105,7 @@ def run_loop(root: str, output: str, options: imaging.ImageOptions, file_format:
   for i in range(shards):
     chunk = payloads[i * n // shards:(i + 1) * n // shards]
     path = os.path.join(output, naming.ShardName(name, "train", file_format, i, shards).filename)
-    if file_format == "array_record":
-      arrayrecord.write_file(path, chunk)
-    else:
-      with open(path, "wb") as f:
-        tfrecord.write_records(f, chunk)
+    adapters.get(file_format).write_file(path, chunk)
   return n
 
 
@@ -121,8 +117,7 @@ def run_pipeline(root: str, output: str, a: argparse.Namespace, extra: Sequence[
       "--overwrite=true", "--runner=DirectRunner", *extra,
   ]
   image_folder.run(argv)
-  with open(os.path.join(output, MANIFEST_FILENAME), "rb") as f:
-    return Manifest.loads(f.read()).num_records
+  return load_manifest(output).num_records
 
 
 def timed(variant: str, output: str, expected: int, fn: Callable[[str], int]) -> float:
