@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from formats.features import ClassLabel, Features, Tensor
 from loaders import ShardedRecords, grain as grain_loader, tfdata
+from pipelines import array_folder
 from tests.loaders import tensors_output
 
 
@@ -65,3 +68,30 @@ def test_a_tensor_without_a_static_shape_is_refused_by_name(tmp_path):
                lambda: tfdata.dataset(out["tfrecord"], batch_size=2)):
     with pytest.raises(ValueError, match=r"feature 'x' has shape \(None, 3\).*static shapes"):
       load()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["array_record", "tfrecord"])
+def test_a_generic_converters_output_loads(tmp_path, fmt):
+  """pipelines.array_folder writes kind "tensors" (`array`, `file_name`): batches hold each source array."""
+  rng = np.random.default_rng(1)
+  arrays = {}
+  for i in range(9):
+    name = f"a{i}.npy"
+    arrays[f"train/{name}"] = rng.integers(-50, 50, (3, 4)).astype(np.int16)
+    os.makedirs(tmp_path / "in" / "train", exist_ok=True)
+    np.save(tmp_path / "in" / "train" / name, arrays[f"train/{name}"])
+  out = str(tmp_path / "out")
+  array_folder.run([f"--input={tmp_path / 'in'}", f"--output={out}", f"--format={fmt}", "--shape=3,4",
+                    "--dtype=int16", "--num_shards=2"])
+  records = ShardedRecords(out)
+  assert records.kind == "tensors" and len(records) == len(arrays)
+  loaders = [list(grain_loader.dataset(out, batch_size=4, shuffle=False, num_threads=2))]
+  if fmt == "tfrecord":
+    loaders.append(list(tfdata.dataset(out, batch_size=4, shuffle=False).as_numpy_iterator()))
+  for batches in loaders:
+    assert len(batches) == len(arrays) // 4
+    for b in batches:
+      assert sorted(b) == ["array", "record_index"] and b["array"].dtype == np.int16
+      for i, arr in zip(b["record_index"], b["array"]):
+        np.testing.assert_array_equal(arr, arrays[records[int(i)]["file_name"]])
