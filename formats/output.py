@@ -15,7 +15,7 @@ with its size and SHA-256) is written down once. Paths are local or gs://.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 import dataclasses
 import os
 import sys
@@ -367,31 +367,7 @@ def verify_shard(output: str, shard: ShardInfo, file_format: str, features: Feat
   Returns:
     One line per problem; empty when the shard matches the manifest.
   """
-  src = files.join(output, shard.path)
-  if not files.exists(src):
-    return ["missing"]
-  problems = []
-  with files.LocalCopy(src) as local:
-    size = os.path.getsize(local)
-    if size != shard.num_bytes:
-      problems.append(f"size {size} != manifest {shard.num_bytes}")
-    digest = sha256_file(local)
-    if digest != shard.sha256:
-      problems.append(f"sha256 {digest[:12]}... != manifest {shard.sha256[:12]}...")
-    n = 0
-    try:
-      for n, record in enumerate(iter_records(local, file_format), start=1):
-        try:
-          features.decode(record)
-        except ValueError as e:
-          problems.append(f"record {n - 1}: {e}")
-          break
-    except Exception as e:  # a C++ reader error or a framing error: name it, do not crash
-      problems.append(f"unreadable after record {n}: {e}")
-      return problems
-    if n != shard.num_records:
-      problems.append(f"{n} records != manifest {shard.num_records}")
-  return problems
+  return _verify_entry(output, shard, lambda local: _record_problems(local, shard, file_format, features))
 
 
 def verify_file(output: str, info: FileInfo) -> list[str]:
@@ -404,22 +380,57 @@ def verify_file(output: str, info: FileInfo) -> list[str]:
   Returns:
     One line per problem; empty when the file matches the manifest.
   """
-  src = files.join(output, info.path)
+  return _verify_entry(output, info, _graphbin_problems if info.kind == "graphbin" else None)
+
+
+def _verify_entry(
+    output: str, entry: ShardInfo | FileInfo, check_content: Callable[[str], list[str]] | None
+) -> list[str]:
+  """Problems of one data file of an output: "missing", else its size and SHA-256, then `check_content`'s.
+
+  `check_content` gets the local copy (a gs:// file is downloaded once for all the checks).
+  """
+  src = files.join(output, entry.path)
   if not files.exists(src):
     return ["missing"]
   problems = []
   with files.LocalCopy(src) as local:
-    if os.path.getsize(local) != info.num_bytes:
-      problems.append(f"size {os.path.getsize(local)} != manifest {info.num_bytes}")
+    size = os.path.getsize(local)
+    if size != entry.num_bytes:
+      problems.append(f"size {size} != manifest {entry.num_bytes}")
     digest = sha256_file(local)
-    if digest != info.sha256:
-      problems.append(f"sha256 {digest[:12]}... != manifest {info.sha256[:12]}...")
-    if info.kind == "graphbin":
-      try:
-        GraphBin(local, verify=True)
-      except ValueError as e:
-        problems.append(str(e))
+    if digest != entry.sha256:
+      problems.append(f"sha256 {digest[:12]}... != manifest {entry.sha256[:12]}...")
+    if check_content is not None:
+      problems += check_content(local)
   return problems
+
+
+def _record_problems(local: str, shard: ShardInfo, file_format: str, features: Features) -> list[str]:
+  """Problems of a local shard's records: the first that does not decode, a read error, a wrong count."""
+  problems = []
+  n = 0
+  try:
+    for n, record in enumerate(iter_records(local, file_format), start=1):
+      try:
+        features.decode(record)
+      except ValueError as e:
+        problems.append(f"record {n - 1}: {e}")
+        break
+  except Exception as e:  # a C++ reader error or a framing error: name it, do not crash
+    return [f"unreadable after record {n}: {e}"]
+  if n != shard.num_records:
+    problems.append(f"{n} records != manifest {shard.num_records}")
+  return problems
+
+
+def _graphbin_problems(local: str) -> list[str]:
+  """Problems of a local .graphbin file: its header and section checksums."""
+  try:
+    GraphBin(local, verify=True)
+  except ValueError as e:
+    return [str(e)]
+  return []
 
 
 def verify(output: str, manifest: Manifest, out: TextIO | None = None) -> int:
