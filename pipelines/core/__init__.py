@@ -25,6 +25,6 @@ emulator.use_anonymous_credentials()
 __all__ = [
     "CommitFiles", "CommonConfig", "ConvertUnits", "Converter", "ConverterOptions", "Event", "Files", "InputDataError",
     "InputFile", "InputSummary", "ListFiles", "OutputPlan", "OutputSpec", "ReadPolicy", "Record", "Records",
-    "Reject", "TransientInputError", "UnitConverter", "UsageError", "Unreadable", "WriteOutput", "bool_flag",
+    "Reject", "TransientInputError", "UnitConverter", "Unreadable", "UsageError", "WriteOutput", "bool_flag",
     "int_flag", "printable", "seconds_flag", "summary_of",
 ]

@@ -104,12 +104,29 @@ class Converter(abc.ABC):
     return f"pipelines.{self.name}"
 
   def common_config(self, options: PipelineOptions) -> CommonConfig:
-    """The shared flags, checked. Override to derive the data set name differently."""
+    """The shared flags, checked. Override to derive the data set name differently.
+
+    Args:
+      options: the parsed command-line options.
+
+    Returns:
+      The frozen `CommonConfig` (without `generation`, which the launcher adds).
+
+    Raises:
+      UsageError: a shared flag is missing or has a bad value.
+    """
     return flags.common_config(options, self.input_kind)
 
   @abc.abstractmethod
   def configure(self, own: PipelineOptions, common: CommonConfig) -> Any:
     """The converter's own flags (`own`: the options viewed as its `options` class) → a frozen config.
+
+    Args:
+      own: the parsed options, viewed as the converter's `options` class.
+      common: the checked shared flags.
+
+    Returns:
+      The converter's frozen config, passed to `plan` and `expand`.
 
     Raises:
       UsageError: a flag is missing or has a bad value (nothing has been read or written).
@@ -119,16 +136,45 @@ class Converter(abc.ABC):
   def plan(self, common: CommonConfig, config: Any) -> OutputPlan:
     """What the output will be, from the input's top level (listed here, at launch).
 
+    Args:
+      common: the checked shared flags.
+      config: what `configure` returned.
+
+    Returns:
+      The `OutputPlan`: features, splits, description, source, launcher rejects.
+
     Raises:
       UsageError: the input cannot be converted at all (for example, no class folders).
     """
 
   @abc.abstractmethod
   def expand(self, p: beam.Pipeline, common: CommonConfig, config: Any, plan: OutputPlan) -> Records | Files:
-    """The Beam graph from the input to records and rejects (or published files)."""
+    """The Beam graph from the input to records and rejects (or published files).
+
+    Args:
+      p: the pipeline to add the steps to.
+      common: the checked shared flags.
+      config: what `configure` returned.
+      plan: what `plan` returned (its `state` included).
+
+    Returns:
+      `Records` for the shared sink to shard and commit, or `Files` already published.
+    """
 
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
-    """Adds the whole conversion to `p`; returns the PCollection holding the manifest (a dict)."""
+    """Adds the whole conversion to `p`: plan, expand, then write and commit.
+
+    Args:
+      p: the pipeline to add the steps to.
+      common: the shared flags, with the launcher's `generation` and `expected`.
+      config: what `configure` returned.
+
+    Returns:
+      The PCollection holding the committed manifest (a dict).
+
+    Raises:
+      UsageError: `plan` found an input that cannot be converted at all.
+    """
     plan = self.plan(common, config)
     spec = OutputSpec(
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
@@ -162,7 +208,15 @@ class UnitConverter(abc.ABC):
 
   @abc.abstractmethod
   def convert(self, unit, **side_inputs) -> Iterable[Record | Reject | Event]:
-    """The records, rejects and events of one unit."""
+    """The records, rejects and events of one unit.
+
+    Args:
+      unit: one unit of input (a file, a series, a graph set), as the converter listed it.
+      **side_inputs: the Beam side inputs `ConvertUnits` was given, by name.
+
+    Returns:
+      The unit's `Record`s, `Reject`s and `Event`s (usually a generator).
+    """
 
 
 class _ConvertUnitsFn(beam.DoFn):
@@ -218,11 +272,27 @@ def counters(namespace: str, *names: str) -> types.SimpleNamespace:
 
       self._count = counters(PIPELINE, "files_read", "files_rejected")
       self._count.files_read.inc()
+
+  Args:
+    namespace: the metrics namespace (the converter's module, `pipelines.<name>`).
+    *names: the counters' names.
+
+  Returns:
+    A namespace with one `Metrics.counter` attribute per name.
   """
   return types.SimpleNamespace(**{n: Metrics.counter(namespace, n) for n in names})
 
 
 def summary_of(p: beam.Pipeline, count: beam.PCollection, warnings: Sequence[str] = ()) -> beam.PCollection:
-  """A PCollection of one `InputSummary` from a PCollection holding the number of input units."""
+  """A PCollection of one `InputSummary` from a PCollection holding the number of input units.
+
+  Args:
+    p: the pipeline to add the steps to.
+    count: a PCollection of one int, the number of input units found.
+    warnings: the summary's warnings, recorded in the manifest.
+
+  Returns:
+    A PCollection of one `InputSummary`, for `Records.summary`.
+  """
   return (p | "SummaryTrigger" >> beam.Create([None])
           | "Summarize" >> beam.Map(lambda _, n: InputSummary(n, tuple(warnings)), n=beam.pvalue.AsSingleton(count)))

@@ -36,12 +36,28 @@ _log = logging.getLogger(__name__)
 
 
 def is_dataflow(options: PipelineOptions) -> bool:
+  """Whether the job runs on Dataflow (its --runner names Dataflow).
+
+  Args:
+    options: the job's options.
+
+  Returns:
+    True for DataflowRunner (or a runner path that names it).
+  """
   runner = options.view_as(StandardOptions).runner or ""
   return "dataflow" in str(runner).lower()
 
 
 def check(options: PipelineOptions, common) -> None:
-  """UsageError for the Dataflow flags that are missing or point at local files."""
+  """UsageError for the Dataflow flags that are missing or point at local files.
+
+  Args:
+    options: the job's options (--project, --region, --temp_location, --staging_location).
+    common: the converter's `flags.CommonConfig` (its input and output).
+
+  Raises:
+    UsageError: a flag is missing, or a location is not gs://.
+  """
   gcp = options.view_as(GoogleCloudOptions)
   if not gcp.project:
     raise UsageError("--project is required with --runner=DataflowRunner")
@@ -64,7 +80,18 @@ def project_root() -> str | None:
 
 
 def build_wheel(out_dir: str) -> str:
-  """A wheel of this project (no dependencies inside) in `out_dir`; returns its path."""
+  """A wheel of this project (no dependencies inside) in `out_dir`, for the workers.
+
+  Args:
+    out_dir: an empty local folder.
+
+  Returns:
+    The wheel's path.
+
+  Raises:
+    UsageError: the toolkit is not running from its source tree.
+    RuntimeError: `pip wheel` failed or did not make exactly one wheel.
+  """
   root = project_root()
   if root is None:
     raise UsageError("cannot build the toolkit for the workers (not running from its source tree): "
@@ -83,7 +110,17 @@ def _name(requirement: str) -> str:
 
 
 def worker_requirements(extras: tuple[str, ...] = ("pipelines",)) -> list[str]:
-  """`name==version` of every worker-side dependency (base + `extras`), as installed here."""
+  """`name==version` of every worker-side dependency (base + `extras`), as installed here.
+
+  Args:
+    extras: the pyproject extras the workers need.
+
+  Returns:
+    The pins, sorted (apache-beam left out: the SDK container has it).
+
+  Raises:
+    UsageError: the toolkit or one of the dependencies is not installed here.
+  """
   try:
     requires = importlib.metadata.requires(DISTRIBUTION) or []
   except importlib.metadata.PackageNotFoundError:
@@ -113,6 +150,10 @@ def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipeli
     options: the job's options; staging flags are added to them.
     common: the converter's `flags.CommonConfig` (its input and output must be gs://).
     extras: the pyproject extras the converter's workers need (`Converter.worker_extras`).
+
+  Raises:
+    UsageError: a Dataflow flag is missing or local, or the toolkit cannot be staged.
+    RuntimeError: building the toolkit's wheel failed.
   """
   if not is_dataflow(options):
     return

@@ -23,7 +23,15 @@ _COPY_CHUNK = 16 << 20
 
 
 def local_staging_path(dest: str, tmpdir: str) -> str:
-  """Where to build `dest` locally before `publish`: beside it when local (no copy)."""
+  """Where to build `dest` locally before `publish`: beside it when local (no copy).
+
+  Args:
+    dest: the file's final path, local or gs://.
+    tmpdir: the local folder for files bound for gs://.
+
+  Returns:
+    A fresh local path (a uuid in its name); a local `dest`'s folder is created.
+  """
   if not fs.is_gcs(dest):
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     return f"{dest}.tmp-{uuid.uuid4().hex}"
@@ -31,7 +39,17 @@ def local_staging_path(dest: str, tmpdir: str) -> str:
 
 
 def publish(local_path: str, dest: str) -> None:
-  """Moves a finished local file to `dest` in one atomic step (one upload when remote)."""
+  """Moves a finished local file to `dest` in one atomic step (one upload when remote).
+
+  The local file is removed afterwards, also when the upload fails.
+
+  Args:
+    local_path: the finished file, from `local_staging_path`.
+    dest: the final path, local or gs://.
+
+  Raises:
+    OSError: the rename, copy or upload failed.
+  """
   if not fs.is_gcs(dest):
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     try:

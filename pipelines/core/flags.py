@@ -71,7 +71,19 @@ def _all_option_classes(cls=PipelineOptions):
 
 def parse_options(argv: Sequence[str] | None, own: Sequence[type[PipelineOptions]]) -> PipelineOptions:
   """Beam options from `argv`, rejecting flags that neither Beam nor this pipeline
-  (`own` options classes and ConverterOptions) defines."""
+  (`own` options classes and ConverterOptions) defines.
+
+  Args:
+    argv: the command-line arguments; None reads `sys.argv[1:]`.
+    own: the converter's own options classes.
+
+  Returns:
+    The parsed `PipelineOptions`.
+
+  Raises:
+    UsageError: an unknown flag, or a Beam flag with a bad value (runner, environment, a number).
+    TypeError: an `own` class defines a flag that Beam or `ConverterOptions` already defines.
+  """
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = _RaisingParser(allow_abbrev=False, add_help=False)
   allowed = [ConverterOptions, *own]
@@ -128,6 +140,20 @@ def _check_beam_flags(options: PipelineOptions) -> None:
 
 
 def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
+  """An integer flag, checked against its bounds.
+
+  Args:
+    name: the flag's name, without `--`, for the message.
+    value: the flag's value as given (usually a string).
+    minimum: the smallest value allowed.
+    maximum: the largest value allowed; None for no limit.
+
+  Returns:
+    The value as an int.
+
+  Raises:
+    UsageError: the value is not an integer or is out of bounds.
+  """
   try:
     n = int(value)
   except (TypeError, ValueError):
@@ -140,14 +166,35 @@ def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
 
 
 def read_policy(options: PipelineOptions) -> inputs.ReadPolicy:
-  """How the converter reads its inputs, from the shared flags."""
+  """How the converter reads its inputs, from the shared flags.
+
+  Args:
+    options: the parsed options (`--transient_retry_seconds`, `--max_input_bytes`).
+
+  Returns:
+    The `inputs.ReadPolicy`.
+
+  Raises:
+    UsageError: either flag has a bad value.
+  """
   c = options.view_as(ConverterOptions)
   return inputs.ReadPolicy(seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
                             int_flag("max_input_bytes", c.max_input_bytes, 1))
 
 
 def seconds_flag(name: str, value) -> float:
-  """A duration in seconds, >= 0 and finite."""
+  """A duration in seconds, >= 0 and finite.
+
+  Args:
+    name: the flag's name, without `--`, for the message.
+    value: the flag's value as given.
+
+  Returns:
+    The duration as a float.
+
+  Raises:
+    UsageError: the value is not a number, negative, infinite or NaN.
+  """
   try:
     x = float(value)
   except (TypeError, ValueError):
@@ -158,6 +205,18 @@ def seconds_flag(name: str, value) -> float:
 
 
 def bool_flag(name: str, value) -> bool:
+  """A true/false flag: true, 1 or yes; false, 0 or no (any case).
+
+  Args:
+    name: the flag's name, without `--`, for the message.
+    value: the flag's value as given.
+
+  Returns:
+    The value as a bool.
+
+  Raises:
+    UsageError: any other value.
+  """
   v = str(value).lower()
   if v in ("true", "1", "yes"):
     return True
@@ -167,7 +226,18 @@ def bool_flag(name: str, value) -> bool:
 
 
 def dataset_name(name_flag: str | None, input_root: str) -> str:
-  """--name, or one derived from the input folder's name; checked."""
+  """--name, or one derived from the input folder's name; checked.
+
+  Args:
+    name_flag: the --name flag; empty or None derives the name from `input_root`.
+    input_root: the input folder, local or gs://.
+
+  Returns:
+    A data set name that `naming.check_dataset_name` accepts.
+
+  Raises:
+    UsageError: --name is not a valid data set name.
+  """
   name = name_flag
   if not name:
     base = os.path.basename(input_root.rstrip("/")) or "data"
@@ -179,6 +249,17 @@ def dataset_name(name_flag: str | None, input_root: str) -> str:
 
 
 def check_file_format(value: str) -> str:
+  """The --format flag, checked against the known record file formats.
+
+  Args:
+    value: the flag's value.
+
+  Returns:
+    The value, unchanged.
+
+  Raises:
+    UsageError: not one of `naming.FILE_FORMATS`.
+  """
   if value not in naming.FILE_FORMATS:
     raise UsageError(f"--format must be one of {', '.join(naming.FILE_FORMATS)}, got {value!r}")
   return value
@@ -190,7 +271,19 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
 
   Local paths become absolute. The input must exist, the output must not be
   inside it, and an output holding a complete output needs --overwrite=true.
-  `input_kind` describes the expected input in the "--input is required" message.
+
+  Args:
+    input_flag: the --input flag.
+    output_flag: the --output flag.
+    overwrite_flag: the --overwrite flag, as given.
+    input_kind: the expected input, for the "--input is required" message.
+
+  Returns:
+    (input root, output root, overwrite); local roots are absolute paths.
+
+  Raises:
+    UsageError: a flag is missing, the input is not a folder, the output is
+      inside the input or is a file, or it holds a complete output without --overwrite=true.
   """
   if not input_flag:
     raise UsageError(f"--input is required ({input_kind}, local or gs://)")
@@ -244,12 +337,18 @@ class CommonConfig:
 
 
 def common_config(options: PipelineOptions, input_kind: str, name: str | None = None) -> CommonConfig:
-  """The shared flags of `options`, checked (UsageError), as a `CommonConfig`.
+  """The shared flags of `options`, checked, as a `CommonConfig`.
 
   Args:
     options: the parsed options.
     input_kind: what --input should be, for the "--input is required" message.
     name: the data set name when the converter derives its own; else --name or the input folder's name.
+
+  Returns:
+    The `CommonConfig`, without the launcher's `generation` and `expected`.
+
+  Raises:
+    UsageError: a shared flag is missing or has a bad value.
   """
   c = options.view_as(ConverterOptions)
   root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind)

@@ -83,6 +83,18 @@ class ReadPolicy:
       raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
 
   def read(self, path: str) -> bytes:
+    """`read_input` under this policy.
+
+    Args:
+      path: the file, local (as the OS gives it) or gs://.
+
+    Returns:
+      The file's bytes.
+
+    Raises:
+      Unreadable: the file's own fault (a reject), including one over `max_bytes`.
+      TransientInputError: transient errors persisted past `retry_seconds`.
+    """
     return read_input(path, self.retry_seconds, self.max_bytes)
 
 
@@ -99,7 +111,14 @@ class InputFile(NamedTuple):
 
   @classmethod
   def of(cls, location: str) -> InputFile:
-    """From a path as the OS gives it (undecodable bytes as surrogate escapes)."""
+    """From a path as the OS gives it (undecodable bytes as surrogate escapes).
+
+    Args:
+      location: a local path (surrogate escapes where not UTF-8) or gs://.
+
+    Returns:
+      The `InputFile`; `raw` is set only when the name is not valid UTF-8.
+    """
     shown = printable(location)
     return cls(shown) if shown == location else cls(shown, os.fsencode(location))
 
@@ -115,7 +134,14 @@ class InputFile(NamedTuple):
 
 
 def printable(location: str) -> str:
-  """`location` with bytes that are not UTF-8 as `\\xNN`; unchanged for UTF-8 names."""
+  """`location` with bytes that are not UTF-8 as `\\xNN`; unchanged for UTF-8 names.
+
+  Args:
+    location: a path as the OS gives it, or gs://.
+
+  Returns:
+    A str that encodes as UTF-8.
+  """
   if is_gcs(location):
     return location
   try:
@@ -126,7 +152,14 @@ def printable(location: str) -> str:
 
 
 def undecodable_warning(count: int) -> str:
-  """The manifest's warning when `count` names are not valid UTF-8."""
+  """The manifest's warning when `count` names are not valid UTF-8.
+
+  Args:
+    count: how many input names are not valid UTF-8.
+
+  Returns:
+    The warning, one sentence.
+  """
   return (f"{count} input name{' is' if count == 1 else 's are'} not valid UTF-8; "
           "shown with \\xNN escapes of the bytes that are not (Python's backslashreplace)")
 
@@ -164,7 +197,17 @@ def _os_reason(e: OSError) -> str:
 
 def scan_dir(folder: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
   """(folder names, regular file names, (name, reason) of anything else) directly in a
-  local `folder`, each sorted; symbolic links are judged by their target."""
+  local `folder`, each sorted; symbolic links are judged by their target.
+
+  Args:
+    folder: a local folder.
+
+  Returns:
+    (folders, regular files, (name, reason) of the rest), names only.
+
+  Raises:
+    OSError: `folder` itself cannot be listed.
+  """
   dirs, files, others = [], [], []
   with os.scandir(folder) as it:
     entries = sorted(it, key=lambda e: e.name)
@@ -210,7 +253,14 @@ OTHER_PART_OF_INPUT = "folder already listed through another path"
 def colliding(names: list[str]) -> set[str]:
   """The names (as the OS gives them) among siblings `names` that are not valid UTF-8 and whose
   printable form equals another sibling's: `\\xNN` escapes are not injective, so such a name is
-  a reject, never a second entry under the same printable path (or class)."""
+  a reject, never a second entry under the same printable path (or class).
+
+  Args:
+    names: the entries of one folder, as the OS gives them.
+
+  Returns:
+    The names to reject (empty when every printable form is unique).
+  """
   by_shown: dict[str, list[str]] = {}
   for n in names:
     by_shown.setdefault(printable(n), []).append(n)
@@ -289,7 +339,18 @@ def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, inpu
 
       list_tree("/data/scans[2024]")  # the folder of that name, not a pattern
 
-  `input_root`: the input `folder` is part of (a class folder's input), see _list_local.
+  Args:
+    folder: the folder to list, local or gs://.
+    budget: seconds to retry transient errors while listing gs://.
+    input_root: the whole input `folder` is part of (a class folder's input): a
+      link into another part of it is a reject.
+
+  Returns:
+    The `Listing`: files, and (entry, reason) of what is not a file.
+
+  Raises:
+    TransientInputError: listing gs:// kept failing for `budget` seconds.
+    OSError: a local `folder` (or a folder above it) cannot be stat'ed.
   """
   return _list_gcs(folder, budget) if is_gcs(folder) else _list_local(folder, input_root)
 
@@ -307,7 +368,14 @@ _TRANSIENT_TYPES = (
 
 
 def is_transient(e: BaseException) -> bool:
-  """True for errors that may pass on a retry: HTTP 5xx/429/408, timeouts, dropped connections."""
+  """True for errors that may pass on a retry: HTTP 5xx/429/408, timeouts, dropped connections.
+
+  Args:
+    e: the exception raised by a read or a listing.
+
+  Returns:
+    Whether to retry.
+  """
   if isinstance(e, storage_exc.InvalidResponse):
     status = getattr(getattr(e, "response", None), "status_code", 0) or 0
     return status >= 500 or status in (408, 429)
@@ -318,7 +386,20 @@ def is_transient(e: BaseException) -> bool:
 
 def with_retries(fn: Callable[[float], _T], what: str, budget: float) -> _T:
   """`fn(timeout)`, retried on transient errors with exponential backoff and full
-  jitter for up to `budget` seconds; then TransientInputError naming `what`."""
+  jitter for up to `budget` seconds; then TransientInputError naming `what`.
+
+  Args:
+    fn: the call, given the timeout in seconds for this attempt.
+    what: what `fn` does, for the error message (never file contents).
+    budget: seconds to keep retrying.
+
+  Returns:
+    What `fn` returned.
+
+  Raises:
+    TransientInputError: transient errors persisted past `budget`.
+    Exception: any error that `is_transient` rejects, from `fn` unchanged.
+  """
   deadline = time.monotonic() + budget
   attempts = 0
   while True:
@@ -391,9 +472,17 @@ def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS,
                max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
   """The whole file at `path` (local with surrogate escapes, or gs://).
 
-  Raises Unreadable (a reject: the file's own fault, including a file larger
-  than `max_bytes`) or TransientInputError (the job's: transient errors
-  persisted for `budget` seconds).
+  Args:
+    path: the file to read.
+    budget: seconds to retry transient errors.
+    max_bytes: the largest file accepted.
+
+  Returns:
+    The file's bytes.
+
+  Raises:
+    Unreadable: the file's own fault (a reject), including a file larger than `max_bytes`.
+    TransientInputError: the job's: transient errors persisted for `budget` seconds.
   """
   if is_gcs(path):
     return with_retries(lambda timeout: _read_gcs(path, timeout, max_bytes), f"reading {path}", budget)

@@ -28,14 +28,39 @@ from pipelines.core.errors import InputDataError, UsageError
 
 
 def parse(converter: Converter, argv: Sequence[str] | None):
-  """(Beam options, CommonConfig, the converter's own config) from `argv`; raises UsageError."""
+  """(Beam options, CommonConfig, the converter's own config) from `argv`.
+
+  Args:
+    converter: the converter whose flags to parse.
+    argv: the command-line arguments; None reads `sys.argv[1:]`.
+
+  Returns:
+    (options, common, config), all checked.
+
+  Raises:
+    UsageError: an unknown flag or a bad value (nothing has been read or written).
+  """
   options = flags.parse_options(argv, [converter.options])
   common = converter.common_config(options)
   return options, common, converter.configure(options.view_as(converter.options), common)
 
 
 def run(converter: Converter, argv: Sequence[str] | None = None) -> PipelineResult:
-  """Parses flags, runs the conversion and waits for it; raises UsageError on bad flags."""
+  """Parses flags, runs the conversion and waits for it.
+
+  Args:
+    converter: the converter to run.
+    argv: the command-line arguments; None reads `sys.argv[1:]`.
+
+  Returns:
+    The finished job's `PipelineResult`.
+
+  Raises:
+    UsageError: a bad flag, or an input that cannot be converted (nothing was written).
+    InputDataError: the input is malformed as a whole.
+    TransientInputError: transient read errors persisted past the retry budget.
+    CommitConflict: another run switched the manifest first.
+  """
   options, common, config = parse(converter, argv)
   return run_pipeline(options, converter, common, config)
 
@@ -43,7 +68,11 @@ def run(converter: Converter, argv: Sequence[str] | None = None) -> PipelineResu
 def entry_point(converter: Converter) -> Callable[[Sequence[str] | None], PipelineResult]:
   """`pipelines.<name>.run`: the converter run with command-line flags, waited for.
 
-  The returned function raises UsageError on a bad flag (nothing was written).
+  Args:
+    converter: the converter the function runs.
+
+  Returns:
+    `run(argv=None) -> PipelineResult`, with `run`'s errors (UsageError on a bad flag).
   """
   def run_converter(argv: Sequence[str] | None = None) -> PipelineResult:
     return run(converter, argv)
@@ -80,7 +109,23 @@ class _Heartbeat:
 
 
 def run_pipeline(options, converter: Converter, common: flags.CommonConfig, config) -> PipelineResult:
-  """Builds (may raise UsageError, before anything is written), runs, waits, prints a summary."""
+  """Builds, claims a generation, runs with a heartbeat, waits, prints a summary.
+
+  Args:
+    options: the parsed Beam options (Dataflow staging flags may be added).
+    converter: the converter to run.
+    common: the checked shared flags; the run's `generation` and `expected` are added here.
+    config: what `converter.configure` returned.
+
+  Returns:
+    The finished job's `PipelineResult`.
+
+  Raises:
+    UsageError: a Dataflow flag, or the input's top level, is unusable (before anything is written).
+    InputDataError: the input is malformed as a whole.
+    TransientInputError: transient read errors persisted past the retry budget.
+    CommitConflict: another run switched the manifest first.
+  """
   t0 = time.monotonic()
   prog = converter.prog
   dataflow.prepare(options, common, converter.worker_extras)
@@ -104,7 +149,17 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
 
 
 def summary_line(prog: str, m: Manifest, output: str, seconds: float) -> str:
-  """The line a run prints when it is done (and its warnings, one line each)."""
+  """The line a run prints when it is done (and its warnings, one line each).
+
+  Args:
+    prog: the converter's module, `pipelines.<name>`.
+    m: the committed manifest.
+    output: the output folder.
+    seconds: how long the run took.
+
+  Returns:
+    The summary: files or records, shards, sizes, rejects; then one line per warning.
+  """
   if m.files:
     return (f"{prog}: {', '.join(f'{f.path} ({f.num_bytes / 1e6:.1f} MB)' for f in m.files)} "
             f"-> {output} in {seconds:.1f}s")
@@ -131,7 +186,15 @@ class _OneLineErrors(logging.Filter):
 
 def main(converter: Converter, argv: Sequence[str] | None = None) -> None:
   """`python -m pipelines.<name>`: runs the converter with one-line errors; exit status 2 for bad
-  arguments and 1 for unusable input, persistent transient faults and a lost race to another run."""
+  arguments and 1 for unusable input, persistent transient faults and a lost race to another run.
+
+  Args:
+    converter: the converter to run.
+    argv: the command-line arguments; None reads `sys.argv[1:]`.
+
+  Raises:
+    SystemExit: 2 on a UsageError; 1 on InputDataError, TransientInputError or CommitConflict.
+  """
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   for handler in logging.getLogger().handlers:
     handler.addFilter(_OneLineErrors())
