@@ -80,6 +80,7 @@ class Reject(NamedTuple):
   units: int = 1
 
   def to_json(self) -> dict:
+    """The reject's line in errors/rejected.jsonl (input, reason, split; not `units`)."""
     return {"input": self.input, "reason": self.reason, "split": self.split}
 
 
@@ -104,7 +105,16 @@ class ShardPlan(NamedTuple):
 
 
 def sort_key(seed: int, split: str, key: str) -> bytes:
-  """16 bytes that order the records of a split; a pure function of its inputs."""
+  """16 bytes that order the records of a split; a pure function of its inputs.
+
+  Args:
+    seed: the run's --seed.
+    split: the record's split.
+    key: the record's key, unique within the split.
+
+  Returns:
+    A 16-byte BLAKE2b digest: the same inputs give the same order on every run.
+  """
   return hashlib.blake2b(f"{seed}\0{split}\0{key}".encode("utf-8"), digest_size=16).digest()
 
 
@@ -114,7 +124,15 @@ def plan_shards(
 ) -> ShardPlan:
   """Shard boundaries giving shards whose record counts differ by at most one.
 
-  `num_shards` 0 picks ceil(num_bytes / target_shard_bytes); never more shards than records.
+  Args:
+    sort_keys: the sort keys of the split's records (`sort_key`).
+    num_bytes: the records' total size.
+    num_shards: the shards wanted; 0 picks ceil(num_bytes / target_shard_bytes).
+    target_shard_bytes: the shard size aimed at when `num_shards` is 0.
+    num_inputs: the input units the records were made from, carried along.
+
+  Returns:
+    The `ShardPlan`; never more shards than records, and none for no records.
   """
   keys = sorted(sort_keys)
   n = len(keys)
@@ -127,6 +145,15 @@ def plan_shards(
 
 
 def shard_of(plan: ShardPlan, key: bytes) -> int:
+  """The index of the shard that holds the record with sort key `key`.
+
+  Args:
+    plan: the split's `ShardPlan`.
+    key: the record's sort key.
+
+  Returns:
+    An index in [0, plan.num_shards).
+  """
   return bisect.bisect_right(plan.boundaries, key)
 
 
@@ -230,10 +257,27 @@ class OutputSpec:
       raise ValueError(f"target_shard_bytes must be > 0, got {self.target_shard_bytes}")
 
   def shard_name(self, split: str, index: int, num_shards: int) -> naming.ShardName:
+    """The name of one shard of `split` (`naming.ShardName`).
+
+    Args:
+      split: the split's name.
+      index: the shard's index, from 0.
+      num_shards: the split's number of shards.
+
+    Returns:
+      The `naming.ShardName`.
+    """
     return naming.ShardName(self.name, split, self.file_format, index, num_shards)
 
   def relative(self, name: str) -> str:
-    """Path of a data file of this run, relative to the output root."""
+    """Path of a data file of this run, relative to the output root.
+
+    Args:
+      name: the file's name (a shard name, the rejects file).
+
+    Returns:
+      `generation/name`, or `name` when the spec has no generation.
+    """
     return f"{self.generation}/{name}" if self.generation else name
 
 
@@ -332,8 +376,15 @@ class _FinalizeFn(beam.DoFn):
 def commit_output(spec: OutputSpec, manifest: Manifest, rejects: Sequence[Reject]) -> None:
   """The end of every run: errors/rejected.jsonl, the switch to `manifest`, the TFDS view, clean-up.
 
-  The one commit path of all converters (formats.commit, docs/manifest.md): a
-  run that loses the race to another raises `commit.CommitConflict`.
+  The one commit path of all converters (formats.commit, docs/manifest.md).
+
+  Args:
+    spec: the output (its folder, generation, expected manifest version, description).
+    manifest: the manifest to switch to; its data files are already published.
+    rejects: the rejects, written to errors/rejected.jsonl first.
+
+  Raises:
+    commit.CommitConflict: another run switched the manifest first (this run loses the race).
   """
   out = spec.output
   commit.fault_point("finalize:start")
