@@ -27,6 +27,7 @@ class Entry:
 
   @property
   def module(self) -> str:
+    """The converter's package, `pipelines.<name>`."""
     return f"pipelines.{self.name}"
 
 
@@ -48,6 +49,12 @@ def names() -> tuple[str, ...]:
 def converter(name: str):
   """The converter object (`pipelines.core.Converter`) registered as `name`; imports it.
 
+  Args:
+    name: a key of `CONVERTERS`.
+
+  Returns:
+    The subpackage's `CONVERTER`.
+
   Raises:
     KeyError: no converter has that name.
   """
@@ -58,7 +65,12 @@ def converter(name: str):
 
 def check() -> None:
   """Imports every converter and its workers' modules; a converter whose object disagrees with
-  its entry, or a missing worker dependency, raises (the Docker image runs this at build time)."""
+  its entry, or a missing worker dependency, raises (the Docker image runs this at build time).
+
+  Raises:
+    RuntimeError: a subpackage's `CONVERTER` has another name than its entry.
+    ImportError: a converter or one of its workers' modules cannot be imported.
+  """
   for entry in CONVERTERS.values():
     c = converter(entry.name)
     if c.name != entry.name:

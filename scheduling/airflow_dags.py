@@ -78,6 +78,19 @@ class ConversionConfig:
 
   @classmethod
   def from_file(cls, path: str) -> ConversionConfig:
+    """The config in a JSON file; `dag_id` defaults to the file's name without `.json`.
+
+    Args:
+      path: the JSON file.
+
+    Returns:
+      The validated config.
+
+    Raises:
+      OSError: the file cannot be read.
+      ValueError: the file is not JSON, has unknown fields, or a field has a bad value.
+      TypeError: a required field (pipeline, input, output) is missing.
+    """
     with open(path) as f:
       data = json.load(f)
     data.setdefault("dag_id", os.path.splitext(os.path.basename(path))[0])
@@ -93,7 +106,17 @@ class ConversionConfig:
 
 
 def make_dag(config: ConversionConfig):
-  """The DAG of one conversion."""
+  """The DAG of one conversion: one task running `python -m pipelines.<pipeline>` on its runner.
+
+  Args:
+    config: the conversion.
+
+  Returns:
+    The Airflow `DAG`.
+
+  Raises:
+    ImportError: Airflow, its Beam provider or (for Dataflow) its Google provider is not installed.
+  """
   from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOperator
   from airflow.sdk import DAG
 
@@ -121,7 +144,19 @@ def make_dag(config: ConversionConfig):
 
 
 def dags_from_folder(folder: str) -> dict[str, Any]:
-  """{dag_id: DAG} for every `*.json` config in `folder` (a bad config raises, naming the file)."""
+  """{dag_id: DAG} for every `*.json` config in `folder`, in name order.
+
+  Args:
+    folder: a local folder of JSON configs.
+
+  Returns:
+    The DAGs by their `dag_id`.
+
+  Raises:
+    ValueError, TypeError: a config is bad (see `ConversionConfig.from_file`).
+    OSError: the folder or a config cannot be read.
+    ImportError: Airflow or a provider is not installed (see `make_dag`).
+  """
   dags = {}
   for name in sorted(os.listdir(folder)):
     if name.endswith(".json"):
