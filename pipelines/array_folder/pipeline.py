@@ -64,6 +64,13 @@ class ArrayFolderConfig:
 def load_array(data: bytes, config: ArrayFolderConfig) -> np.ndarray:
   """The array in `.npy` bytes, checked against the config.
 
+  Args:
+    data: the bytes of one `.npy` file.
+    config: the shape and dtype every array must have.
+
+  Returns:
+    The array.
+
   Raises:
     ValueError: the reason the file is a reject (never a value from the file).
   """
@@ -116,6 +123,11 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
   """Folders of `.npy` arrays → shards of (array, file_name) records of one static shape and dtype."""
 
   def configure(self, o: ArrayFolderOptions, common: CommonConfig) -> ArrayFolderConfig:
+    """See Converter.configure.
+
+    Raises:
+      UsageError: --shape is missing or not positive integers, or --dtype is not a known dtype.
+    """
     if not o.shape or not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", o.shape):
       raise UsageError(f"--shape is required: D0,D1,... with positive integers, got {o.shape!r}")
     try:
@@ -124,6 +136,11 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
       raise UsageError(str(e)) from None
 
   def plan(self, common: CommonConfig, config: ArrayFolderConfig) -> OutputPlan:
+    """See Converter.plan. Files and odd-named folders at the top level become launcher rejects.
+
+    Raises:
+      UsageError: the input holds no split folders, or a split folder's name is not a valid split name.
+    """
     dirs, files = fs.list_dir(common.input)
     splits = tuple(sorted(d for d in dirs if inputs.printable(d) == d))
     if not splits:
