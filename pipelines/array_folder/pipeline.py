@@ -125,6 +125,10 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
   def configure(self, o: ArrayFolderOptions, common: CommonConfig) -> ArrayFolderConfig:
     """See Converter.configure.
 
+    Args:
+      o: --shape and --dtype.
+      common: not used.
+
     Raises:
       UsageError: --shape is missing or not positive integers, or --dtype is not a known dtype.
     """
@@ -137,6 +141,10 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
 
   def plan(self, common: CommonConfig, config: ArrayFolderConfig) -> OutputPlan:
     """See Converter.plan. Files and odd-named folders at the top level become launcher rejects.
+
+    Args:
+      common: its `input` is listed (one level).
+      config: the shape and dtype of the `array` feature.
 
     Raises:
       UsageError: the input holds no split folders, or a split folder's name is not a valid split name.
