@@ -218,12 +218,10 @@ def claim(output: str, generation: str, info: Mapping | None = None) -> None:
 def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None:
   """Refreshes the run's marker, so that clean-up knows the run is alive.
 
-  Args:
-    output: the output folder, local or gs://.
-    generation: the run's generation folder name (`gen-...`).
-    info: extra fields for the marker.
+  A heartbeat is `claim` again: the marker rewritten with a new time (pass
+  the claim's `info` to keep its fields). Arguments as `claim`'s.
   """
-  _write_marker(output, generation, "running", info)
+  claim(output, generation, info)
 
 
 def finish(output: str, generation: str) -> bool:
