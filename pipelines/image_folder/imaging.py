@@ -66,6 +66,7 @@ class Converted(NamedTuple):
 
   @property
   def multi_frame(self) -> bool:
+    """True when the file held more than one frame (only the first was kept)."""
     return self.num_frames > 1
 
 
@@ -79,7 +80,18 @@ _SIXTEEN_BIT_MAX = 65535
 
 
 def wide_to_gray(arr: np.ndarray, mode: str) -> np.ndarray:
-  """uint8 gray from the samples of an I;16*, I or F image, by the rule above."""
+  """uint8 gray from the samples of an I;16*, I or F image, by the rule above.
+
+  Args:
+    arr: the image's samples (`np.asarray(im)`).
+    mode: the image's Pillow mode.
+
+  Returns:
+    The gray values, same shape, dtype uint8.
+
+  Raises:
+    ValueError: `mode` has 8-bit samples.
+  """
   if mode in _SIXTEEN_BIT_MODES:
     scaled = np.clip(arr.astype(np.int64), 0, _SIXTEEN_BIT_MAX).astype(np.float32) / 257.0  # 257 = 65535 / 255
   elif mode == "F":
@@ -90,7 +102,14 @@ def wide_to_gray(arr: np.ndarray, mode: str) -> np.ndarray:
 
 
 def to_rgb(im: Image.Image) -> Image.Image:
-  """8-bit RGB from any mode Pillow decodes (alpha dropped, as torchvision's loader does)."""
+  """8-bit RGB from any mode Pillow decodes (alpha dropped, as torchvision's loader does).
+
+  Args:
+    im: a decoded image.
+
+  Returns:
+    `im` itself when already RGB, else an RGB copy.
+  """
   if im.mode == "RGB":
     return im
   if im.mode in (*_SIXTEEN_BIT_MODES, "F"):
@@ -101,7 +120,15 @@ def to_rgb(im: Image.Image) -> Image.Image:
 
 
 def resize_center_crop(im: Image.Image, size: tuple[int, int]) -> Image.Image:
-  """Scales so the image covers (H, W), keeping its aspect ratio, and crops the center."""
+  """Scales so the image covers (H, W), keeping its aspect ratio, and crops the center.
+
+  Args:
+    im: a decoded image.
+    size: (H, W), the output's size.
+
+  Returns:
+    An image of exactly (H, W) (`im` itself when already that size).
+  """
   h, w = size
   if im.size == (w, h):
     return im
@@ -140,12 +167,36 @@ def _unopenable_reason(data: bytes) -> str:
 
 
 def convert(data: bytes, options: ImageOptions) -> bytes:
-  """Decoded, oriented, RGB, sized and re-encoded image bytes. Raises BadImage."""
+  """Decoded, oriented, RGB, sized and re-encoded image bytes.
+
+  Args:
+    data: the bytes of one image file.
+    options: the size, encoding and limits (`--image_size`, `--encoding`, ...).
+
+  Returns:
+    JPEG bytes, or raw uint8 RGB pixels (H * W * 3) with `--encoding=raw`.
+
+  Raises:
+    BadImage: the file is not an image Pillow decodes, is too large, or cannot be converted.
+  """
   return convert_image(data, options).data
 
 
 def convert_image(data: bytes, options: ImageOptions) -> Converted:
-  """As `convert`, with the number of frames the file held (the first one is kept)."""
+  """As `convert`, with the number of frames the file held (the first one is kept).
+
+  An RGB JPEG that needs no change is stored as it is, after one decode proves it whole.
+
+  Args:
+    data: the bytes of one image file.
+    options: the size, encoding and limits.
+
+  Returns:
+    `Converted`: the stored bytes and the file's frame count.
+
+  Raises:
+    BadImage: the reason the file is a reject (never a value from the file).
+  """
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("error", Image.DecompressionBombWarning)

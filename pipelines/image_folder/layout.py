@@ -71,6 +71,15 @@ class InputLayout:
     self.class_names = sorted({inputs.printable(c) for cs in self.class_dirs.values() for c in cs})
 
   def folder(self, split: str, cls: str) -> str:
+    """The path of class folder `cls` of `split`, by the layout (classes, or splits of classes).
+
+    Args:
+      split: the split's name.
+      cls: the class folder's name, as listed.
+
+    Returns:
+      The folder's path below the input root.
+    """
     return fs.join(self.root, cls) if self.layout == "classes" else fs.join(self.root, split, cls)
 
   def num_undecodable(self) -> int:

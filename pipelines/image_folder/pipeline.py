@@ -113,7 +113,15 @@ class _ImageUnits(UnitConverter):
 
 
 def image_features(class_names: list[str] | tuple[str, ...], options: imaging.ImageOptions) -> Features:
-  """The records' schema: `image` (JPEG, or raw uint8 HxWx3), `label`, `file_name`."""
+  """The records' schema: `image` (JPEG, or raw uint8 HxWx3), `label`, `file_name`.
+
+  Args:
+    class_names: the label names, sorted (label i is class_names[i]).
+    options: the image size and encoding.
+
+  Returns:
+    The `Features`.
+  """
   if options.encoding == "raw":
     image = Tensor(shape=(*options.size, 3), dtype="uint8")
   else:
@@ -122,7 +130,14 @@ def image_features(class_names: list[str] | tuple[str, ...], options: imaging.Im
 
 
 def multi_frame_warning(count: int) -> str:
-  """The manifest warning for `count` files stored as their first frame only."""
+  """The manifest warning for `count` files stored as their first frame only.
+
+  Args:
+    count: how many multi-frame files were converted.
+
+  Returns:
+    The warning, one line.
+  """
   return f"{count} multi-frame image{'s' if count != 1 else ''}: first frame kept"
 
 
@@ -172,6 +187,15 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
   """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
 
   def configure(self, o: ImageFolderOptions, common: CommonConfig) -> ImageFolderConfig:
+    """See Converter.configure.
+
+    Args:
+      o: --image_size, --encoding, --jpeg_quality, --max_image_pixels, --layout.
+      common: not used.
+
+    Raises:
+      UsageError: one of those flags has a bad value (for example raw encoding without a size).
+    """
     size = None
     if o.image_size:
       m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", o.image_size)
@@ -188,6 +212,15 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
       raise UsageError(str(e)) from None
 
   def plan(self, common: CommonConfig, config: ImageFolderConfig) -> OutputPlan:
+    """See Converter.plan. Its `state` is the `InputLayout` (splits and class folders).
+
+    Args:
+      common: its `input` is listed (two levels at most).
+      config: the layout and the image options.
+
+    Raises:
+      UsageError: no class folders, or a split folder's name is not a valid split name.
+    """
     layout = InputLayout(common.input, config.layout)
     if not layout.class_names:
       raise UsageError(f"--input {common.input!r} holds no class folders")
