@@ -59,6 +59,8 @@ class SeriesRejected(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class VolumePlan:
+  """One volume of a series: its slices in volume order and its geometry, before any pixel is read."""
+
   series_id: str
   patient_id: str
   stack: str  # "" or the acquisition/temporal label that separated it
@@ -71,14 +73,17 @@ class VolumePlan:
 
   @property
   def key(self) -> str:
+    """The volume's record key: the series id, with its stack label when the series was split."""
     return f"{self.series_id}/{self.stack}" if self.stack else self.series_id
 
   @property
   def files(self) -> list[str]:
+    """The paths the volume reads (duplicates included), sorted, each once."""
     return sorted({s.path for s in self.slices} | {d.path for _, d in self.duplicates})
 
   @property
   def integral_rescale(self) -> bool:
+    """True when every slice's slope and intercept are whole numbers (HU fit int16 exactly)."""
     return all(float(s.slope).is_integer() and float(s.intercept).is_integer() for s in self.slices)
 
 
@@ -175,7 +180,14 @@ def _plan_by_instance_number(slices, stack, row, col, normal) -> VolumePlan:
 
 
 def frames_per_file(slices: Sequence[SliceHeader]) -> dict[str, int]:
-  """{path: how many of `slices` come from it} (1 per classic file, frames for Enhanced CT)."""
+  """{path: how many of `slices` come from it} (1 per classic file, frames for Enhanced CT).
+
+  Args:
+    slices: slice headers, from one or more files.
+
+  Returns:
+    The count of slices per file path.
+  """
   return dict(collections.Counter(s.path for s in slices))
 
 
@@ -192,7 +204,14 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
                  ) -> tuple[list[VolumePlan], list[tuple[str, str, int]]]:
   """Volume plans of one candidate series, and (path, reason, frames) for what is left out.
 
-  A volume of more than `max_volume_voxels` voxels is left out (see MAX_VOLUME_VOXELS).
+  Args:
+    slices: the slice headers of one candidate series.
+    tolerance: the largest deviation of a slice gap from the mean gap, as a fraction of it.
+    max_volume_voxels: a volume with more voxels is left out (see MAX_VOLUME_VOXELS).
+
+  Returns:
+    (volume plans, (path, reason, frames) of every file left out); a series that
+    cannot be a volume is all in the second list, never raised.
   """
   plans, rejected = [], []
   with_pos = [s for s in slices if s.position is not None]
@@ -216,7 +235,16 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
 
 def stored_values(arr: np.ndarray, bits_stored: int, pixel_representation: int) -> np.ndarray:
   """Stored pixel values limited to BitsStored (sign-extended when signed), same width as
-  `arr`, in native byte order (pydicom gives big-endian arrays for Explicit VR Big Endian)."""
+  `arr`, in native byte order (pydicom gives big-endian arrays for Explicit VR Big Endian).
+
+  Args:
+    arr: the decoded pixel array of one slice.
+    bits_stored: BitsStored of the slice.
+    pixel_representation: 0 for unsigned, 1 for two's complement.
+
+  Returns:
+    The stored values, signed or unsigned as `pixel_representation` says.
+  """
   if not arr.dtype.isnative:
     arr = arr.astype(arr.dtype.newbyteorder("="))  # same values, native bytes
   size = arr.dtype.itemsize
@@ -237,7 +265,16 @@ def stored_values(arr: np.ndarray, bits_stored: int, pixel_representation: int) 
 
 def slice_hu(stored: np.ndarray, s: SliceHeader, out: np.ndarray) -> np.ndarray:
   """Writes one slice in HU into `out`: slope/intercept, then padding (found on the
-  stored values) set to -1024 (CT_PADDING_HU). Integral rescales into int16 stay in integer arithmetic."""
+  stored values) set to -1024 (CT_PADDING_HU). Integral rescales into int16 stay in integer arithmetic.
+
+  Args:
+    stored: the slice's stored values (`stored_values`).
+    s: the slice's header (slope, intercept, padding).
+    out: the volume's slice to fill; int16 values are rounded and clipped.
+
+  Returns:
+    `out`.
+  """
   slope, intercept = s.slope, s.intercept
   if out.dtype == np.int16 and float(slope).is_integer() and float(intercept).is_integer():
     hu = stored.astype(np.int32)
@@ -338,8 +375,21 @@ def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: s
                 max_volume_voxels: int = MAX_VOLUME_VOXELS) -> tuple[np.ndarray, list[tuple[str, str]]]:
   """The HU volume [depth, rows, columns] and (path, reason) of dropped identical duplicates.
 
-  Raises SeriesRejected. Memory: the output volume plus one decoded file, both
-  checked against the headers (and `max_volume_voxels`) before anything is allocated.
+  Memory: the output volume plus one decoded file, both checked against the
+  headers (and `max_volume_voxels`) before anything is allocated.
+
+  Args:
+    plan: the volume, from `plan_volumes`.
+    open_file: opens a path for binary reading.
+    dtype: the volume's dtype (int16, or float32 for a non-integral rescale).
+    max_volume_voxels: the largest volume allocated.
+
+  Returns:
+    (volume, (path, reason) of each identical duplicate dropped).
+
+  Raises:
+    SeriesRejected: the volume is too large, a slice's pixels are short, undecodable
+      or not the header's shape, or duplicate slices differ.
   """
   _check_volume_size(plan, max_volume_voxels)
   for s in sorted([*plan.slices, *(d for _, d in plan.duplicates)], key=lambda s: (s.path, s.frame or 0)):
