@@ -50,8 +50,20 @@ def sha256_file(path: str, chunk: int = 1 << 22) -> str:
   return h.hexdigest()
 
 
+class _FieldsAsJson:
+  """A manifest entry whose JSON object is its dataclass fields, in order (read back as `cls(**d)`)."""
+
+  def to_json(self) -> dict:
+    """This entry in manifest.json.
+
+    Returns:
+      Its fields by name, in declaration order.
+    """
+    return dataclasses.asdict(self)
+
+
 @dataclasses.dataclass(frozen=True)
-class ShardInfo:
+class ShardInfo(_FieldsAsJson):
   """One shard as the manifest lists it."""
 
   path: str  # relative to the output root
@@ -59,31 +71,15 @@ class ShardInfo:
   num_bytes: int
   sha256: str
 
-  def to_json(self) -> dict:
-    """This shard's entry in manifest.json.
-
-    Returns:
-      The shard's entry in manifest.json.
-    """
-    return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
-class FileInfo:
+class FileInfo(_FieldsAsJson):
   """A data file that is not a shard (e.g. the .graphbin of a graph output)."""
 
   path: str  # relative to the output root
   num_bytes: int
   sha256: str
   kind: str  # "graphbin"
-
-  def to_json(self) -> dict:
-    """This file's entry in manifest.json.
-
-    Returns:
-      The file's entry in manifest.json.
-    """
-    return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
