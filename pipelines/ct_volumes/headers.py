@@ -81,7 +81,14 @@ class SliceRejected(Exception):
 
 
 def tag_name(keyword: str) -> str:
-  """'RescaleSlope' -> 'RescaleSlope (0028,1053)': how a reason names a tag."""
+  """'RescaleSlope' -> 'RescaleSlope (0028,1053)': how a reason names a tag.
+
+  Args:
+    keyword: a DICOM keyword.
+
+  Returns:
+    The keyword with its (group,element) tag; the keyword alone when pydicom does not know it.
+  """
   tag = tag_for_keyword(keyword)
   return f"{keyword} ({tag >> 16:04X},{tag & 0xFFFF:04X})" if tag is not None else keyword
 
@@ -195,6 +202,15 @@ class SliceHeader:
 
 
 def salted_hash(salt: str, *parts: str) -> str:
+  """A keyed BLAKE2b hash of `parts`: how identifiers leave this module (never in clear).
+
+  Args:
+    salt: the secret key (--id_salt); only its first 64 UTF-8 bytes are used.
+    *parts: the strings to hash, joined with a unit separator.
+
+  Returns:
+    32 hex digits; the same salt and parts always give the same hash.
+  """
   h = hashlib.blake2b(digest_size=16, key=salt.encode("utf-8")[:64])
   h.update("\x1f".join(parts).encode("utf-8"))
   return h.hexdigest()
@@ -345,6 +361,18 @@ def read_dataset(fileobj: BinaryIO, max_inflated: int, *, stop_before_pixels: bo
   it sits at the pixel data tag). A deflated data set is inflated here, into memory, and
   at most `max_inflated` bytes of it (pydicom would inflate a deflate bomb whole); the
   stream is then the inflated data set, whose offsets are not the file's.
+
+  Args:
+    fileobj: the open DICOM file, positioned at its start.
+    max_inflated: the most bytes a deflated data set may inflate to.
+    stop_before_pixels: stop reading at the pixel data tag.
+
+  Returns:
+    (data set, the stream it was read from).
+
+  Raises:
+    SliceRejected: a deflated data set is not a deflate stream or inflates past `max_inflated`.
+    Exception: whatever pydicom raises for a file it cannot parse (its message may quote values).
   """
   start = fileobj.tell()
   preamble = pydicom.filereader.read_preamble(fileobj, False)
@@ -431,10 +459,19 @@ def _padding(ds, pixel_representation: int, bits_allocated: int) -> tuple[int, i
 
 def read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int = MAX_FILE_BYTES
                 ) -> list[SliceHeader]:
-  """Header facts of one DICOM file (pixel data not read). Raises SliceRejected, whose reason
-  never holds a header value; nothing pydicom says about the file is shown.
+  """Header facts of one DICOM file (pixel data not read); nothing pydicom says about the file is shown.
 
-  `max_file_bytes` bounds the decoded pixel data of the file (see MAX_FILE_BYTES).
+  Args:
+    fileobj: the open file, positioned at its start.
+    path: the file's path, recorded in each slice.
+    salt: the secret key of the identifier hashes (`salted_hash`).
+    max_file_bytes: bounds the decoded pixel data of the file (see MAX_FILE_BYTES).
+
+  Returns:
+    One `SliceHeader` per slice: one for a classic file, one per frame of an Enhanced CT file.
+
+  Raises:
+    SliceRejected: the file cannot be part of a volume; the reason never holds a header value.
   """
   with quiet_pydicom():
     try:

@@ -66,7 +66,17 @@ class CtVolumesOptions(PipelineOptions):
 
 
 def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
-  """'train=0.8,test=0.2' → (('train', 0.8), ('test', 0.2)); fractions must sum to 1."""
+  """'train=0.8,test=0.2' → (('train', 0.8), ('test', 0.2)); fractions must sum to 1.
+
+  Args:
+    text: the --splits flag.
+
+  Returns:
+    (split name, fraction) pairs, in the flag's order.
+
+  Raises:
+    UsageError: malformed, a split named twice, a negative fraction, or a sum other than 1.
+  """
   out = []
   for part in text.split(","):
     m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*([0-9.]+)\s*", part)
@@ -82,7 +92,17 @@ def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
 
 
 def split_of(patient_id: str, splits: Sequence[tuple[str, float]]) -> str:
-  """The split of a patient: a pure function of the (already salted) patient hash."""
+  """The split of a patient: a pure function of the (already salted) patient hash.
+
+  All of a patient's volumes land in one split, whatever the run or the worker.
+
+  Args:
+    patient_id: the salted patient hash (`SliceHeader.patient_id`).
+    splits: (name, fraction) pairs from `parse_splits`.
+
+  Returns:
+    The split's name (never one whose fraction is 0).
+  """
   u = int(salted_hash("split", patient_id)[:15], 16) / float(1 << 60)
   acc = 0.0
   for name, fraction in splits:
@@ -93,7 +113,14 @@ def split_of(patient_id: str, splits: Sequence[tuple[str, float]]) -> str:
 
 
 def volume_features(dtype: str) -> Features:
-  """The records' schema; `dtype` is the volume's (int16 or float32)."""
+  """The records' schema: the volume, its geometry, the salted ids and the slice order used.
+
+  Args:
+    dtype: the volume's dtype, int16 or float32.
+
+  Returns:
+    The `Features`.
+  """
   return Features({
       "volume": Tensor(shape=(None, None, None), dtype=dtype),
       "spacing": Tensor(shape=(3,), dtype="float32", encoding="none"),
@@ -243,6 +270,15 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
   """DICOM CT series → one record per volume in Hounsfield units; splits per patient."""
 
   def configure(self, o: CtVolumesOptions, common: CommonConfig) -> CtVolumesConfig:
+    """See Converter.configure.
+
+    Args:
+      o: --id_salt, --splits, --volume_dtype, --slice_tolerance and the size limits.
+      common: not used.
+
+    Raises:
+      UsageError: --id_salt is missing, or another of those flags has a bad value.
+    """
     if not o.id_salt:
       raise UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
     splits = parse_splits(o.splits)
@@ -262,6 +298,13 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         max_volume_voxels=int_flag("max_volume_voxels", o.max_volume_voxels, 1))
 
   def plan(self, common: CommonConfig, config: CtVolumesConfig) -> OutputPlan:
+    """See Converter.plan. Lists nothing: the splits come from --splits, and with
+    --volume_dtype=auto the schema is settled at run time (`Records.features`).
+
+    Args:
+      common: the input (for the source) and the shard flags.
+      config: the splits, the dtype policy and the limits.
+    """
     policy = config.volume_dtype
     return OutputPlan(
         features=volume_features("float32" if policy == "float32" else "int16"),
