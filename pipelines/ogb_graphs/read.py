@@ -71,7 +71,14 @@ def _master_tables() -> Iterator[tuple[str, dict[str, dict[str, str]]]]:
 
 
 def dataset_info(name: str) -> DatasetInfo | None:
-  """master.csv facts for `name` (e.g. "ogbn-arxiv"), or None when ogb is absent or does not know it."""
+  """master.csv facts for `name` (e.g. "ogbn-arxiv"), found without importing `ogb`.
+
+  Args:
+    name: the OGB data set name, with dashes.
+
+  Returns:
+    The `DatasetInfo`, or None when ogb is not installed or does not know the name.
+  """
   for task, table in _master_tables():
     if name in table:
       row = table[name]
@@ -100,14 +107,28 @@ def read_csv_chunks(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None 
                     ) -> Iterator[tuple[int, np.ndarray]]:
   """Yields (line number of the chunk's first row, 2-D array) from a gzip CSV.
 
-  `dtype` "int", "float" (empty cells are NaN), "auto" (int64 when every cell of the
-  chunk is an integer, as pandas infers it for OGB's readers, else float64) or "str"
-  (the cells as text). Every row must have `ncols` cells (default: as many as most
-  rows of the first chunk); an empty row, a short or long row, a cell that is not a
-  number or an integer outside int64 raises OgbFormatError naming the file and its
-  1-based line. `nonfinite`: "error" refuses NaN/inf cells, "nan" refuses only ±inf
-  (OGB marks a missing label with an empty cell), "allow" keeps both. Every check
-  is vectorised over the chunk; an empty file yields nothing.
+  Every check is vectorised over the chunk; an empty file yields nothing.
+
+  Args:
+    fileobj: the gzip CSV, opened in binary.
+    name: the file's name, for error messages.
+    dtype: "int", "float" (empty cells are NaN), "auto" (int64 when every cell of the
+      chunk is an integer, as pandas infers it for OGB's readers, else float64) or
+      "str" (the cells as text).
+    ncols: the cells every row must have; None: as many as most rows of the first chunk.
+    chunk_rows: rows per chunk.
+    header: skip the first line.
+    nonfinite: "error" refuses NaN/inf cells, "nan" refuses only ±inf (OGB marks a
+      missing label with an empty cell), "allow" keeps both.
+
+  Yields:
+    (1-based line of the chunk's first row, [rows, ncols] array).
+
+  Raises:
+    OgbFormatError: an empty, short or long row, a cell that is not a number, an
+      integer outside int64, a refused non-finite value, or a broken gzip stream;
+      the message names the file and its 1-based line.
+    ValueError: an unknown `dtype` or `nonfinite`.
   """
   if dtype not in ("int", "float", "auto", "str") or nonfinite not in NONFINITE_POLICIES:
     raise ValueError(f"dtype {dtype!r} / nonfinite {nonfinite!r}")
@@ -247,12 +268,40 @@ def _why_not_a_number(cell: str, integer: bool) -> str:
 
 
 def to_int64(values: np.ndarray, name: str, line: int) -> np.ndarray:
-  """Text cells (as read_csv_chunks' "str" gives them) as int64; errors name the line."""
+  """Text cells (as read_csv_chunks' "str" gives them) as int64.
+
+  Args:
+    values: a 2-D array of text cells.
+    name: the file's name, for error messages.
+    line: the 1-based line of the first row.
+
+  Returns:
+    The cells as an int64 array of the same shape.
+
+  Raises:
+    OgbFormatError: a cell is not an integer or is outside int64 (the message names its line).
+  """
   return _to_numbers(np.asarray(values, dtype=object), name, line, "int")
 
 
 def read_csv_all(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None = None,
                  header: bool = False, nonfinite: str = "error") -> np.ndarray:
+  """A whole (small) gzip CSV as one array: `read_csv_chunks` joined.
+
+  Args:
+    fileobj: the gzip CSV, opened in binary.
+    name: the file's name, for error messages.
+    dtype: as in `read_csv_chunks`.
+    ncols: as in `read_csv_chunks`.
+    header: skip the first line.
+    nonfinite: as in `read_csv_chunks`.
+
+  Returns:
+    A [rows, ncols] array; an empty file gives [0, ncols or 1].
+
+  Raises:
+    OgbFormatError: as `read_csv_chunks`.
+  """
   chunks = [a for _, a in read_csv_chunks(fileobj, name, dtype, ncols, header=header, nonfinite=nonfinite)]
   if not chunks:
     empty = {"int": np.int64, "str": object}.get(dtype, np.float64)
@@ -261,7 +310,19 @@ def read_csv_all(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None = N
 
 
 def check_rows(name: str, rows: int, expected: int, what: str, source: str, first_line: int = 1) -> None:
-  """A file's row count must be what `source` says (`expected` `what`, e.g. "edges")."""
+  """A file's row count must be what `source` says.
+
+  Args:
+    name: the file checked.
+    rows: the rows it holds.
+    expected: the rows `source` says it must hold.
+    what: what a row is, for the message (e.g. "edges").
+    source: the file that gives the count.
+    first_line: the 1-based line of the first row (2 after a header).
+
+  Raises:
+    OgbFormatError: the counts differ; the message names the first line too many or missing.
+  """
   if rows > expected:
     raise OgbFormatError(f"{name}: line {first_line + expected}: more rows than {source} says "
                          f"({expected} {what})")
@@ -271,7 +332,15 @@ def check_rows(name: str, rows: int, expected: int, what: str, source: str, firs
 
 
 def first_nonfinite(arr: np.ndarray, nonfinite: str) -> int | None:
-  """Index along axis 0 of the first row holding a value `nonfinite` refuses, or None."""
+  """Index along axis 0 of the first row holding a value `nonfinite` refuses, or None.
+
+  Args:
+    arr: the values; integer arrays never hold one.
+    nonfinite: the policy, as in `read_csv_chunks`.
+
+  Returns:
+    The first refused row's index, or None.
+  """
   if arr.dtype.kind != "f" or nonfinite == "allow":
     return None
   bad = ~np.isfinite(arr) if nonfinite == "error" else np.isinf(arr)
@@ -280,7 +349,18 @@ def first_nonfinite(arr: np.ndarray, nonfinite: str) -> int | None:
 
 
 def check_ids(arr: np.ndarray, limit: int, name: str, first_line: int, unit: str = "line") -> None:
-  """Node ids must lie in [0, limit); the error names the first bad line (or element)."""
+  """Node ids must lie in [0, limit).
+
+  Args:
+    arr: node ids, 1-D or one row per edge.
+    limit: the number of nodes.
+    name: the file's name, for the message.
+    first_line: the line (or element) number of the first row.
+    unit: what the message calls a row ("line" or "element").
+
+  Raises:
+    OgbFormatError: an id is out of range; the message names the first bad row.
+  """
   bad = np.nonzero((arr < 0) | (arr >= limit))[0]
   if bad.size:
     row = int(bad[0]) if arr.ndim == 1 else int(np.nonzero(((arr < 0) | (arr >= limit)).any(axis=1))[0][0])
@@ -327,7 +407,19 @@ class NpzMember:
       self._data_start = info.header_offset + 30 + name_len + extra_len + header_len
 
   def read(self, start: int, stop: int, row: int | None = None) -> np.ndarray:
-    """Elements [start, stop) of the flattened array, or of row `row` of a 2-D array."""
+    """Rows [start, stop) of the array, or elements [start, stop) of row `row` of a 2-D array.
+
+    Args:
+      start: the first row (or element) read.
+      stop: the row (or element) after the last.
+      row: read inside this row of a 2-D array; None reads whole rows.
+
+    Returns:
+      [stop - start, *shape[1:]] values, or a 1-D array of stop - start values with `row`.
+
+    Raises:
+      OgbFormatError: the member is truncated.
+    """
     inner = int(np.prod(self.shape[1:], dtype=np.int64)) if row is None else 1
     base = 0 if row is None else row * self.shape[1]
     count = (stop - start) * inner
@@ -349,7 +441,20 @@ class NpzMember:
 
 
 def load_pt_split(fileobj: BinaryIO, name: str) -> dict[str, np.ndarray]:
-  """A link-prediction split file as {key: array}; refuses anything but tensors and containers."""
+  """A link-prediction split file as {key: array}; refuses anything but tensors and containers.
+
+  Loaded with `torch.load(weights_only=True)`: pickled code is refused, never run.
+
+  Args:
+    fileobj: the `.pt` file, opened in binary.
+    name: the file's name, for error messages.
+
+  Returns:
+    {key: array} for each tensor or list of numbers in the file's dict.
+
+  Raises:
+    OgbFormatError: not a plain tensor file, not a dict, or an entry that is neither.
+  """
   import torch  # only link-prediction data sets need it
 
   try:
