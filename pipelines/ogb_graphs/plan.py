@@ -25,6 +25,17 @@ PIPELINE = "pipelines.ogb_graphs"
 
 
 def open_input(path: str):
+  """Opens an input file (local or gs://) as stored: gzip files are decompressed by their readers.
+
+  Args:
+    path: the file.
+
+  Returns:
+    A binary file object.
+
+  Raises:
+    OSError: the file cannot be opened.
+  """
   return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
@@ -65,17 +76,49 @@ class GraphPlan:
   allow_nonfinite: bool = False  # --allow_nonfinite
 
   def nonfinite(self, section: str) -> str:
-    """What a float cell of `section` may hold: see read_csv_chunks' `nonfinite`."""
+    """What a float cell of `section` may hold: see read_csv_chunks' `nonfinite`.
+
+    Args:
+      section: the node or edge section (e.g. "node/label").
+
+    Returns:
+      "allow" with --allow_nonfinite; else "nan" for labels (a missing label) and "error" for the rest.
+    """
     if self.allow_nonfinite:
       return "allow"
     return "nan" if section.rsplit("/", 1)[-1] == "label" else "error"
 
 
 def csv_path(root: str, *parts: str) -> str:
+  """The path of a file of the data set folder (`formats.files.join`).
+
+  Args:
+    root: the data set folder.
+    *parts: the path below it (e.g. "raw", "edge.csv.gz").
+
+  Returns:
+    The joined path, local or gs://.
+  """
   return fs.join(root, *parts)
 
 
 def read_small(path: str, dtype: str, ncols: int | None = None, header: bool = False, nonfinite: str = "error"):
+  """A small gzip CSV (counts, type lists) read whole, at launch or on one worker.
+
+  Args:
+    path: the file.
+    dtype: as in `read_csv_chunks`.
+    ncols: as in `read_csv_chunks`.
+    header: skip the first line.
+    nonfinite: as in `read_csv_chunks`.
+
+  Returns:
+    A [rows, ncols] array.
+
+  Raises:
+    OgbMissingFileError: the file does not exist.
+    OgbFormatError: a malformed row or cell (the message names the line).
+  """
   if not fs.exists(path):
     raise OgbMissingFileError(f"{path}: missing file")
   with open_input(path) as f:
@@ -83,7 +126,18 @@ def read_small(path: str, dtype: str, ncols: int | None = None, header: bool = F
 
 
 def read_counts(path: str) -> np.ndarray:
-  """A num-node-list / num-edge-list file: one non-negative count per graph."""
+  """A num-node-list / num-edge-list file: one non-negative count per graph.
+
+  Args:
+    path: the count file.
+
+  Returns:
+    The counts, one per graph (1-D int64).
+
+  Raises:
+    OgbMissingFileError: the file does not exist.
+    OgbFormatError: no rows, a malformed row, or a negative count.
+  """
   counts = read_small(path, "int", 1)[:, 0]
   if len(counts) == 0:
     raise OgbFormatError(f"{path}: line 1: no rows (one count per graph expected)")
@@ -94,6 +148,14 @@ def read_counts(path: str) -> np.ndarray:
 
 
 def list_dir(path: str) -> tuple[list[str], list[str]]:
+  """(folders, files) directly in `path`; both empty when it is absent (optional parts of the layout).
+
+  Args:
+    path: a folder, local or gs://.
+
+  Returns:
+    (folder names, file names), as `formats.files.list_dir` gives them.
+  """
   try:
     return fs.list_dir(path)
   except (FileNotFoundError, NotADirectoryError):
@@ -116,7 +178,23 @@ def _splits(root: str, task: str, type_dirs: Sequence[str] = ("",)) -> list[tupl
 
 def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int,
                allow_nonfinite: bool = False) -> GraphPlan:
-  """Reads the small files (counts, file lists) and decides what the job reads."""
+  """Reads the small files (counts, file lists) and decides what the job reads.
+
+  Args:
+    root: the data set folder (holding raw/ and split/).
+    name: the OGB name (e.g. "ogbn-arxiv"), looked up in the ogb package's master.csv.
+    add_inverse_flag: "auto" (as master.csv says), "true" or "false".
+    edges_per_partition: the edges a partition aims to hold; sets the nodes per partition.
+    allow_nonfinite: keep NaN/inf in float files (--allow_nonfinite).
+
+  Returns:
+    The frozen `GraphPlan`.
+
+  Raises:
+    UsageError: no raw/ folder, or "auto" for a name master.csv does not know.
+    OgbMissingFileError: a file the layout needs is absent.
+    OgbFormatError: a count file or `.npz` header is malformed or inconsistent.
+  """
   plan = _plan_graph(root, name, add_inverse_flag, edges_per_partition)
   return dataclasses.replace(plan, allow_nonfinite=allow_nonfinite)
 
@@ -247,7 +325,16 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
 
 def cast_like_ogb(arr: np.ndarray, kind: str, feature_dtype: str) -> np.ndarray:
   """As OGB's readers type them: integer files int64, float files float32 (features:
-  `feature_dtype`)."""
+  `feature_dtype`).
+
+  Args:
+    arr: the values read; a 1-D array becomes one column.
+    kind: the file's dtype kind, "float" for feature files (else "int" or "auto").
+    feature_dtype: the dtype of float features (--feature_dtype).
+
+  Returns:
+    A 2-D int64, float32 or `feature_dtype` array.
+  """
   arr = np.asarray(arr)
   if arr.ndim == 1:
     arr = arr[:, None]
@@ -258,7 +345,14 @@ def cast_like_ogb(arr: np.ndarray, kind: str, feature_dtype: str) -> np.ndarray:
 
 
 def relation_types(relation: str) -> tuple[str, str]:
-  """(head type, tail type) of "head___relation___tail"; ("", "") when homogeneous."""
+  """(head type, tail type) of "head___relation___tail"; ("", "") when homogeneous.
+
+  Args:
+    relation: the relation's name, "" for a homogeneous graph.
+
+  Returns:
+    (head node type, tail node type).
+  """
   if not relation:
     return "", ""
   h, _, t = relation.split("___")
