@@ -38,7 +38,15 @@ def csr_from_coo(src: np.ndarray, dst: np.ndarray, num_rows: int, num_cols: int 
 
 
 def interleave_inverse(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """OGB's add_inverse_edge: each edge followed by its reverse (read_graph_raw's layout)."""
+  """OGB's add_inverse_edge: each edge followed by its reverse (read_graph_raw's layout).
+
+  Args:
+    src: the edges' source nodes.
+    dst: the edges' destination nodes.
+
+  Returns:
+    (sources, destinations), twice as long: edge i at 2i, its reverse at 2i + 1.
+  """
   s = np.empty(2 * len(src), src.dtype)
   d = np.empty(2 * len(dst), dst.dtype)
   s[0::2], s[1::2] = src, dst

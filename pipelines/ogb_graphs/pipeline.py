@@ -79,11 +79,28 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
   """OGB data sets → one `.graphbin` (node and link tasks) or record shards (graph-property sets)."""
 
   def common_config(self, options: PipelineOptions) -> CommonConfig:
+    """See Converter.common_config. The name is --name or the folder's, dashes as underscores (ogbn-arxiv → ogbn_arxiv).
+
+    Args:
+      options: the parsed options.
+
+    Raises:
+      UsageError: a shared flag is bad, or the derived name is not a valid data set name.
+    """
     common = common_config(options, self.input_kind, name="x")  # the flags' checks; the name follows
     name = dataset_name(_ogb_name(options, common.input).replace("-", "_"), common.input)
     return dataclasses.replace(common, name=name)
 
   def configure(self, o: OgbGraphsOptions, common: CommonConfig) -> OgbGraphsConfig:
+    """See Converter.configure.
+
+    Args:
+      o: --add_inverse_edges, --feature_dtype, --csc, --edges_per_partition, --allow_nonfinite.
+      common: its input folder names the data set when --name is not given.
+
+    Raises:
+      UsageError: one of those flags has a bad value.
+    """
     if o.add_inverse_edges not in ("auto", "true", "false"):
       raise UsageError(f"--add_inverse_edges must be auto, true or false, got {o.add_inverse_edges!r}")
     if o.feature_dtype not in ("float32", "float16"):
@@ -94,6 +111,17 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
         allow_nonfinite=bool_flag("allow_nonfinite", o.allow_nonfinite))
 
   def plan(self, common: CommonConfig, config: OgbGraphsConfig) -> OutputPlan:
+    """See Converter.plan. Its `state` is the `GraphPlan`; graph-property sets get kind "graph".
+
+    Args:
+      common: the input folder.
+      config: the OGB name and the flags `plan_graph` takes.
+
+    Raises:
+      UsageError: not an OGB folder, an unknown name with --add_inverse_edges=auto, or a missing file.
+      OgbFormatError: a malformed file read at launch, or (graph-property sets) a missing
+        graph-label file: exit status 1, not 2.
+    """
     try:
       plan = plan_graph(common.input, config.ogb_name, config.add_inverse, config.edges_per_partition,
                         config.allow_nonfinite)

@@ -15,6 +15,16 @@ from pipelines.ogb_graphs.read import OgbFormatError, OgbMissingFileError, check
 
 
 def graph_features(node_feat: np.ndarray | None, edge_feat: np.ndarray | None, label: np.ndarray) -> Features:
+  """The record schema of one graph: `edge_index`, `num_nodes`, `label`, and the features present.
+
+  Args:
+    node_feat: node features (rows of them; their width and dtype are used), or None.
+    edge_feat: edge features, likewise, or None.
+    label: graph labels, [graphs, width].
+
+  Returns:
+    The `Features`.
+  """
   specs = {
       "edge_index": Tensor(shape=(2, None), dtype="int64"),
       "num_nodes": Tensor(shape=(), dtype="int64", encoding="none"),
@@ -28,7 +38,21 @@ def graph_features(node_feat: np.ndarray | None, edge_feat: np.ndarray | None, l
 
 
 def read_graph_property(plan: GraphPlan, feature_dtype: str):
-  """(features, [(graph index, values)], {graph index: split}) of an ogbg-* folder."""
+  """(features, [(graph index, values)], {graph index: split}) of an ogbg-* folder.
+
+  Args:
+    plan: the launcher's plan (layout "graphs").
+    feature_dtype: the dtype of float features (--feature_dtype).
+
+  Returns:
+    The schema, each graph's values (inverse edges interleaved when the plan adds
+    them) and the split of each graph a split file names.
+
+  Raises:
+    OgbMissingFileError: a file the layout needs is absent.
+    OgbFormatError: a malformed file, a row count that disagrees with the count
+      files, or a node or graph id out of range.
+  """
   raw = csv_path(plan.root, "raw")
   node_list, edge_list = csv_path(raw, "num-node-list.csv.gz"), csv_path(raw, "num-edge-list.csv.gz")
   num_nodes, num_edges = read_counts(node_list), read_counts(edge_list)
@@ -92,13 +116,33 @@ class GraphUnits(UnitConverter):
     self._plan, self._feature_dtype = plan, feature_dtype
 
   def convert(self, _) -> Iterable[Record]:
+    """See UnitConverter.convert. Graphs no split file names go to split "unassigned".
+
+    Args:
+      _: the single unit (the data set); its plan was given to the constructor.
+
+    Raises:
+      OgbFormatError: as `read_graph_property` (the whole data set fails, no rejects).
+    """
     features, graphs, split_of = read_graph_property(self._plan, self._feature_dtype)
     for g, values in graphs:
       yield Record(split_of.get(g, "unassigned"), f"{g:012d}", features.encode(values))
 
 
 def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
-  """The record schema of a graph-property data set, from the first rows of its files."""
+  """The record schema of a graph-property data set, from the first rows of its files (at launch).
+
+  Args:
+    plan: the launcher's plan (layout "graphs").
+    feature_dtype: the dtype of float features (--feature_dtype).
+
+  Returns:
+    The `Features`, as `graph_features` makes them.
+
+  Raises:
+    OgbMissingFileError: graph-label.csv.gz or a count file is absent.
+    OgbFormatError: a malformed first chunk, or an empty file that should hold rows.
+  """
   raw = csv_path(plan.root, "raw")
   _, raw_files = list_dir(raw)
 
