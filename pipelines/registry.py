@@ -42,7 +42,11 @@ CONVERTERS: dict[str, Entry] = {e.name: e for e in (
 
 
 def names() -> tuple[str, ...]:
-  """The registered converters' names, in registry order."""
+  """The registered converters' names.
+
+  Returns:
+    The names, in registry order.
+  """
   return tuple(CONVERTERS)
 
 

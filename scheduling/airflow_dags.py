@@ -100,7 +100,11 @@ class ConversionConfig:
     return cls(**data)
 
   def pipeline_options(self) -> dict[str, Any]:
-    """The flags of the pipeline run (templated by Airflow)."""
+    """The flags of the pipeline run (templated by Airflow).
+
+    Returns:
+      {flag: value}: input, output, overwrite=true, then `options` and `beam_options`.
+    """
     return {"input": self.input, "output": self.output, "overwrite": "true",
             **{k: v for k, v in self.options.items()}, **dict(self.beam_options)}
 

@@ -74,7 +74,11 @@ def check(options: PipelineOptions, common) -> None:
 
 
 def project_root() -> str | None:
-  """The source tree this toolkit runs from, when it runs from one (pyproject.toml beside the packages)."""
+  """The source tree this toolkit runs from, when it runs from one (pyproject.toml beside the packages).
+
+  Returns:
+    The project's root folder, or None for an installed (non-editable) toolkit.
+  """
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pipelines/core/..
   return root if os.path.exists(os.path.join(root, "pyproject.toml")) else None
 

@@ -80,7 +80,11 @@ class Reject(NamedTuple):
   units: int = 1
 
   def to_json(self) -> dict:
-    """The reject's line in errors/rejected.jsonl (input, reason, split; not `units`)."""
+    """The reject's line in errors/rejected.jsonl.
+
+    Returns:
+      {"input", "reason", "split"} (`units` is accounting only, not written).
+    """
     return {"input": self.input, "reason": self.reason, "split": self.split}
 
 

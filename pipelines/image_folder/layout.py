@@ -83,11 +83,19 @@ class InputLayout:
     return fs.join(self.root, cls) if self.layout == "classes" else fs.join(self.root, split, cls)
 
   def num_undecodable(self) -> int:
-    """Launcher rejects and class folders whose names are not valid UTF-8."""
+    """Launcher rejects and class folders whose names are not valid UTF-8.
+
+    Returns:
+      How many there are, for the manifest's warning.
+    """
     names = [*self.stray_files, *(f for f, _ in self.odd_entries), *(c for cs in self.class_dirs.values() for c in cs)]
     return sum(1 for n in names if inputs.printable(n) != n)
 
   def launcher_rejects(self) -> list[Reject]:
-    """Files outside class folders and entries that are no file or folder."""
+    """Files outside class folders and entries that are no file or folder.
+
+    Returns:
+      One `Reject` each, with printable paths.
+    """
     return ([Reject(inputs.printable(f), "not inside a class folder") for f in self.stray_files]
             + [Reject(inputs.printable(f), reason) for f, reason in self.odd_entries])
