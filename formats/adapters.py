@@ -157,10 +157,6 @@ class ArrayRecordAdapter(FileAdapter):
     """See FileAdapter.open_random."""
     return arrayrecord.RandomAccessReader(path)
 
-  def num_records(self, path: str) -> int:
-    """See FileAdapter.num_records."""
-    return arrayrecord.num_records(path)
-
 
 class TFRecordAdapter(FileAdapter):
   """TFRecord (formats.tfrecord): CRC-framed records, read by index through an offset index."""
