@@ -205,14 +205,14 @@ def seconds_flag(name: str, value) -> float:
 
 
 def bool_flag(name: str, value) -> bool:
-  """A true/false flag: true, 1 or yes; false, 0 or no (any case).
+  """A true/false flag.
 
   Args:
-    name: the flag's name, without `--`, for the message.
-    value: the flag's value as given.
+    name: the flag (no `--`), named in the error.
+    value: true, 1 or yes; false, 0 or no; in any case.
 
   Returns:
-    The value as a bool.
+    True or False.
 
   Raises:
     UsageError: any other value.
