@@ -6,8 +6,6 @@ import collections
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pydicom
@@ -16,10 +14,9 @@ import pytest
 import make_sample_ct as ct
 from formats import arrayrecord, files, inspect, tfrecord
 from formats.manifest import Manifest
-from pipelines.core import UsageError
 from pipelines import ct_volumes
 from pipelines.ct_volumes.headers import salted_hash
-from tests.conftest import REPO, upload_tree
+from tests.conftest import upload_tree
 
 pytestmark = pytest.mark.slow
 SALT = "test-salt"
@@ -224,35 +221,6 @@ def test_on_the_gcs_emulator(tree, converted, gcs_emulator):
       os.path.basename(s.path): s.sha256 for sp in m.splits.values() for s in sp.shards}
   assert gm.rejected.count == m.rejected.count
   assert inspect.verify(gout, gm) == 0
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--input={src}", "--output={out}"], "--id_salt is required"),
-    (["--input={src}", "--output={out}", "--id_salt=x", "--splits=train=0.5"], "sum to 1"),
-    (["--input={src}", "--output={out}", "--id_salt=x", "--splits=bogus"], "--splits must look like"),
-    (["--input={src}", "--output={out}", "--id_salt=x", "--volume_dtype=uint8"], "--volume_dtype must be"),
-    (["--input={src}/missing", "--output={out}", "--id_salt=x"], "does not exist"),
-])
-def test_bad_arguments_exit_2(tree, tmp_path, args, message):
-  out = str(tmp_path / "out")
-  r = subprocess.run([sys.executable, "-m", "pipelines.ct_volumes", *[a.format(src=tree[0], out=out) for a in args]],
-                     capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": REPO},
-                     timeout=300)
-  assert r.returncode == 2
-  lines = [l for l in r.stderr.splitlines() if l.strip()]
-  assert len(lines) == 1 and message in lines[0], r.stderr
-  assert not os.path.exists(out)
-
-
-def test_both_pipelines_live_in_one_process_and_keep_their_own_flags(tree, tmp_path):
-  """Beam registers every options class in one parser: flags must not clash, and one
-  pipeline must not accept the other's flags."""
-  from pipelines import image_folder
-
-  with pytest.raises(UsageError, match="unrecognized arguments: --id_salt=x"):
-    image_folder.run([f"--input={tree[0]}", f"--output={tmp_path}/o", "--id_salt=x"])
-  with pytest.raises(UsageError, match="unrecognized arguments: --image_size=4,4"):
-    ct_volumes.run([f"--input={tree[0]}", f"--output={tmp_path}/o", "--id_salt=x", "--image_size=4,4"])
 
 
 def sample_input(base: str) -> tuple[str, list[str]]:

@@ -226,7 +226,7 @@ def test_ct_hostile_entries_are_counted(tmp_path):
                      "up": "symbolic link loop"}
 
 
-# ------------------------------------------------------------------ flags
+# ------------------------------------------------------------------ small input (flag errors: test_registry.py, test_converter_flags.py)
 
 @pytest.fixture
 def small_folder(tmp_path) -> str:
@@ -234,46 +234,6 @@ def small_folder(tmp_path) -> str:
   (root / "cat").mkdir(parents=True)
   _write(str(root / "cat" / "a.jpg"), _jpeg(1))
   return str(root)
-
-
-@pytest.mark.parametrize("flag,message", [
-    ("--image_size=100000,100000", "--image_size sides must be <= "),
-    ("--runner=NoSuchRunner", "--runner 'NoSuchRunner' is not a Beam runner"),
-    ("--direct_num_workers=-3", "--direct_num_workers must be >= 0"),
-    ("--direct_num_workers=two", "--direct_num_workers"),
-    ("--num_workers=-1", "--num_workers must be >= 1"),
-    ("--max_image_pixels=0", "--max_image_pixels must be >= 1"),
-    ("--transient_retry_seconds=-5", "--transient_retry_seconds must be"),
-    ("--runner=collections.OrderedDict", "is not a Beam runner"),  # importable, but not a runner
-    ("--sdk_worker_parallelism=-4", "--sdk_worker_parallelism must be >= 0"),
-    ("--environment_type=NOPE", "--environment_type 'NOPE' is not a Beam environment"),
-    ("--max_input_bytes=-1", "--max_input_bytes must be >= 1"),
-])
-def test_bad_flags_exit_2_before_any_work(small_folder, tmp_path, flag, message):
-  out = str(tmp_path / "out")
-  r = _run_cli("pipelines.image_folder", f"--input={small_folder}", f"--output={out}", flag, timeout=120)
-  lines = [l for l in r.stderr.splitlines() if l.strip()]
-  assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr[-3000:]
-  assert not os.path.exists(out)
-
-
-def test_output_through_a_symlink_into_the_input_is_refused(small_folder, tmp_path):
-  link = str(tmp_path / "elsewhere")
-  os.symlink(small_folder, link)
-  r = _run_cli("pipelines.image_folder", f"--input={small_folder}", f"--output={link}/out", timeout=120)
-  lines = [l for l in r.stderr.splitlines() if l.strip()]
-  assert r.returncode == 2 and len(lines) == 1 and "must not be inside --input" in lines[0], r.stderr[-3000:]
-  assert sorted(os.listdir(small_folder)) == ["cat"]
-
-
-def test_output_naming_an_existing_file_is_refused_at_launch(small_folder, tmp_path):
-  out = str(tmp_path / "a_file")
-  _write(out, b"mine")
-  for module, extra in (("pipelines.image_folder", []), ("pipelines.ct_volumes", ["--id_salt=s"])):
-    r = _run_cli(module, f"--input={small_folder}", f"--output={out}", *extra, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and "is a file" in lines[0], r.stderr[-3000:]
-    assert open(out, "rb").read() == b"mine"
 
 
 # ------------------------------------------------------------------ transient faults (gs://)

@@ -6,8 +6,6 @@ import glob
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ from formats import arrayrecord, inspect, tfrecord
 from formats.manifest import Manifest
 from pipelines.core import UsageError
 from pipelines import image_folder
-from tests.conftest import CLASSES, CORRUPT, PER_CLASS, REPO
+from tests.conftest import CLASSES, CORRUPT, PER_CLASS
 
 pytestmark = pytest.mark.slow
 
@@ -199,33 +197,6 @@ def test_existing_output_needs_overwrite_and_is_replaced_atomically(class_folder
   assert inspect.main([out, "--verify"]) == 0
 
 
-def _cli(*args: str, cwd: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "pipelines.image_folder", *args], cwd=cwd,
-                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
-
-
-@pytest.mark.parametrize("args,message", [
-    ([], "--input is required"),
-    (["--input={src}"], "--output is required"),
-    (["--input={src}", "--output={out}", "--format=parquet"], "--format must be one of array_record, tfrecord"),
-    (["--input={src}", "--output={out}", "--encoding=raw"], "--encoding=raw needs --image_size"),
-    (["--input={src}", "--output={out}", "--image_size=224"], "--image_size must be H,W"),
-    (["--input={src}/nope", "--output={out}"], "does not exist"),
-    (["--input={src}", "--output={out}", "--num_shards=-1"], "--num_shards must be >= 0"),
-    (["--input={src}", "--output={out}", "--fromat=tfrecord"], "unrecognized arguments: --fromat=tfrecord"),
-    (["--input={src}", "--output={src}/out"], "must not be inside --input"),
-])
-def test_bad_arguments_exit_2_with_one_line_and_write_nothing(class_folder, tmp_path, args, message):
-  out = str(tmp_path / "out")
-  args = [a.format(src=class_folder, out=out) for a in args]
-  before = sorted(os.listdir(class_folder))
-  r = _cli(*args, cwd=str(tmp_path))
-  assert r.returncode == 2, r.stderr
-  lines = [l for l in r.stderr.splitlines() if l.strip()]
-  assert len(lines) == 1 and message in lines[0], r.stderr
-  assert not os.path.exists(out) and sorted(os.listdir(class_folder)) == before
-
-
 def test_metrics_count_what_happened(class_folder, tmp_path):
   result = image_folder.run([f"--input={class_folder}", f"--output={tmp_path}/out", "--num_shards=2"])
   counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
@@ -236,11 +207,10 @@ def test_metrics_count_what_happened(class_folder, tmp_path):
   assert counters["bytes_written"] > 0 and counters["bytes_read"] > 0
 
 
-def test_cli_prints_a_summary(class_folder, tmp_path):
+def test_a_run_prints_a_summary(class_folder, tmp_path, capsys):
   out = str(tmp_path / "out")
-  r = _cli(f"--input={class_folder}", f"--output={out}", "--format=tfrecord", cwd=str(tmp_path))
-  assert r.returncode == 0, r.stderr
-  summary = [l for l in r.stdout.splitlines() if l.startswith("pipelines.image_folder:")]
+  image_folder.run([f"--input={class_folder}", f"--output={out}", "--format=tfrecord"])
+  summary = [l for l in capsys.readouterr().out.splitlines() if l.startswith("pipelines.image_folder:")]
   assert summary and f"{len(CLASSES) * PER_CLASS} records" in summary[0] and f"{CORRUPT} rejected" in summary[0]
 
 

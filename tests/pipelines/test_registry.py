@@ -78,6 +78,15 @@ def test_a_converter_flag_that_clashes_with_a_shared_one_is_refused():
     (["--input={src}", "--output={out}", "--fromat=tfrecord"], "unrecognized arguments: --fromat=tfrecord"),
     (["--input={src}", "--output={src}/out"], "must not be inside --input"),
     (["--input={src}", "--output={out}", "--runner=NoSuchRunner"], "is not a Beam runner"),
+    (["--input={src}", "--output={out}", "--runner=collections.OrderedDict"], "is not a Beam runner"),  # importable
+    (["--input={src}", "--output={out}", "--direct_num_workers=-3"], "--direct_num_workers must be >= 0"),
+    (["--input={src}", "--output={out}", "--direct_num_workers=two"],
+     "argument --direct_num_workers: invalid int value: 'two'"),
+    (["--input={src}", "--output={out}", "--num_workers=-1"], "--num_workers must be >= 1"),
+    (["--input={src}", "--output={out}", "--sdk_worker_parallelism=-4"], "--sdk_worker_parallelism must be >= 0"),
+    (["--input={src}", "--output={out}", "--environment_type=NOPE"], "--environment_type 'NOPE' is not a Beam"),
+    (["--input={src}", "--output={out}", "--transient_retry_seconds=-5"], "--transient_retry_seconds must be"),
+    (["--input={src}", "--output={out}", "--max_input_bytes=-1"], "--max_input_bytes must be >= 1"),
 ])
 def test_shared_flag_errors_are_usage_errors_and_write_nothing(name, args, message, tmp_path):
   src = str(tmp_path / "in")
@@ -86,6 +95,20 @@ def test_shared_flag_errors_are_usage_errors_and_write_nothing(name, args, messa
   with pytest.raises(UsageError, match=message):
     launch.parse(registry.converter(name), [a.format(src=src, out=out) for a in args])
   assert not os.path.exists(out) and os.listdir(src) == []
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_an_output_through_a_symlink_into_the_input_or_onto_a_file_is_refused(name, tmp_path):
+  src = str(tmp_path / "in")
+  os.makedirs(src)
+  os.symlink(src, tmp_path / "elsewhere")
+  with pytest.raises(UsageError, match="must not be inside --input"):
+    launch.parse(registry.converter(name), [f"--input={src}", f"--output={tmp_path}/elsewhere/out"])
+  a_file = tmp_path / "a_file"
+  a_file.write_bytes(b"mine")
+  with pytest.raises(UsageError, match="is a file; it must be a folder"):
+    launch.parse(registry.converter(name), [f"--input={src}", f"--output={a_file}"])
+  assert os.listdir(src) == [] and a_file.read_bytes() == b"mine"
 
 
 @pytest.fixture(scope="module")
