@@ -23,8 +23,6 @@ from formats import commit, files, kinds
 from formats.features import ClassLabel, Tensor
 from formats.manifest import Manifest
 from formats.output import Output, load_manifest, verify
-# The library functions this module held: import them from formats.output.
-from formats.output import iter_records, verify_file, verify_shard  # noqa: F401
 
 # The feature a grid draws, by record kind.
 _DRAWN_FEATURE = {"image": "image", "volume": "volume"}
