@@ -168,79 +168,135 @@ class NeighborSampler:
       IndexError: `index` is outside the epoch.
       RuntimeError: the batch needs more local nodes than `node_budget`.
     """
+    seeds = self._batch_seeds(index, epoch)
+    rng = np.random.default_rng([self.seed, epoch, index, self.shard_index])
+    out, node_ids, num_local = self._sample_hops(seeds, rng, index)
+    ids, node_mask = self._local_nodes(len(seeds), node_ids, num_local)
+    out["seeds"] = ids[:self.batch_size].copy()
+    out["seed_mask"] = node_mask[:self.batch_size].copy()
+    out["node_ids"], out["node_mask"] = ids, node_mask
+    if self.gather_features:
+      out["x"] = self._gather_features(len(seeds), node_ids, num_local)
+    if self._labels is not None:
+      out["y"] = self._seed_labels(seeds)
+    return out
+
+  def _batch_seeds(self, index: int, epoch: int) -> np.ndarray:
+    """The seeds of batch `index` of `epoch` (the last batch may be short); IndexError outside the epoch."""
     if not 0 <= index < self.num_batches:
       raise IndexError(f"batch {index} outside [0, {self.num_batches})")
-    seeds = self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
-    rng = np.random.default_rng([self.seed, epoch, index, self.shard_index])
-    b, B, idt = self.budgets, self.batch_size, self._id
-    table = self._table()
-    indptr, indices = self._indptr, self._indices
+    return self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+
+  def _sample_hops(self, seeds: np.ndarray, rng: np.random.Generator,
+                   index: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """Samples every hop out from `seeds`, relabelling the nodes found to local ids.
+
+    Returns each hop's `edge_index_<h>`/`edge_mask_<h>`, the global id of
+    every local node (seeds at 0..len(seeds)-1, the hops' new nodes from
+    batch_size on) and the end of the local ids used. The thread's global ->
+    local table is reset to unknown for those nodes on the way out.
+    """
+    B, idt, table = self.batch_size, self._id, self._table()
     out: dict[str, np.ndarray] = {}
-    node_ids = np.zeros(b.nodes, idt)
+    node_ids = np.zeros(self.budgets.nodes, idt)
     node_ids[:len(seeds)] = seeds
     table[seeds] = np.arange(len(seeds), dtype=idt)
     num_local = B  # seeds own local ids 0..B-1 (padding included)
     f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
     try:
       for hop, k in enumerate(self.fanouts):
-        fglobal = node_ids[f_lo:f_hi]
-        start = indptr[fglobal]
-        deg = indptr[fglobal + 1] - start
-        pos = (start[:, None] + (rng.random((len(fglobal), k), dtype=np.float32) * deg[:, None]).astype(np.int64))
-        pos = pos.reshape(-1)
-        has = deg > 0
-        valid = None if has.all() else np.repeat(has, k)
-        if valid is not None:
-          np.minimum(pos, max(len(indices) - 1, 0), out=pos)
-        nbr = indices[pos].astype(idt, copy=False) if len(indices) else np.zeros(len(pos), idt)
-        loc = table[nbr]
-        new = loc == self._unknown
-        if valid is not None:
-          new &= valid
-        cand = nbr[new]
-        order = np.arange(len(cand), dtype=idt)
-        np.minimum.at(table, cand, order)  # the first occurrence of each new node wins
-        new_global = cand[table[cand] == order]
-        n_new = len(new_global)
-        if num_local + n_new > b.nodes:  # only with a node_budget below the worst case
-          raise RuntimeError(f"batch {index}, hop {hop}: {num_local + n_new} local nodes exceed "
-                             f"node_budget={b.nodes}; raise it (the worst case is "
-                             f"{budgets(B, self.fanouts, self.graph.num_nodes).nodes})")
-        table[new_global] = np.arange(num_local, num_local + n_new, dtype=idt)
-        loc[new] = table[cand]
-        node_ids[num_local:num_local + n_new] = new_global
-        e_budget, n_e = b.edges[hop], len(nbr)
-        edge_index = np.zeros((2, e_budget), np.int32)
-        edge_index[0, :n_e] = loc if valid is None else np.where(valid, loc, 0)
-        edge_index[1, :n_e] = np.repeat(np.arange(f_lo, f_hi, dtype=np.int32), k)
-        edge_mask = np.zeros(e_budget, bool)
-        edge_mask[:n_e] = True if valid is None else valid
-        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
-        next_budget = b.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
+        nbr, valid = self._draw_neighbours(node_ids[f_lo:f_hi], k, rng)
+        loc, n_new = self._relabel(nbr, valid, table, node_ids, num_local, index, hop)
+        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = self._hop_edges(hop, loc, valid, f_lo, f_hi)
+        next_budget = self.budgets.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
         f_lo, f_hi = num_local, num_local + min(n_new, next_budget)
         num_local += n_new
     finally:
       table[node_ids[:len(seeds)]] = self._unknown
       table[node_ids[B:num_local]] = self._unknown
-    node_mask = np.zeros(b.nodes, bool)
-    node_mask[:len(seeds)] = True
+    return out, node_ids, num_local
+
+  def _draw_neighbours(self, frontier: np.ndarray, k: int,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    """`k` uniform draws with replacement from each frontier node's neighbours.
+
+    Returns the drawn global ids (frontier-major, `k` per node) and which
+    draws are real: None when all are, else False where the node has no
+    neighbours (those ids are placeholders).
+    """
+    indptr, indices = self._indptr, self._indices
+    start = indptr[frontier]
+    deg = indptr[frontier + 1] - start
+    pos = (start[:, None] + (rng.random((len(frontier), k), dtype=np.float32) * deg[:, None]).astype(np.int64))
+    pos = pos.reshape(-1)
+    has = deg > 0
+    valid = None if has.all() else np.repeat(has, k)
+    if valid is not None:
+      np.minimum(pos, max(len(indices) - 1, 0), out=pos)
+    nbr = indices[pos].astype(self._id, copy=False) if len(indices) else np.zeros(len(pos), self._id)
+    return nbr, valid
+
+  def _relabel(self, nbr: np.ndarray, valid: np.ndarray | None, table: np.ndarray, node_ids: np.ndarray,
+               num_local: int, index: int, hop: int) -> tuple[np.ndarray, int]:
+    """Local ids of the drawn nodes, giving each node not seen before the next free id in order of first draw.
+
+    The new nodes' global ids go to `node_ids[num_local:]` and their local
+    ids into `table`. Returns the local id of every draw and how many nodes
+    are new; RuntimeError when they would pass the node budget.
+    """
+    idt = self._id
+    loc = table[nbr]
+    new = loc == self._unknown
+    if valid is not None:
+      new &= valid
+    cand = nbr[new]
+    order = np.arange(len(cand), dtype=idt)
+    np.minimum.at(table, cand, order)  # the first occurrence of each new node wins
+    new_global = cand[table[cand] == order]
+    n_new = len(new_global)
+    if num_local + n_new > self.budgets.nodes:  # only with a node_budget below the worst case
+      raise RuntimeError(f"batch {index}, hop {hop}: {num_local + n_new} local nodes exceed "
+                         f"node_budget={self.budgets.nodes}; raise it (the worst case is "
+                         f"{budgets(self.batch_size, self.fanouts, self.graph.num_nodes).nodes})")
+    table[new_global] = np.arange(num_local, num_local + n_new, dtype=idt)
+    loc[new] = table[cand]
+    node_ids[num_local:num_local + n_new] = new_global
+    return loc, n_new
+
+  def _hop_edges(self, hop: int, loc: np.ndarray, valid: np.ndarray | None,
+                 f_lo: int, f_hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hop `hop`'s edges padded to its budget: [2, E] int32 (drawn node, frontier node) and the mask of real ones."""
+    e_budget, n_e = self.budgets.edges[hop], len(loc)
+    edge_index = np.zeros((2, e_budget), np.int32)
+    edge_index[0, :n_e] = loc if valid is None else np.where(valid, loc, 0)
+    edge_index[1, :n_e] = np.repeat(np.arange(f_lo, f_hi, dtype=np.int32), self.fanouts[hop])
+    edge_mask = np.zeros(e_budget, bool)
+    edge_mask[:n_e] = True if valid is None else valid
+    return edge_index, edge_mask
+
+  def _local_nodes(self, n_seeds: int, node_ids: np.ndarray, num_local: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every local node's global id as int64, 0 in the padding, and the mask of live nodes."""
+    B = self.batch_size
+    node_mask = np.zeros(self.budgets.nodes, bool)
+    node_mask[:n_seeds] = True
     node_mask[B:num_local] = True
-    ids = np.zeros(b.nodes, np.int64)
-    ids[:len(seeds)] = node_ids[:len(seeds)]
+    ids = np.zeros(self.budgets.nodes, np.int64)
+    ids[:n_seeds] = node_ids[:n_seeds]
     ids[B:num_local] = node_ids[B:num_local]
-    out["seeds"] = ids[:B].copy()
-    out["seed_mask"] = node_mask[:B].copy()
-    out["node_ids"], out["node_mask"] = ids, node_mask
-    if self.gather_features:
-      feats = self._features
-      x = np.empty((b.nodes, feats.shape[1]), feats.dtype)
-      x[len(seeds):B] = 0
-      x[num_local:] = 0
-      np.take(feats, node_ids[:len(seeds)], axis=0, out=x[:len(seeds)], mode="clip")
-      np.take(feats, node_ids[B:num_local], axis=0, out=x[B:num_local], mode="clip")
-      out["x"] = x
-    if self._labels is not None:
-      y = np.zeros((B, *self._labels.shape[1:]), self._labels.dtype)
-      y[:len(seeds)] = self._labels[seeds]
-      out["y"] = y
-    return out
+    return ids, node_mask
+
+  def _gather_features(self, n_seeds: int, node_ids: np.ndarray, num_local: int) -> np.ndarray:
+    """`x`: the live local nodes' feature rows, zeros in the padding."""
+    B, feats = self.batch_size, self._features
+    x = np.empty((self.budgets.nodes, feats.shape[1]), feats.dtype)
+    x[n_seeds:B] = 0
+    x[num_local:] = 0
+    np.take(feats, node_ids[:n_seeds], axis=0, out=x[:n_seeds], mode="clip")
+    np.take(feats, node_ids[B:num_local], axis=0, out=x[B:num_local], mode="clip")
+    return x
+
+  def _seed_labels(self, seeds: np.ndarray) -> np.ndarray:
+    """`y`: the seeds' labels, zeros in the padding."""
+    y = np.zeros((self.batch_size, *self._labels.shape[1:]), self._labels.dtype)
+    y[:len(seeds)] = self._labels[seeds]
+    return y
