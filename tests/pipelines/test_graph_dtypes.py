@@ -15,6 +15,7 @@ import shutil
 
 import numpy as np
 import pandas as pd
+from ogb.io import read_graph_raw
 import pytest
 
 import make_sample_ogb as mo
@@ -24,7 +25,6 @@ from formats.manifest import Manifest
 from pipelines import ogb_graphs
 from tests.conftest import REPO
 
-read_graph_raw = pytest.importorskip("ogb.io.read_graph_raw")
 pytestmark = pytest.mark.slow
 
 FEATURE_DTYPES = {"float32": "<f4", "float16": "<f2"}

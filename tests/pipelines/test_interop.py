@@ -7,12 +7,11 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
 
 from tests.conftest import CLASSES, PER_CLASS
 from tests.pipelines.test_image_folder import convert
-
-tf = pytest.importorskip("tensorflow")
-tfds = pytest.importorskip("tensorflow_datasets")
 
 pytestmark = pytest.mark.slow
 
