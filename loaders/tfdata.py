@@ -17,11 +17,13 @@ name the shard and the record.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import tensorflow as tf
 
 from formats.errors import CorruptRecordError
-from formats.features import ClassLabel, Image, Tensor, Text
+from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.integrity import Verify, verify_level
 from formats.output import Output, open_output
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
@@ -121,6 +123,142 @@ def _checked_shards(output: Output, split: str, cache_dir: str | None, verify: V
   return paths
 
 
+_Convert = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], dict]  # (n, record index, serialized record) -> example
+
+
+def _check_arguments(verify: Verify, batch_size: int, num_epochs: int) -> None:
+  """Rejects a bad verify level, batch size or epoch count, before anything is opened."""
+  verify_level(verify)
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  if num_epochs < 1:
+    raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
+
+
+def _tfrecord_output(path: str) -> Output:
+  """The output at `path`, which must hold TFRecord shards."""
+  output = open_output(path)
+  if output.manifest.file_format != "tfrecord":
+    raise ValueError(f"{path} holds {output.manifest.file_format} shards; tf.data reads tfrecord (use loaders.grain)")
+  return output
+
+
+def _check_shard(shard_index: int, shard_count: int) -> None:
+  """Rejects a shard index outside [0, shard_count)."""
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
+
+
+def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batch_size: int) -> _Convert:
+  """The parse-and-decode function for records of `kind`, giving static shapes; ValueError for a kind not read here."""
+  spec = _parse_spec(features)
+  if kind == "image":
+    return _image_converter(features, spec, o)
+  if kind == "volume":
+    return _volume_converter(features, spec, o, seed, batch_size)
+  if kind == "tensors":
+    return _tensors_converter(features, spec)
+  raise ValueError(f"loaders.tfdata reads image, volume and tensors records, not {kind!r} "
+                   f"(use loaders.grain for graph records)")
+
+
+def _image_converter(features: Features, spec: dict, o: ExampleOptions) -> _Convert:
+  """Images decoded (raw, or JPEG as Pillow does) and centre-cropped/resized to `image_size` or the stored size."""
+  image = features["image"]
+  size = o.image_size or (None if None in image.shape[:2] else tuple(image.shape[:2]))
+  if size is None:
+    raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")
+
+  def convert(n, index, serialized):
+    ex = tf.io.parse_single_example(serialized, spec)
+    if isinstance(image, Tensor):
+      img = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), image.shape)
+    elif tuple(image.shape[:2]) == tuple(size):  # stored at the target size: draft scale 1, no resize
+      img = tf.io.decode_jpeg(ex["image"], channels=3, dct_method=JPEG_DCT_METHOD)
+    else:
+      img = _decode_jpeg(ex["image"], size)
+      same = tf.reduce_all(tf.shape(img)[:2] == tf.constant(size))
+      img = tf.cond(same, lambda: img, lambda: _resize_center_crop(img, size))
+    img.set_shape((*size, 3))
+    out = {"image": img, "record_index": index}
+    if "label" in ex:
+      out["label"] = ex["label"]
+    return out
+  return convert
+
+
+def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: int, batch_size: int) -> _Convert:
+  """CT volumes cut to a `patch_size` patch (centre, or seeded by batch position and slot), padded, windowed."""
+  if o.patch_size is None:
+    raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
+  vdtype = tf.int16 if features["volume"].dtype == "int16" else tf.float32
+  lo, hi, span = hu_window_constants(o.hu_window)
+  patch = tf.constant(o.patch_size, tf.int64)
+
+  def draw(shape, n):
+    position, slot = divmod(int(n), batch_size)
+    return seeded_patch_start(shape, o.patch_size, seed, position, slot)
+
+  def convert(n, index, serialized):
+    ex = tf.io.parse_single_example(serialized, spec)
+    vol = tf.reshape(tf.io.decode_raw(ex["volume/value"], vdtype), ex["volume/shape"])
+    shape = tf.shape(vol, out_type=tf.int64)
+    if o.patch == "random":
+      start, = _sizes_function(draw, [shape, n], [tf.int64], [[3]])
+    else:
+      start = tf.maximum(shape - patch, 0) // 2  # formats.transforms.center_patch_start
+    part = tf.cast(tf.slice(vol, start, tf.minimum(patch, shape - start)), tf.float32)
+    pad = patch - tf.shape(part, out_type=tf.int64)  # the far end, as in grain
+    vol = tf.pad(part, tf.stack([tf.zeros_like(pad), pad], axis=1), constant_values=float(CT_PADDING_HU))
+    vol = tf.clip_by_value(vol, lo, hi)
+    if o.normalize:
+      vol = (vol - lo) / span
+    vol.set_shape(o.patch_size)
+    return {"volume": vol, "spacing": ex["spacing"], "patch_start": start, "record_index": index}
+  return convert
+
+
+def _tensors_converter(features: Features, spec: dict) -> _Convert:
+  """Tensors and class labels as stored; ValueError for a bytes dtype tf.io.decode_raw cannot read."""
+  batched = batched_features(features)
+  for name, f in batched.items():
+    if isinstance(f, Tensor) and f.encoding == "bytes" and tf.as_dtype(f.dtype) not in _RAW_DTYPES:
+      raise ValueError(f"feature {name!r}: tf.io.decode_raw cannot read dtype {f.dtype} (use loaders.grain)")
+
+  def convert(n, index, serialized):
+    ex = tf.io.parse_single_example(serialized, spec)
+    out = {}
+    for name, f in batched.items():
+      if isinstance(f, ClassLabel):
+        out[name] = ex[name]
+      elif f.encoding == "bytes":  # little-endian bytes at the static shape (formats.features.Tensor)
+        out[name] = tf.reshape(tf.io.decode_raw(ex[name], tf.as_dtype(f.dtype), little_endian=True), f.shape)
+      else:
+        out[name] = tf.cast(ex[name], f.dtype)
+    out["record_index"] = index
+    return out
+  return convert
+
+
+def _shard_records(paths: list[str], per_shard: int, shard_index: int, shard_count: int) -> tf.data.Dataset:
+  """This shard's (record index, serialized record) pairs, `per_shard` of them on every shard.
+
+  The records are strided by record index, after trimming the split to a multiple of shard_count.
+  """
+  return tf.data.TFRecordDataset(paths).take(per_shard * shard_count).enumerate().shard(shard_count, shard_index)
+
+
+def _whole_batches(records: tf.data.Dataset, convert: _Convert, per_shard: int, batch_size: int,
+                   num_epochs: int) -> tf.data.Dataset:
+  """`num_epochs` epochs of whole batches of converted records (grain's drop_remainder per epoch), prefetched.
+
+  `convert` gets n, the example's position over all epochs, which seeds its random draws.
+  """
+  ds = records.take(per_shard // batch_size * batch_size).repeat(num_epochs).enumerate()
+  ds = ds.map(lambda n, item: convert(n, *item), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
 def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, cache_dir: str | None = None,
             shuffle_buffer: int = 10_000, verify: Verify = "sha256", **example_options) -> tf.data.Dataset:
@@ -157,100 +295,15 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     KeyError: the output has no such split.
     CorruptRecordError: a shard differs from the manifest (size, digest or record count).
   """
-  verify_level(verify)
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-  if num_epochs < 1:
-    raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
-  output = open_output(path)
-  manifest = output.manifest
-  if manifest.file_format != "tfrecord":
-    raise ValueError(f"{path} holds {manifest.file_format} shards; tf.data reads tfrecord (use loaders.grain)")
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
-  features = manifest.features
-  kind = output.kind
-  o = ExampleOptions(**example_options)
+  _check_arguments(verify, batch_size, num_epochs)
+  output = _tfrecord_output(path)
+  _check_shard(shard_index, shard_count)  # after opening: a missing or non-TFRecord output is reported first
+  kind = output.kind  # here: a manifest without a kind is reported before bad options or a missing split
+  options = ExampleOptions(**example_options)
   paths = _checked_shards(output, split, cache_dir, verify)
-  total = sum(s.num_records for s in output.shards(split))
-  per_shard = total // shard_count
-  spec = _parse_spec(features)
-
-  if kind == "image":
-    image = features["image"]
-    size = o.image_size or (None if None in image.shape[:2] else tuple(image.shape[:2]))
-    if size is None:
-      raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")
-
-    def convert(n, index, serialized):
-      ex = tf.io.parse_single_example(serialized, spec)
-      if isinstance(image, Tensor):
-        img = tf.reshape(tf.io.decode_raw(ex["image"], tf.uint8), image.shape)
-      elif tuple(image.shape[:2]) == tuple(size):  # stored at the target size: draft scale 1, no resize
-        img = tf.io.decode_jpeg(ex["image"], channels=3, dct_method=JPEG_DCT_METHOD)
-      else:
-        img = _decode_jpeg(ex["image"], size)
-        same = tf.reduce_all(tf.shape(img)[:2] == tf.constant(size))
-        img = tf.cond(same, lambda: img, lambda: _resize_center_crop(img, size))
-      img.set_shape((*size, 3))
-      out = {"image": img, "record_index": index}
-      if "label" in ex:
-        out["label"] = ex["label"]
-      return out
-  elif kind == "volume":
-    if o.patch_size is None:
-      raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
-    vdtype = tf.int16 if features["volume"].dtype == "int16" else tf.float32
-    lo, hi, span = hu_window_constants(o.hu_window)
-    patch = tf.constant(o.patch_size, tf.int64)
-
-    def draw(shape, n):
-      position, slot = divmod(int(n), batch_size)
-      return seeded_patch_start(shape, o.patch_size, seed, position, slot)
-
-    def convert(n, index, serialized):
-      ex = tf.io.parse_single_example(serialized, spec)
-      vol = tf.reshape(tf.io.decode_raw(ex["volume/value"], vdtype), ex["volume/shape"])
-      shape = tf.shape(vol, out_type=tf.int64)
-      if o.patch == "random":
-        start, = _sizes_function(draw, [shape, n], [tf.int64], [[3]])
-      else:
-        start = tf.maximum(shape - patch, 0) // 2  # formats.transforms.center_patch_start
-      part = tf.cast(tf.slice(vol, start, tf.minimum(patch, shape - start)), tf.float32)
-      pad = patch - tf.shape(part, out_type=tf.int64)  # the far end, as in grain
-      vol = tf.pad(part, tf.stack([tf.zeros_like(pad), pad], axis=1), constant_values=float(CT_PADDING_HU))
-      vol = tf.clip_by_value(vol, lo, hi)
-      if o.normalize:
-        vol = (vol - lo) / span
-      vol.set_shape(o.patch_size)
-      return {"volume": vol, "spacing": ex["spacing"], "patch_start": start, "record_index": index}
-  elif kind == "tensors":
-    batched = batched_features(features)
-    for name, f in batched.items():
-      if isinstance(f, Tensor) and f.encoding == "bytes" and tf.as_dtype(f.dtype) not in _RAW_DTYPES:
-        raise ValueError(f"feature {name!r}: tf.io.decode_raw cannot read dtype {f.dtype} (use loaders.grain)")
-
-    def convert(n, index, serialized):
-      ex = tf.io.parse_single_example(serialized, spec)
-      out = {}
-      for name, f in batched.items():
-        if isinstance(f, ClassLabel):
-          out[name] = ex[name]
-        elif f.encoding == "bytes":  # little-endian bytes at the static shape (formats.features.Tensor)
-          out[name] = tf.reshape(tf.io.decode_raw(ex[name], tf.as_dtype(f.dtype), little_endian=True), f.shape)
-        else:
-          out[name] = tf.cast(ex[name], f.dtype)
-      out["record_index"] = index
-      return out
-  else:
-    raise ValueError(f"loaders.tfdata reads image, volume and tensors records, not {kind!r} "
-                     f"(use loaders.grain for graph records)")
-
-  # This shard's records, strided by record index after trimming the split to a multiple of shard_count.
-  ds = tf.data.TFRecordDataset(paths).take(per_shard * shard_count).enumerate().shard(shard_count, shard_index)
+  per_shard = sum(s.num_records for s in output.shards(split)) // shard_count
+  convert = _converter(kind, output.manifest.features, options, seed, batch_size)
+  records = _shard_records(paths, per_shard, shard_index, shard_count)
   if shuffle:
-    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-  # An epoch is whole batches (grain's drop_remainder per epoch); n counts examples over all epochs.
-  ds = ds.take(per_shard // batch_size * batch_size).repeat(num_epochs).enumerate()
-  ds = ds.map(lambda n, item: convert(n, *item), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+  return _whole_batches(records, convert, per_shard, batch_size, num_epochs)
