@@ -76,14 +76,17 @@ def _loaded_after_importing(modules: list[str]) -> set[str]:
   return {line.split(".")[0] for line in out.splitlines()}
 
 
+@pytest.mark.slow  # a fresh process per check: the static check above is the fast one
 def test_formats_loads_no_framework():
   assert not _loaded_after_importing(_modules("formats")) & FORBIDDEN["formats"]
 
 
+@pytest.mark.slow
 def test_pipelines_load_neither_loaders_nor_tensorflow_nor_torch():
   assert not _loaded_after_importing(_modules("pipelines")) & FORBIDDEN["pipelines"]
 
 
+@pytest.mark.slow
 def test_loaders_framework_free_modules_load_neither_pipelines_nor_beam():
   framework_modules = {"loaders.tfdata", "loaders.xla", "loaders.grain"}  # each pulls in its own framework
   modules = [m for m in _modules("loaders") if m not in framework_modules]

@@ -56,6 +56,7 @@ def _records(output: str, m: Manifest, split: str) -> list[dict]:
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file_format", ["array_record", "tfrecord"])
 def test_arrays_become_records_and_bad_files_rejects(tmp_path, file_format):
   root, flags = sample_input(str(tmp_path))
@@ -81,6 +82,7 @@ def test_arrays_become_records_and_bad_files_rejects(tmp_path, file_format):
   assert m.rejected.count == 5
 
 
+@pytest.mark.slow
 def test_a_rerun_is_byte_identical(tmp_path):
   root, flags = sample_input(str(tmp_path))
   digests = []

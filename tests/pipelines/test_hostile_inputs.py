@@ -8,6 +8,7 @@ exit 2 with nothing written.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -25,7 +26,6 @@ from pipelines import ct_volumes, image_folder
 from pipelines.core import UsageError, inputs
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 NON_UTF8 = b"caf\xe9.jpg"  # Latin-1 "café.jpg": not valid UTF-8
 
@@ -127,18 +127,26 @@ def test_read_input_never_blocks_on_a_fifo_and_names_the_reason(tmp_path):
     inputs.read_input(str(tmp_path / "absent.jpg"))
 
 
-def test_unreadable_file_is_a_permission_reject(tmp_path):
-  if IS_ROOT:
-    pytest.skip("running as root: chmod 000 does not stop root from reading, so there is no error to see")
+def test_unreadable_file_is_a_permission_reject(tmp_path, monkeypatch):
   path = str(tmp_path / "secret.jpg")
   _write(path, _jpeg(1))
   os.chmod(path, 0)
+  if IS_ROOT:  # chmod 000 does not stop root: the kernel's answer to anyone else, EACCES, is given by hand
+    real_open = os.open
+
+    def refusing_open(p, *args, **kw):
+      if p == path:
+        raise PermissionError(errno.EACCES, "Permission denied", p)
+      return real_open(p, *args, **kw)
+
+    monkeypatch.setattr(os, "open", refusing_open)
   with pytest.raises(inputs.Unreadable, match="^permission denied$"):
     inputs.read_input(path)
 
 
 # ------------------------------------------------------------------ image_folder end to end
 
+@pytest.mark.slow
 def test_hostile_tree_converts_with_every_entry_counted(tmp_path):
   root = str(tmp_path / "in")
   num_good, expected = make_hostile_tree(root)
@@ -156,6 +164,7 @@ def test_hostile_tree_converts_with_every_entry_counted(tmp_path):
   assert any("not valid UTF-8" in w for w in m.warnings), m.warnings
 
 
+@pytest.mark.slow
 def test_non_utf8_name_is_a_record_with_an_escaped_file_name(tmp_path):
   root = tmp_path / "in"
   (root / "cat").mkdir(parents=True)
@@ -172,6 +181,7 @@ def test_non_utf8_name_is_a_record_with_an_escaped_file_name(tmp_path):
   assert any("1 input name is not valid UTF-8" in w for w in m.warnings), m.warnings
 
 
+@pytest.mark.slow
 def test_symlink_loop_at_the_top_is_a_reject_not_a_traceback(tmp_path):
   root = tmp_path / "in"
   (root / "cat").mkdir(parents=True)
@@ -186,6 +196,7 @@ def test_symlink_loop_at_the_top_is_a_reject_not_a_traceback(tmp_path):
       "self": "symbolic link loop", "dangling": "dangling symbolic link"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder_name", ["scans[2024]", "a*b?c"])
 def test_input_path_with_glob_characters_is_a_path(tmp_path, folder_name):
   root = tmp_path / folder_name
@@ -199,6 +210,7 @@ def test_input_path_with_glob_characters_is_a_path(tmp_path, folder_name):
   assert m.features["label"].names == ("cat[1]", "dog")
 
 
+@pytest.mark.slow
 def test_ct_input_path_with_glob_characters_is_a_path(tmp_path):
   root = str(tmp_path / "scans[2024]")
   ct.write_series(os.path.join(root, "p1"), patient_id="P1", seed=1, rows=8, cols=8, num_slices=3)
@@ -210,6 +222,7 @@ def test_ct_input_path_with_glob_characters_is_a_path(tmp_path):
   assert inspect.main([out, "--verify"]) == 0
 
 
+@pytest.mark.slow
 def test_ct_hostile_entries_are_counted(tmp_path):
   root = str(tmp_path / "dicom")
   ct.write_series(os.path.join(root, "p1"), patient_id="P1", seed=1, rows=8, cols=8, num_slices=3)
@@ -238,6 +251,7 @@ def small_folder(tmp_path) -> str:
 
 # ------------------------------------------------------------------ transient faults (gs://)
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_transient_errors_are_retried_not_rejected(gcs_faults, small_folder, tmp_path):
   from tests.conftest import upload_tree
@@ -254,6 +268,7 @@ def test_transient_errors_are_retried_not_rejected(gcs_faults, small_folder, tmp
   assert gcs_faults.requests_seen("transient_ok/in/cat/a.jpg") >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 @pytest.mark.parametrize("mode", ["status", "stall"])
 def test_persistent_transient_errors_fail_the_job_and_keep_the_previous_output(gcs_faults, small_folder, tmp_path,
@@ -273,6 +288,7 @@ def test_persistent_transient_errors_fail_the_job_and_keep_the_previous_output(g
   assert inspect.main([out, "--verify"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_persistent_transient_error_is_one_line_and_exit_1_from_the_cli(gcs_faults, small_folder, tmp_path):
   """What an operator sees when the network stays down: one line, exit 1, nothing written."""
@@ -294,6 +310,7 @@ def test_persistent_transient_error_is_one_line_and_exit_1_from_the_cli(gcs_faul
   assert gcs_faults.requests_seen("transient_cli/in/cat/a.jpg") >= 2  # retried, not given up at once
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_ct_persistent_transient_error_fails_the_job(gcs_faults, tmp_path):
   from tests.conftest import upload_tree
@@ -309,6 +326,7 @@ def test_ct_persistent_transient_error_fails_the_job(gcs_faults, tmp_path):
   assert not os.path.exists(os.path.join(out, "manifest.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_a_file_over_the_input_cap_is_a_reject_found_before_it_is_read(where, small_folder, tmp_path, request):
   """A huge file named .jpg must not be read into a worker's memory: its size is the reason."""
@@ -339,6 +357,7 @@ def _classes_and_rejects(out: str) -> tuple[list[str], int, dict[str, str]]:
   return list(m.features["label"].names), m.splits["train"].num_records, rejects
 
 
+@pytest.mark.slow
 def test_links_between_parts_of_the_input_never_duplicate_records(tmp_path):
   """`loop -> .` at class level made the whole dataset a third class (12 records from 6 images);
   a class folder linked twice, or a link from one class into another, listed files twice
@@ -366,6 +385,7 @@ def test_links_between_parts_of_the_input_never_duplicate_records(tmp_path):
   assert inspect.main([out, "--verify"]) == 0
 
 
+@pytest.mark.slow
 def test_escaped_names_that_collide_are_rejects_not_merged_classes(tmp_path):
   """`\\xNN` escapes are not injective: a folder named with the byte 0xff and one named with the
   text `\\xff` would be one class (and two records with one key)."""

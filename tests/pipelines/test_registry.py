@@ -33,6 +33,7 @@ def sample_input(name: str, base: str) -> tuple[str, list[str]]:
   return make(base)
 
 
+@pytest.mark.slow  # a fresh process
 def test_the_registry_names_each_converter_once_and_imports_without_beam():
   code = "import sys, pipelines; print(','.join(pipelines.names())); print('apache_beam' in sys.modules)"
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
