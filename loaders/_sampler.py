@@ -255,6 +255,7 @@ class NeighborSampler:
     new_global = cand[table[cand] == order]
     n_new = len(new_global)
     if num_local + n_new > self.budgets.nodes:  # only with a node_budget below the worst case
+      table[cand] = self._unknown  # the caller's reset covers only nodes already placed: leave the table clean
       raise RuntimeError(f"batch {index}, hop {hop}: {num_local + n_new} local nodes exceed "
                          f"node_budget={self.budgets.nodes}; raise it (the worst case is "
                          f"{budgets(self.batch_size, self.fanouts, self.graph.num_nodes).nodes})")

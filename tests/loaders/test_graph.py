@@ -177,6 +177,29 @@ def test_node_budget_shrinks_batches_and_overflow_is_loud(graph):
     tiny[0]
 
 
+def test_an_overflow_leaves_no_trace_in_later_batches(graph):
+  """The sampler's global->local table is reused across batches of a thread: a batch that
+  overflows its node budget must not leave entries behind that relabel the next batch wrongly."""
+  full = _sampler(graph)
+  budget = sorted(int(full[i]["node_mask"].sum()) for i in range(len(full)))[len(full) // 2]
+
+  def fresh(i):  # batch i from a sampler whose table nothing has touched, or None on overflow
+    try:
+      return _sampler(graph, node_budget=budget)[i]
+    except RuntimeError:
+      return None
+
+  results = [fresh(i) for i in range(len(full))]
+  fits = next(i for i, r in enumerate(results) if r is not None)
+  overflows = next(i for i, r in enumerate(results) if r is None)
+  expected = results[fits]
+  s = _sampler(graph, node_budget=budget)
+  with pytest.raises(RuntimeError, match="raise it"):
+    s[overflows]
+  after = s[fits]
+  assert all(np.array_equal(after[k], expected[k]) for k in expected)
+
+
 def test_rejects_bad_arguments(graph):
   with pytest.raises(ValueError, match="fanouts"):
     lg.NeighborSampler(graph, fanouts=[0])
