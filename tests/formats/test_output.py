@@ -146,6 +146,7 @@ def test_a_graph_output_has_files_not_shards(tmp_path):
 
 
 @pytest.mark.gcs
+@pytest.mark.slow
 def test_a_gs_output_is_copied_once_and_checked(tmp_path, gcs_emulator):
   from tests.conftest import upload_tree
 

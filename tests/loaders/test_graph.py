@@ -68,6 +68,7 @@ def test_load_opens_the_graph_an_output_lists(graph_output, graph):
 
 
 @pytest.mark.gcs
+@pytest.mark.slow
 def test_load_over_gcs_downloads_and_checks_sections_once(graph_output, graph, gcs_emulator, tmp_path, monkeypatch):
   gs = f"gs://{gcs_emulator}/graphs/{tmp_path.name}"
   upload_tree(graph_output, gs)
@@ -264,6 +265,7 @@ def _run_xla(graph_path: str) -> dict:
   return _xla_results[graph_path]
 
 
+@pytest.mark.slow  # a torch_xla process (6-8 s)
 def test_xla_loader_on_an_xla_cpu_device_gives_the_host_batches(graph_path):
   got = _run_xla(graph_path)
   assert got["batches"] == got["expected"] > 0

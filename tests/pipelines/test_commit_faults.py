@@ -19,6 +19,7 @@ import pytest
 from formats import commit, files, inspect, naming
 from formats.features import Features, Text
 from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
+from formats.output import verify as verify_output
 from tests.conftest import CLASSES, PER_CLASS, REPO
 
 pytestmark = pytest.mark.slow
@@ -168,7 +169,7 @@ print(json.dumps([{{s: len(ds[s]) for s in ds}}, b.info.features["label"].names,
 def _complete(out: str) -> Manifest:
   """The output verifies, and TFDS serves exactly what the manifest describes."""
   m = _read_manifest(out)
-  assert inspect.verify(out, m) == 0
+  assert verify_output(out, m) == 0
   counts, names = _tfds_view(out)
   assert counts == {k: v.num_records for k, v in m.splits.items() if v.num_records}
   assert names == tuple(m.features["label"].names)
@@ -226,7 +227,7 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_pat
                 env={commit.FAULT_POINT_ENV: step})
   assert killed.returncode == -9, killed.stderr  # the fault point was reached
   now = _read_manifest(out)
-  assert inspect.verify(out, now) == 0
+  assert verify_output(out, now) == 0
   assert now == old or now.splits["train"].num_records == (len(CLASSES) + 1) * PER_CLASS
   try:
     counts, names = _tfds_view(out)
@@ -252,7 +253,7 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_pat
   assert len(_generations(out)) <= 2  # at most the killed run's, kept until its lease expires
   commit.cleanup(out, lease_seconds=0)
   assert _generations(out) == [final.splits["train"].shards[0].path.split("/")[0]]
-  assert inspect.verify(out, final) == 0
+  assert verify_output(out, final) == 0
 
 
 def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults, class_folder, tmp_path):
@@ -269,7 +270,7 @@ def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults
   _, err = slow.communicate(timeout=240)
   assert slow.returncode == 1 and "another run committed" in err
   assert _read_manifest(out) == winner
-  assert inspect.verify(out, winner) == 0
+  assert verify_output(out, winner) == 0
   gens = sorted({p[len(out) + 1:].split("/")[0] for p in files.walk(out) if "/gen-" in p})
   assert gens == [winner.splits["train"].shards[0].path.split("/")[0]]
 
@@ -312,7 +313,7 @@ def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_pa
   assert sorted(os.listdir(out)) == sorted(["manifest.json", ".manifest.lock", gen, "gen-notes"])
   assert sorted(os.listdir(out / gen)) == sorted([commit.MARKER_FILENAME, "errors", os.path.basename(m.files[0].path)])
   assert (out / "gen-notes" / "keep.txt").read_text() == "a user's"
-  assert inspect.verify(str(out), m) == 0
+  assert verify_output(str(out), m) == 0
 
 
 def test_graph_outputs_use_the_same_switch(tmp_path):
@@ -331,7 +332,7 @@ def test_graph_outputs_use_the_same_switch(tmp_path):
   _, err = slow.communicate(timeout=240)
   assert slow.returncode == 1 and "another run committed" in err.strip().splitlines()[-1], err
   assert _read_manifest(out) == winner and winner.graph["csc"] is True
-  assert inspect.verify(out, winner) == 0
+  assert verify_output(out, winner) == 0
   assert _generations(out) == [winner.files[0].path.split("/")[0]]
 
 
@@ -373,20 +374,20 @@ def test_gcs_a_kill_at_a_step_leaves_the_old_or_the_new_output(gcs_faults, old_o
   assert killed.returncode == -9, killed.stderr
   now = _read_manifest(out)
   assert now == old or now.splits["train"].num_records == (len(CLASSES) + 1) * PER_CLASS
-  assert inspect.verify(out, now) == 0
+  assert verify_output(out, now) == 0
   gen = lambda m: m.splits["train"].shards[0].path.split("/")[0]  # noqa: E731
   info_gen = commit._tfds_generation(out)  # the generation TFDS would read: old or new, complete
   if info_gen is None:  # only while the class names change (docs/manifest.md, step 4)
     assert step.startswith("tfds:") and not files.exists(files.join(out, "dataset_info.json"))
   else:
     assert info_gen in {gen(old), gen(now)}
-    assert inspect.verify(out, old if info_gen == gen(old) else now) == 0
+    assert verify_output(out, old if info_gen == gen(old) else now) == 0
     labels = files.read_bytes(files.join(out, "label.labels.txt")).decode().split()
     assert labels == list((old if info_gen == gen(old) else now).features["label"].names)
   again = _run(f"--input={src}", f"--output={out}", "--num_shards=3", "--overwrite=true")
   assert again.returncode == 0, again.stderr
   final = _read_manifest(out)
-  assert inspect.verify(out, final) == 0 and not commit.tfds_metadata_lags(out)
+  assert verify_output(out, final) == 0 and not commit.tfds_metadata_lags(out)
 
 
 def test_an_abandoned_generation_cannot_be_committed(output):

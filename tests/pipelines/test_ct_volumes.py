@@ -7,14 +7,15 @@ import glob
 import json
 import os
 
+import make_sample_ct as ct
 import numpy as np
 import pydicom
 import pytest
 import SimpleITK as sitk
 
-import make_sample_ct as ct
-from formats import arrayrecord, files, inspect, tfrecord
+from formats import arrayrecord, files, tfrecord
 from formats.manifest import Manifest
+from formats.output import verify as verify_output
 from pipelines import ct_volumes
 from pipelines.ct_volumes.headers import salted_hash
 from tests.conftest import upload_tree
@@ -210,7 +211,7 @@ def test_reruns_are_byte_identical(tree, converted, tmp_path):
   m2 = convert(tree[0], again, "--splits=train=0.5,validation=0.25,test=0.25")
   assert [s.sha256 for sp in m.splits.values() for s in sp.shards] == [
       s.sha256 for sp in m2.splits.values() for s in sp.shards]
-  assert inspect.verify(again, m2) == 0
+  assert verify_output(again, m2) == 0
 
 
 @pytest.mark.gcs
@@ -224,7 +225,7 @@ def test_on_the_gcs_emulator(tree, converted, gcs_emulator):
   assert {os.path.basename(s.path): s.sha256 for sp in gm.splits.values() for s in sp.shards} == {
       os.path.basename(s.path): s.sha256 for sp in m.splits.values() for s in sp.shards}
   assert gm.rejected.count == m.rejected.count
-  assert inspect.verify(gout, gm) == 0
+  assert verify_output(gout, gm) == 0
 
 
 def sample_input(base: str) -> tuple[str, list[str]]:
