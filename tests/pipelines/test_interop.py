@@ -100,7 +100,7 @@ def test_a_split_without_records_is_absent_from_manifest_tfds_and_loaders_alike(
 
   from formats import inspect
   from loaders import grain as lgrain
-  from loaders._shards import ShardedRecords
+  from loaders import ShardedRecords
 
   src = tmp_path / "in"
   for cls in ("cat", "dog"):
