@@ -24,6 +24,7 @@ from pipelines.ogb_graphs.plan import (
     PIPELINE, EdgeSource, GraphPlan, cast_like_ogb, open_input, read_small, relation_types)
 from pipelines.ogb_graphs.read import (
     NpzMember, OgbFormatError, check_ids, check_rows, first_nonfinite, load_pt_split, read_csv_chunks)
+from pipelines.ogb_graphs.reverse import reverse_relations
 
 PARTS_DIR = "_parts"
 
@@ -33,15 +34,17 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error"
   """(first edge index, src, dst, {extra section: rows}) in file order.
 
   The edge CSV must hold as many rows as its num-edge-list says, and every extra file
-  as many as the edge CSV: the first line that disagrees is named.
+  as many as the edge CSV: the first line that disagrees is named. An added reverse
+  relation (`source.reverse_of`) reads the file's columns the other way round.
   """
+  first, second = (1, 0) if source.reverse_of else (0, 1)  # the file's columns that are src and dst
   if source.npz_range is not None:
     a, b = source.npz_range
     with open_input(source.path) as f:
       member = NpzMember(f, source.path, "edge_index")
-      src, dst = member.read(a, b, row=0).astype(np.int64), member.read(a, b, row=1).astype(np.int64)
-    check_ids(src, source.num_rows, f"{source.path}:edge_index[0]", a, unit="element")
-    check_ids(dst, source.num_cols, f"{source.path}:edge_index[1]", a, unit="element")
+      src, dst = member.read(a, b, row=first).astype(np.int64), member.read(a, b, row=second).astype(np.int64)
+    check_ids(src, source.num_rows, f"{source.path}:edge_index[{first}]", a, unit="element")
+    check_ids(dst, source.num_cols, f"{source.path}:edge_index[{second}]", a, unit="element")
     yield a, src, dst, {}
     return
   handles = [open_input(source.path)] + [open_input(p) for _, p in source.extras]
@@ -54,15 +57,15 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error"
       total += len(arr)
       if 0 <= source.num_edges < total:
         check_rows(source.path, total, source.num_edges, "edges", source.count_file)
-      check_ids(arr[:, 0], source.num_rows, source.path, line)
-      check_ids(arr[:, 1], source.num_cols, source.path, line)
+      check_ids(arr[:, first], source.num_rows, source.path, line)
+      check_ids(arr[:, second], source.num_cols, source.path, line)
       extras = {}
       for (section, path), it in zip(source.extras, extra_iters):
         _, rows = next(it, (line, arr[:0]))
         if len(rows) != len(arr):  # chunks are cut at the same rows: only the file's end differs
           raise OgbFormatError(f"{path}: line {line + len(rows)}: file ends before {source.path} does")
         extras[section] = rows
-      yield line - 1, arr[:, 0], arr[:, 1], extras
+      yield line - 1, arr[:, first], arr[:, second], extras
     if source.num_edges >= 0:
       check_rows(source.path, total, source.num_edges, "edges", source.count_file)
     for (section, path), it in zip(source.extras, extra_iters):
@@ -248,11 +251,15 @@ class _AssembleFn(beam.DoFn):
 
   def _meta(self) -> dict:
     plan = self._plan
-    return {"format": "graphbin", "name": plan.name, "layout": plan.layout, "task": plan.task,
+    meta = {"format": "graphbin", "name": plan.name, "layout": plan.layout, "task": plan.task,
             "num_nodes": plan.num_nodes, "node_types": sorted(plan.num_nodes),
             "relations": [s.relation for s in plan.edge_files if s.relation] if plan.layout == "heterogeneous" else [],
             "add_inverse_edges": plan.add_inverse, "csc": self._csc,
             "splits": sorted({p.rsplit("/", 1)[0] for p, _ in plan.split_files})}
+    added = reverse_relations(plan)
+    if added:  # only with --add_reverse_relations: every other output stays as it was
+      meta["reverse_relations"] = added
+    return meta
 
   def _write_csr(self, w: GraphBinWriter, relation: str, parts: dict[int, tuple[int, str]],
                  extras: Sequence[tuple[str, str]], reverse: bool) -> None:

@@ -2,7 +2,8 @@
 
     python -m pipelines.ogb_graphs --input=DIR_OR_GS --output=DIR_OR_GS [--name=ogbn-arxiv] \
         [--add_inverse_edges=auto|true|false] [--feature_dtype=float32|float16] [--csc=false] \
-        [--allow_nonfinite=false] [--format=array_record|tfrecord] [any Beam option]
+        [--add_reverse_relations=false] [--allow_nonfinite=false] [--format=array_record|tfrecord] \
+        [any Beam option]
 
 `--input` is the data set folder as OGB lays it out (holding `raw/` and
 `split/`); nothing is downloaded. Node- and link-property data sets
@@ -36,6 +37,7 @@ from pipelines.ogb_graphs.assemble import PARTS_DIR, _AssembleFn, _BuildPartFn, 
 from pipelines.ogb_graphs.plan import PIPELINE, GraphPlan, csv_path, plan_graph, read_counts
 from pipelines.ogb_graphs.property import GraphUnits, graph_features_from_plan
 from pipelines.ogb_graphs.read import OgbMissingFileError
+from pipelines.ogb_graphs.reverse import add_reverse_relations, reverse_relations
 
 NAME = "ogb_graphs"
 DEFAULT_EDGES_PER_PARTITION = 1 << 24
@@ -50,6 +52,8 @@ class OgbGraphsOptions(PipelineOptions):
                         help="auto (as OGB's master.csv says for --name), true or false.")
     parser.add_argument("--feature_dtype", default="float32", help="float32 or float16 for float node and edge features.")
     parser.add_argument("--csc", default="false", help="true: also store the reverse (in-neighbour) CSC.")
+    parser.add_argument("--add_reverse_relations", default="false",
+                        help="true: heterogeneous sets also store dst___rev_<rel>___src for each src___<rel>___dst.")
     parser.add_argument("--edges_per_partition", default=str(DEFAULT_EDGES_PER_PARTITION),
                         help="Edges per sort partition: bounds a worker's memory (~40 bytes/edge).")
     parser.add_argument("--allow_nonfinite", default="false",
@@ -67,6 +71,7 @@ class OgbGraphsConfig:
   csc: bool = False
   edges_per_partition: int = DEFAULT_EDGES_PER_PARTITION
   allow_nonfinite: bool = False
+  add_reverse_relations: bool = False  # heterogeneous: also store each relation's reverse (rev_<relation>)
 
 
 def _ogb_name(options: PipelineOptions, root: str) -> str:
@@ -95,7 +100,8 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
     """See Converter.configure.
 
     Args:
-      o: --add_inverse_edges, --feature_dtype, --csc, --edges_per_partition, --allow_nonfinite.
+      o: --add_inverse_edges, --feature_dtype, --csc, --edges_per_partition, --allow_nonfinite,
+        --add_reverse_relations.
       common: its input folder names the data set when --name is not given.
 
     Raises:
@@ -108,7 +114,8 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
     return OgbGraphsConfig(
         ogb_name=_ogb_name(o, common.input), add_inverse=o.add_inverse_edges, feature_dtype=o.feature_dtype,
         csc=bool_flag("csc", o.csc), edges_per_partition=int_flag("edges_per_partition", o.edges_per_partition, 1),
-        allow_nonfinite=bool_flag("allow_nonfinite", o.allow_nonfinite))
+        allow_nonfinite=bool_flag("allow_nonfinite", o.allow_nonfinite),
+        add_reverse_relations=bool_flag("add_reverse_relations", o.add_reverse_relations))
 
   def plan(self, common: CommonConfig, config: OgbGraphsConfig) -> OutputPlan:
     """See Converter.plan. Its `state` is the `GraphPlan`; graph-property sets get kind "graph".
@@ -118,7 +125,9 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
       config: the OGB name and the flags `plan_graph` takes.
 
     Raises:
-      UsageError: not an OGB folder, an unknown name with --add_inverse_edges=auto, or a missing file.
+      UsageError: not an OGB folder, an unknown name with --add_inverse_edges=auto, a missing file, or
+        --add_reverse_relations=true on a set that is not heterogeneous, already has a `rev_*` relation
+        or has a relation whose reverse's section names would not fit (reverse.add_reverse_relations).
       OgbFormatError: a malformed file read at launch, or (graph-property sets) a missing
         graph-label file: exit status 1, not 2.
     """
@@ -127,10 +136,14 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
                         config.allow_nonfinite)
     except OgbMissingFileError as e:  # a malformed file stays an OgbFormatError: exit status 1
       raise UsageError(str(e)) from None
+    if config.add_reverse_relations:
+      plan = add_reverse_relations(plan, config.edges_per_partition, config.csc)
     source = {"pipeline": PIPELINE, "input": common.input, "ogb_name": config.ogb_name, "layout": plan.layout,
               "add_inverse_edges": plan.add_inverse, "feature_dtype": config.feature_dtype}
     if plan.allow_nonfinite:
       source["allow_nonfinite"] = True
+    if config.add_reverse_relations:
+      source["add_reverse_relations"] = True
     if plan.layout == "graphs":
       return OutputPlan(
           features=graph_features_from_plan(plan, config.feature_dtype),
@@ -166,7 +179,11 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
                         common.generation),
             parts=beam.pvalue.AsList(parts))
     )
-    return Files(files, graph={
+    summary = {
         "layout": graph.layout, "task": graph.task, "num_nodes": graph.num_nodes,
         "num_edges": {k: v * (2 if graph.add_inverse else 1) for k, v in graph.num_edges.items()},
-        "add_inverse_edges": graph.add_inverse, "csc": config.csc})
+        "add_inverse_edges": graph.add_inverse, "csc": config.csc}
+    added = reverse_relations(graph)
+    if added:  # only with --add_reverse_relations: every other manifest stays as it was
+      summary["reverse_relations"] = added
+    return Files(files, graph=summary)

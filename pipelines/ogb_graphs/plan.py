@@ -53,6 +53,7 @@ class EdgeSource:
   extras: tuple[tuple[str, str], ...] = ()  # (section name, edge-aligned CSV) read in lockstep
   npz_range: tuple[int, int] | None = None
   reverse: bool = False  # key by destination: the CSC pass
+  reverse_of: str = ""  # an added reverse relation: the raw relation whose files it reads, edges turned around
   num_edges: int = -1  # rows the CSV must hold, as `count_file` says (-1: not checked)
   count_file: str = ""
 
@@ -215,8 +216,7 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
   task = info.task if info else ("graph" if "graph-label.csv.gz" in raw_files else "node")
 
   def parts(num_nodes: int, num_edges: int) -> int:
-    count = max(1, math.ceil(num_edges * (2 if add_inverse else 1) / edges_per_partition))
-    return max(1, math.ceil(num_nodes / count))
+    return nodes_per_partition(num_nodes, num_edges * (2 if add_inverse else 1), edges_per_partition)
 
   if "num-node-dict.csv.gz" in raw_files:
     return _plan_hetero(root, name, task, add_inverse, info, parts)
@@ -264,6 +264,21 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
   source = EdgeSource("", csv_path(raw, "edge.csv.gz"), n, n, tuple(extras), num_edges=e, count_file=edge_list)
   return GraphPlan(root, name, "homogeneous", task, add_inverse, {"": n}, {"": e}, tuple(node_files),
                    tuple(_splits(root, task)), (source,), {"": parts(n, e)}, node_list)
+
+
+def nodes_per_partition(num_rows: int, num_edges: int, edges_per_partition: int) -> int:
+  """Rows of a CSR per sort partition, so that a partition holds about `edges_per_partition` edges.
+
+  Args:
+    num_rows: rows of the CSR (nodes of its head type).
+    num_edges: edges the CSR stores (inverse edges included).
+    edges_per_partition: the edges a partition aims to hold (--edges_per_partition).
+
+  Returns:
+    The rows per partition, at least 1.
+  """
+  count = max(1, math.ceil(num_edges / edges_per_partition))
+  return max(1, math.ceil(num_rows / count))
 
 
 def _npz_count(member: NpzMember) -> int:
