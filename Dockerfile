@@ -17,7 +17,7 @@ COPY pipelines ./pipelines
 COPY loaders ./loaders
 COPY scheduling ./scheduling
 RUN pip install --no-cache-dir -c constraints.txt ".[pipelines]" \
- && python -m pipelines.registry --check  # every registered converter and its workers' modules import
+ && python -c "from pipelines import registry; registry.check()"  # every converter and its workers' modules import
 
 # The Beam SDK harness stays the entry point.
 ENTRYPOINT ["/opt/apache/beam/boot"]

@@ -2,7 +2,7 @@
 
 The CLIs (`python -m pipelines.<name>`), the Airflow DAG factory
 (scheduling.airflow_dags), Dataflow packaging and the Docker image check
-(`python -m pipelines.registry --check`), and the tests that run every
+(`python -c "from pipelines import registry; registry.check()"`), and the tests that run every
 converter all read `CONVERTERS`. Plain data, no Beam import: a scheduler can
 read it without loading the converters. Adding a converter is one line here
 and a subpackage `pipelines/<name>/` whose `__init__` defines `CONVERTER`
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import sys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +81,3 @@ def check() -> None:
     for module in entry.worker_imports:
       importlib.import_module(module)
 
-
-if __name__ == "__main__":
-  if sys.argv[1:] != ["--check"]:
-    sys.exit("usage: python -m pipelines.registry --check")
-  check()
-  print(f"registry: {', '.join(CONVERTERS)} import with their worker dependencies")

@@ -55,6 +55,8 @@ class ArrayFolderConfig:
   dtype: str
 
   def __post_init__(self):
+    if self.dtype in ("", "None"):
+      raise ValueError(f"--dtype is required: one of {', '.join(_DTYPES)}")
     if self.dtype not in _DTYPES:
       raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
     if any(d <= 0 for d in self.shape):
@@ -169,6 +171,17 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
                                for n in sorted(strays)))
 
   def expand(self, p: beam.Pipeline, common: CommonConfig, config: ArrayFolderConfig, plan: OutputPlan) -> Records:
+    """See Converter.expand: split folders listed by the workers, each `.npy` file read by `_ArrayUnits`.
+
+    Args:
+      p: the pipeline the steps are added to.
+      common: the input root and the read policy.
+      config: the shape and dtype every array must have.
+      plan: the split folders and the top-level strays already rejected.
+
+    Returns:
+      One record per array, the rejects, and the count of entries found.
+    """
     listed = (
         p
         | "SplitFolders" >> beam.Create([(s, inputs.InputFile.of(fs.join(common.input, s))) for s in plan.splits])

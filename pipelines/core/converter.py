@@ -33,6 +33,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from formats import kinds
 from formats.features import Features
 from pipelines.core import flags
 from pipelines.core.flags import CommonConfig
@@ -176,6 +177,7 @@ class Converter(abc.ABC):
       UsageError: `plan` found an input that cannot be converted at all.
     """
     plan = self.plan(common, config)
+    kinds.check(plan.kind or self.kind, plan.features)  # a converter's own mistake, found before anything runs
     spec = OutputSpec(
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
         splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
@@ -228,7 +230,7 @@ class _ConvertUnitsFn(beam.DoFn):
     self._converter.setup()
     self._units = Metrics.counter(self._namespace, "units_converted")
     self._records = Metrics.counter(self._namespace, "records_made")
-    self._rejects = Metrics.counter(self._namespace, "units_rejected")
+    self._rejects = Metrics.counter(self._namespace, "rejects_made")
 
   def process(self, unit, **side_inputs):
     self._units.inc()

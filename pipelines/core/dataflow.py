@@ -21,6 +21,7 @@ import importlib.metadata
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,9 +101,21 @@ def build_wheel(out_dir: str) -> str:
   if root is None:
     raise UsageError("cannot build the toolkit for the workers (not running from its source tree): "
                      "pass --sdk_container_image (see the Dockerfile) or --extra_package")
-  result = subprocess.run(
-      [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out_dir, root],
-      capture_output=True, text=True)
+  # Built from a clean copy of the sources: setuptools would pack whatever an earlier build left
+  # in the tree's build/ folder (modules since moved or deleted) into the workers' wheel.
+  src = tempfile.mkdtemp(prefix="toolkit-src-")
+  try:
+    for name in sorted(os.listdir(root)):
+      path = os.path.join(root, name)
+      if name in ("pyproject.toml", "README.md"):
+        shutil.copy(path, src)
+      elif name != "tests" and os.path.isfile(os.path.join(path, "__init__.py")):  # a package
+        shutil.copytree(path, os.path.join(src, name), ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out_dir, src],
+        capture_output=True, text=True)
+  finally:
+    shutil.rmtree(src, ignore_errors=True)
   wheels = [f for f in os.listdir(out_dir) if f.endswith(".whl")]
   if result.returncode != 0 or len(wheels) != 1:
     raise RuntimeError(f"building the toolkit's wheel failed: {result.stderr.strip()[-2000:]}")

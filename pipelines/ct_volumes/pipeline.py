@@ -316,6 +316,17 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
                 "max_volume_voxels": config.max_volume_voxels})
 
   def expand(self, p: beam.Pipeline, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> Records:
+    """See Converter.expand: headers per file, grouped into series and planned, then one volume per series.
+
+    Args:
+      p: the pipeline the steps are added to.
+      common: the input tree and the read policy.
+      config: the salt, splits, dtype policy, tolerance and size limits.
+      plan: unused beyond the shared spec (CT lists its whole tree on the workers).
+
+    Returns:
+      One record per volume, the rejected files, the frame accounting and the run-time schema.
+    """
     features_by_dtype = {d: volume_features(d) for d in ("int16", "float32")}
     read_policy = common.read_policy
     listed = (

@@ -43,19 +43,21 @@ class ImageOptions:
   max_pixels: int = MAX_PIXELS  # width x height above which an image is rejected unread
 
   def __post_init__(self):
-    # The messages name the command-line flags: the converter's flag checks are these.
+    # The messages name the command-line flags: the converter's flag checks are these, in this order.
+    if self.size is not None:
+      shown = f"'{self.size[0]},{self.size[1]}'" if len(self.size) == 2 else repr(self.size)
+      if len(self.size) != 2 or min(self.size) <= 0:
+        raise ValueError(f"--image_size must be H,W with positive integers, got {shown}")
+      if max(self.size) > MAX_IMAGE_SIDE:
+        raise ValueError(f"--image_size sides must be <= {MAX_IMAGE_SIDE}, got {shown}")
+    if self.max_pixels < 1:
+      raise ValueError(f"--max_image_pixels must be >= 1, got {self.max_pixels}")
     if self.encoding not in ("jpeg", "raw"):
       raise ValueError(f"--encoding must be jpeg or raw, got {self.encoding!r}")
-    if self.size is not None and (len(self.size) != 2 or min(self.size) <= 0):
-      raise ValueError(f"--image_size must be H,W with positive integers, got {self.size}")
-    if self.size is not None and max(self.size) > MAX_IMAGE_SIDE:
-      raise ValueError(f"--image_size sides must be <= {MAX_IMAGE_SIDE}, got {self.size}")
     if self.encoding == "raw" and self.size is None:
       raise ValueError("--encoding=raw needs --image_size=H,W (raw pixels must have a fixed shape)")
     if not 1 <= self.jpeg_quality <= 100:
       raise ValueError(f"--jpeg_quality must be in [1, 100], got {self.jpeg_quality}")
-    if self.max_pixels < 1:
-      raise ValueError(f"--max_image_pixels must be >= 1, got {self.max_pixels}")
 
 
 class Converted(NamedTuple):

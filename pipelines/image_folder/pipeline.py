@@ -182,6 +182,16 @@ def _summarize_inputs(_, counts, folders, num_launcher_rejects, num_launcher_und
   return InputSummary(sum(per_folder.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
 
 
+def _size_flag(text: str | None) -> tuple[int, int] | None:
+  """--image_size "H,W" → (H, W); None when not given. Raises UsageError when it is not two integers."""
+  if not text:
+    return None
+  m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", text)
+  if not m:
+    raise UsageError(f"--image_size must be H,W with positive integers, got {text!r}")
+  return int(m[1]), int(m[2])
+
+
 class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions,
                   input_kind="a folder of class folders"):
   """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
@@ -196,18 +206,13 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     Raises:
       UsageError: one of those flags has a bad value (for example raw encoding without a size).
     """
-    size = None
-    if o.image_size:
-      m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", o.image_size)
-      if not m:
-        raise UsageError(f"--image_size must be H,W with positive integers, got {o.image_size!r}")
-      size = (int(m[1]), int(m[2]))
-    try:
-      return ImageFolderConfig(
-          image=imaging.ImageOptions(size=size, encoding=o.encoding,
-                                     jpeg_quality=int_flag("jpeg_quality", o.jpeg_quality, 1),
-                                     max_pixels=int_flag("max_image_pixels", o.max_image_pixels, 1)),
-          layout=o.layout)
+    try:  # built step by step so that flags are checked in the order they always were
+      config = ImageFolderConfig(image=imaging.ImageOptions(), layout=o.layout)
+      image = imaging.ImageOptions(size=_size_flag(o.image_size))
+      image = dataclasses.replace(image, max_pixels=int_flag("max_image_pixels", o.max_image_pixels, 1),
+                                  encoding=o.encoding)
+      image = dataclasses.replace(image, jpeg_quality=int_flag("jpeg_quality", o.jpeg_quality, 1))
+      return dataclasses.replace(config, image=image)
     except ValueError as e:
       raise UsageError(str(e)) from None
 
@@ -244,6 +249,17 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     )
 
   def expand(self, p: beam.Pipeline, common: CommonConfig, config: ImageFolderConfig, plan: OutputPlan) -> Records:
+    """See Converter.expand: class folders listed by the workers, each file converted by `_ImageUnits`.
+
+    Args:
+      p: the pipeline the steps are added to.
+      common: the read policy for listing and reading the images.
+      config: the image options each file is converted with.
+      plan: its `state` is the `InputLayout` found at launch.
+
+    Returns:
+      The images' records and rejects, with the input accounting (files per class folder).
+    """
     layout: InputLayout = plan.state
     folders = [(s, c, layout.folder(s, c)) for s in plan.splits for c in layout.class_dirs[s]]
     listed = (

@@ -97,7 +97,7 @@ def test_a_rerun_is_byte_identical(tmp_path):
     ([], "--shape is required"),
     (["--shape=3,x", "--dtype=float32"], "--shape is required: D0,D1"),
     (["--shape=3,0", "--dtype=float32"], "--shape sides must be positive"),
-    (["--shape=3,4"], "--dtype must be one of"),
+    (["--shape=3,4"], "--dtype is required"),
     (["--shape=3,4", "--dtype=object"], "--dtype must be one of"),
 ])
 def test_bad_flags_are_usage_errors(tmp_path, flags, message):

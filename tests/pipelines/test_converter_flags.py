@@ -39,6 +39,22 @@ def test_image_folder_flags(folder, tmp_path, args, message):
   _refused(image_folder.run, ["--input={src}", "--output={out}", *args], message, folder, str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("args,message", [  # whole messages, as the CLI has always printed them
+    (["--image_size=0,5"], "--image_size must be H,W with positive integers, got '0,5'"),
+    (["--image_size=20000,10"], "--image_size sides must be <= 16384, got '20000,10'"),
+    (["--image_size=224"], "--image_size must be H,W with positive integers, got '224'"),
+    (["--jpeg_quality=101"], "--jpeg_quality must be in [1, 100], got 101"),
+    # with two bad flags, the one checked first by the converter before the redesign
+    (["--layout=bad", "--encoding=bad"], "--layout must be auto, classes or splits, got 'bad'"),
+    (["--jpeg_quality=x", "--encoding=bad"], "--encoding must be jpeg or raw, got 'bad'"),
+    (["--image_size=0,5", "--max_image_pixels=x"], "--image_size must be H,W with positive integers, got '0,5'"),
+])
+def test_image_folder_flag_messages_are_unchanged(folder, tmp_path, args, message):
+  with pytest.raises(UsageError) as e:
+    image_folder.run([f"--input={folder}", f"--output={tmp_path / 'out'}", *args])
+  assert str(e.value) == message
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "--id_salt is required"),
     (["--id_salt=x", "--splits=train=0.5"], "sum to 1"),
