@@ -88,8 +88,8 @@ class _ReadEdgesFn(beam.DoFn):
     self._edges = Metrics.counter(PIPELINE, "edges_read")
 
   def process(self, source: EdgeSource):
-    part_size = self._plan.part_size[source.relation]
     key_rel = ("csc:" if source.reverse else "") + source.relation
+    part_size = self._plan.rows_per_partition(key_rel)
     for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat")):
       self._edges.inc(len(src))
       # As the section stores them (docs/graphbin.md): `edge/feat` as features, other edge files as OGB types them.
@@ -129,7 +129,7 @@ class _BuildPartFn(beam.DoFn):
     (key_rel, p), chunks = element
     chunks = sorted(chunks, key=lambda c: c[0])  # file order, whatever order the shuffle gave
     relation = key_rel.removeprefix("csc:")
-    part_size = self._plan.part_size[relation]
+    part_size = self._plan.rows_per_partition(key_rel)
     src = np.concatenate([c[1] for c in chunks])
     dst = np.concatenate([c[2] for c in chunks])
     extras = {}
@@ -267,7 +267,7 @@ class _AssembleFn(beam.DoFn):
     head, tail = relation_types(relation)
     rows_type, cols_type = (tail, head) if reverse else (head, tail)
     n_rows, n_cols = plan.num_nodes[rows_type], plan.num_nodes[cols_type]
-    part_size = plan.part_size[relation]
+    part_size = plan.rows_per_partition(("csc:" if reverse else "") + relation)
     num_parts = max(1, math.ceil(n_rows / part_size))
     total = sum(c for c, _ in parts.values())
     prefix = ("csc/" if reverse else "") + (f"rel/{relation}/" if relation else "")

@@ -75,6 +75,26 @@ class GraphPlan:
   part_size: dict[str, int]  # relation -> nodes per partition
   node_count_file: str = ""  # the file that says how many nodes each type has
   allow_nonfinite: bool = False  # --allow_nonfinite
+  edges_per_partition: int = 0  # --edges_per_partition (0: plans made without it size by `part_size` only)
+
+  def rows_per_partition(self, key: str) -> int:
+    """Rows of one sort partition of the CSR `key` ("<relation>", or "csc:<relation>" for its CSC).
+
+    A CSC's rows are the relation's tail type: sized by that type's node count, so that a partition
+    holds about --edges_per_partition edges however many nodes the head type has.
+
+    Args:
+      key: the relation, prefixed "csc:" for the reverse (in-neighbour) CSR.
+
+    Returns:
+      The rows per partition, at least 1.
+    """
+    relation = key.removeprefix("csc:")
+    head, tail = relation_types(relation)
+    if key == relation or head == tail or not self.edges_per_partition:
+      return self.part_size[relation]
+    return nodes_per_partition(self.num_nodes[tail], self.num_edges[relation] * (2 if self.add_inverse else 1),
+                               self.edges_per_partition)
 
   def nonfinite(self, section: str) -> str:
     """What a float cell of `section` may hold: see read_csv_chunks' `nonfinite`.
@@ -197,7 +217,7 @@ def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition:
     OgbFormatError: a count file or `.npz` header is malformed or inconsistent.
   """
   plan = _plan_graph(root, name, add_inverse_flag, edges_per_partition)
-  return dataclasses.replace(plan, allow_nonfinite=allow_nonfinite)
+  return dataclasses.replace(plan, allow_nonfinite=allow_nonfinite, edges_per_partition=edges_per_partition)
 
 
 def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int) -> GraphPlan:
