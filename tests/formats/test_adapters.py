@@ -6,6 +6,7 @@ import pytest
 
 from formats import adapters, tfrecord
 from formats.errors import CorruptRecordError, TFRecordCorruptError
+from tests.damage import flip_byte
 
 PAYLOADS = [b"", b"a", b"hello" * 1000, bytes(range(256))]
 
@@ -43,17 +44,10 @@ def tfrecord_file(tmp_path):
   return path
 
 
-def _flip(path: str, at: int) -> None:
-  with open(path, "r+b") as f:
-    f.seek(at)
-    byte = f.read(1)
-    f.seek(at)
-    f.write(bytes([byte[0] ^ 0xFF]))
-
 
 def test_a_flipped_payload_byte_is_named_by_record(tfrecord_file):
   adapter = adapters.get("tfrecord")
-  _flip(tfrecord_file, _record_offsets(tfrecord_file)[2] + 7)
+  flip_byte(tfrecord_file, _record_offsets(tfrecord_file)[2] + 7)
   with adapter.open_random(tfrecord_file) as f:  # the index reads headers only
     assert f.read(1) == PAYLOADS[1]
     with pytest.raises(CorruptRecordError, match=f"{tfrecord_file}: record 2: bad data checksum"):
@@ -65,7 +59,7 @@ def test_a_flipped_payload_byte_is_named_by_record(tfrecord_file):
 
 def test_a_damaged_length_is_named_by_record_and_byte(tfrecord_file):
   at = _record_offsets(tfrecord_file)[3] - 12  # record 3's length field
-  _flip(tfrecord_file, at)
+  flip_byte(tfrecord_file, at)
   with pytest.raises(TFRecordCorruptError, match=f"{tfrecord_file}: record 3: bad length checksum at byte {at}"):
     adapters.get("tfrecord").open_random(tfrecord_file)
   assert adapters.get("tfrecord").locate_damage(tfrecord_file) == f"record 3: bad length checksum at byte {at}"

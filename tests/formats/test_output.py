@@ -14,6 +14,7 @@ from formats.graphbin import GraphBinWriter
 from formats.manifest import FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
 from formats.naming import ShardName
 from formats.output import Output, is_output, load_manifest, open_output
+from tests.damage import flip_byte
 
 FEATURES = Features({"image": Image(), "label": ClassLabel(("cat", "dog")), "file_name": Text()})
 
@@ -38,13 +39,6 @@ def make_output(root: str, file_format: str = "tfrecord", sizes=(3, 2), kind: st
   files.write_bytes(os.path.join(root, "manifest.json"), manifest.dumps())
   return manifest
 
-
-def _flip(path: str, at: int) -> None:
-  with open(path, "r+b") as f:
-    f.seek(at)
-    b = f.read(1)
-    f.seek(at)
-    f.write(bytes([b[0] ^ 0xFF]))
 
 
 def test_a_folder_without_a_manifest_is_not_an_output(tmp_path):
@@ -94,7 +88,7 @@ def test_verify_finds_a_flipped_byte(tmp_path):
   manifest = make_output(root)
   shard = manifest.splits["train"].shards[1]
   path = os.path.join(root, shard.path)
-  _flip(path, tfrecord.index(path)[0][1] + 2)  # inside record 1's payload
+  flip_byte(path, tfrecord.index(path)[0][1] + 2)  # inside record 1's payload
   report = io.StringIO()
   assert open_output(root).verify(report) == 1
   lines = report.getvalue().splitlines()
@@ -108,7 +102,7 @@ def test_local_copy_names_the_damaged_record(tmp_path):
   out = open_output(root)
   shard = out.shards("train")[0]
   path = out.shard_path(shard)
-  _flip(path, os.path.getsize(path) - 1)  # the last record's data checksum
+  flip_byte(path, os.path.getsize(path) - 1)  # the last record's data checksum
   assert out.local_copy(shard, verify="size") == path
   with pytest.raises(CorruptRecordError, match=r"record 2 at byte \d+: bad data checksum"):
     out.local_copy(shard)
@@ -140,7 +134,7 @@ def test_a_graph_output_has_files_not_shards(tmp_path):
   with pytest.raises(ValueError, match="holds a graphbin output, not record shards"):
     out.open_records("train")
   assert out.verify(io.StringIO()) == 0
-  _flip(path, 70)
+  flip_byte(path, 70)
   report = io.StringIO()
   assert out.verify(report) == 1 and "fails its checksum" in report.getvalue()
 

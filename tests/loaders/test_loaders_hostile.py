@@ -9,17 +9,20 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
-from PIL import Image as PILImage
-import pytest
-
 import make_sample_ogb as mo
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
 from formats import tfrecord
 from formats.graphbin import META, GraphBin, GraphBinWriter
 from formats.manifest import MANIFEST_FILENAME
-from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, graph as lg, tfdata
+from loaders import CorruptRecordError, ShardedRecords, tfdata
+from loaders import grain as grain_loader
+from loaders import graph as lg
 from pipelines import image_folder, ogb_graphs
 from tests.conftest import REPO
+from tests.damage import flip_byte
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +77,7 @@ def test_tfdata_damaged_record_names_the_shard_and_record(outputs, tmp_path):
   out = _copy(outputs["tfrecord"], tmp_path / "broken")
   shard = _shard(out)
   at = _record_offsets(shard)[1] + 20  # inside record 1's payload; the size is unchanged
-  with open(shard, "r+b") as f:
-    f.seek(at)
-    byte = f.read(1)
-    f.seek(at)
-    f.write(bytes([byte[0] ^ 0xFF]))
+  flip_byte(shard, at)
   with pytest.raises(CorruptRecordError) as e:
     _ids(tfdata.dataset(out, batch_size=1, image_size=(8, 8), shuffle=False))
   msg = str(e.value)
@@ -241,6 +240,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from loaders import xla
 from loaders import CorruptRecordError
+from tests.damage import flip_byte
 try:
   xla.device_loader(sys.argv[2], batch_size=2, shard_index=0, shard_count=1, num_threads=1)
   refused = ""

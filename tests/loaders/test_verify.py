@@ -10,7 +10,9 @@ import pytest
 from formats import integrity
 from formats.errors import GraphBinError
 from formats.graphbin import GraphBin, GraphBinWriter
-from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, load_graph
+from loaders import CorruptRecordError, ShardedRecords, load_graph
+from loaders import grain as grain_loader
+from tests.damage import flip_byte
 from tests.loaders import tensors_output
 
 
@@ -21,17 +23,10 @@ def _output(tmp_path, fmt: str = "tfrecord") -> tuple[str, str]:
   return out, records.output.shard_path(records.output.shards("train")[0])
 
 
-def _flip(path: str, at: int) -> None:
-  with open(path, "r+b") as f:
-    f.seek(at)
-    byte = f.read(1)
-    f.seek(at)
-    f.write(bytes([byte[0] ^ 0xFF]))
-
 
 def test_a_changed_byte_is_refused_at_sha256_naming_the_record(tmp_path):
   out, shard = _output(tmp_path)
-  _flip(shard, 40)  # inside record 0's payload: the size is unchanged
+  flip_byte(shard, 40)  # inside record 0's payload: the size is unchanged
   with pytest.raises(CorruptRecordError) as e:
     ShardedRecords(out)
   msg = str(e.value)
@@ -85,7 +80,7 @@ def test_a_bare_graphbin_is_proven_by_its_section_checksums(tmp_path):
     w.add("indptr", np.array([0, 1, 2, 3, 4], np.int64))
     w.add("indices", np.array([1, 2, 3, 0], np.int32))
   assert load_graph(path).num_edges == 4
-  _flip(path, GraphBin(path).sections["indices"].offset)  # a section's data, not the table
+  flip_byte(path, GraphBin(path).sections["indices"].offset)  # a section's data, not the table
   with pytest.raises(GraphBinError, match="fails its checksum"):
     load_graph(path)
   for verify in ("size", "none"):  # without a manifest there is nothing to compare the size with
