@@ -10,7 +10,7 @@ its `configure` with the helpers here (`int_flag`, `bool_flag`, ...).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
 import importlib
 import os
@@ -336,13 +336,15 @@ class CommonConfig:
       raise ValueError(f"num_shards and seed must be >= 0, got {self.num_shards} and {self.seed}")
 
 
-def common_config(options: PipelineOptions, input_kind: str, name: str | None = None) -> CommonConfig:
+def common_config(options: PipelineOptions, input_kind: str, name: str | None = None,
+                  name_rule: Callable[[str | None, str], str] | None = None) -> CommonConfig:
   """The shared flags of `options`, checked, as a `CommonConfig`.
 
   Args:
     options: the parsed options.
     input_kind: what --input should be, for the "--input is required" message.
-    name: the data set name when the converter derives its own; else --name or the input folder's name.
+    name: the data set name when the caller already has it.
+    name_rule: (--name, checked input root) -> the data set name; `dataset_name` when None.
 
   Returns:
     The `CommonConfig`, without the launcher's `generation` and `expected`.
@@ -353,6 +355,6 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
   c = options.view_as(ConverterOptions)
   root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind)
   return CommonConfig(
-      input=root, output=output, name=name or dataset_name(c.name, root),
+      input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
       file_format=check_file_format(c.file_format), num_shards=int_flag("num_shards", c.num_shards, 0),
       seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options))

@@ -92,9 +92,8 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
     Raises:
       UsageError: a shared flag is bad, or the derived name is not a valid data set name.
     """
-    common = common_config(options, self.input_kind, name="x")  # the flags' checks; the name follows
-    name = dataset_name(_ogb_name(options, common.input).replace("-", "_"), common.input)
-    return dataclasses.replace(common, name=name)
+    return common_config(options, self.input_kind, name_rule=lambda _, root: dataset_name(
+        _ogb_name(options, root).replace("-", "_"), root))
 
   def configure(self, o: OgbGraphsOptions, common: CommonConfig) -> OgbGraphsConfig:
     """See Converter.configure.
