@@ -51,7 +51,7 @@ class DeviceLoader:
       with self._lock:
         self._produced += 1
         self._states[self._produced] = state
-      yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+      yield {k: _tensor(torch, v) for k, v in batch.items()}
 
   def __iter__(self):
     for batch in self._loader:
@@ -72,6 +72,14 @@ class DeviceLoader:
     """
     with self._lock:
       return dict(self._states[self._delivered])
+
+
+def _tensor(torch, value: np.ndarray):
+  """A torch tensor sharing `value`'s memory; bfloat16 (ml_dtypes, unknown to torch.from_numpy) by its bits."""
+  value = np.ascontiguousarray(value)
+  if value.dtype.name == "bfloat16":
+    return torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
+  return torch.from_numpy(value)
 
 
 class _TorchBatches:

@@ -1,11 +1,14 @@
 """Fixed-fanout uniform neighbour sampling with static shapes: `NeighborSampler` and its budgets. No framework.
 
-Sampling is uniform with replacement and a fixed fanout per hop, vectorised
-over the whole frontier (no Python loop per node). Nodes found at each hop
-are de-duplicated and relabelled to local ids: the seeds are local ids
-0..B-1, then each hop's new nodes. Every batch has the same shapes: each hop
-has a fixed budget of frontier nodes and edges (padded, with masks), so XLA
-compiles once. A node without neighbours yields masked padding edges.
+Sampling is uniform with replacement and a fixed fanout per hop, in the
+compiled kernel of loaders._kernel (numba, GIL released: sampler threads run
+in parallel). Nodes found at each hop are de-duplicated and relabelled to
+local ids: the seeds are local ids 0..B-1, then each hop's new nodes in order
+of first draw. Every batch has the same shapes: each hop has a fixed budget of
+frontier nodes and edges (padded, with masks), so XLA compiles once. A node
+without neighbours yields masked padding edges. The draws of a batch come from
+a counter-based random stream keyed by (seed, epoch, batch, shard, hop): a
+batch is the same whichever thread samples it, in whatever order.
 """
 
 from __future__ import annotations
@@ -69,18 +72,24 @@ class NeighborSampler:
     x [Nb, F], y [B, ...]                          features of all local nodes, labels of the seeds
     edge_index_<h> [2, E_h] int32, edge_mask_<h>   hop h: row 0 the sampled neighbour, row 1 the
                                                    frontier node it was sampled for (local ids)
-  Deterministic for (seed, epoch, i); seeds are reshuffled every epoch and split
-  disjointly over `shard_count` shards, each with the same number of batches.
-  With gather_features=False the batch has no `x`: gather on the accelerator from
-  a feature table kept there (the host then moves ids, not features).
-  `node_budget` shrinks the node dimension below the worst case (x is
-  node_budget x F); a batch that would need more raises instead of truncating.
+  Deterministic for (seed, epoch, i) whatever thread computes it; seeds are
+  reshuffled every epoch and split disjointly over `shard_count` shards, each
+  with the same number of batches. With gather_features=False the batch has no
+  `x`: gather on the accelerator from a feature table kept there (the host then
+  moves ids, not features). `node_budget` shrinks the node dimension below the
+  worst case (x is node_budget x F; `observed_node_budget` suggests one); a
+  batch that would need more raises instead of truncating.
+
+  `x` comes from a pool of reused buffers (loaders._features): it stays valid
+  for as long as the caller holds it, and its memory is reused once nothing
+  refers to it.
   """
 
   def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024,
                seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
                seed_nodes: np.ndarray | None = None, gather_features: bool = True,
-               node_budget: int | None = None):
+               node_budget: int | None = None, feature_dtype=None, gather_threads: int = 1,
+               in_memory: bool | None = None):
     """Prepares sampling over `split`'s seed nodes.
 
     Args:
@@ -93,11 +102,17 @@ class NeighborSampler:
       seed_nodes: the seeds themselves, instead of `split`.
       gather_features: put node features (`x`) in the batch.
       node_budget: a node dimension below the worst case.
+      feature_dtype: the dtype of `x` (default the file's); "bfloat16" halves the bytes gathered and moved.
+      gather_threads: threads sharing each batch's feature gather.
+      in_memory: copy the CSR and the features into process memory (default: when they take at most
+        half of the available memory; False: always read through the memory-mapped file).
 
     Raises:
-      ValueError: a bad fanout, batch size, shard or node budget, or a graph without a CSR.
+      ValueError: a bad fanout, batch size, shard, node budget or thread count, or a graph without a CSR.
       KeyError: the graph has no such split.
     """
+    from loaders import _features
+
     if not fanouts or any(int(k) < 1 for k in fanouts):
       raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
     if batch_size < 1:
@@ -115,10 +130,14 @@ class NeighborSampler:
     self.per_shard = len(self.seed_nodes) // shard_count  # equal on every shard: XLA needs it
     self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
     self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes, node_budget)
-    # plain ndarray views of the mapping: fancy indexing skips memmap.__getitem__
-    self._indptr = np.asarray(graph.indptr)
-    self._indices = np.asarray(graph.indices)
-    self._features = np.asarray(graph.node_features) if graph.node_features is not None else None
+    csr_bytes = graph.indptr.nbytes + graph.indices.nbytes
+    resident = _features.keep_in_memory(csr_bytes, in_memory)
+    self._indptr = _features.to_memory(graph.indptr) if resident else np.asarray(graph.indptr)
+    self._indices = _features.to_memory(graph.indices) if resident else np.asarray(graph.indices)
+    if len(self._indices) == 0:
+      self._indices = np.zeros(1, self._indices.dtype)  # positions are never drawn from empty rows
+    self._gather = (_features.FeatureGather(graph.node_features, self.budgets.nodes, feature_dtype,
+                                            gather_threads, in_memory) if self.gather_features else None)
     self._labels = np.asarray(graph.labels) if graph.labels is not None else None
     self._id = index_dtype(graph.num_nodes)  # local ids and the global -> local table
     self._unknown = np.iinfo(self._id).max
@@ -169,17 +188,37 @@ class NeighborSampler:
       RuntimeError: the batch needs more local nodes than `node_budget`.
     """
     seeds = self._batch_seeds(index, epoch)
-    rng = np.random.default_rng([self.seed, epoch, index, self.shard_index])
-    out, node_ids, num_local = self._sample_hops(seeds, rng, index)
+    out, node_ids, num_local = self._sample_hops(seeds, epoch, index)
     ids, node_mask = self._local_nodes(len(seeds), node_ids, num_local)
     out["seeds"] = ids[:self.batch_size].copy()
     out["seed_mask"] = node_mask[:self.batch_size].copy()
     out["node_ids"], out["node_mask"] = ids, node_mask
-    if self.gather_features:
-      out["x"] = self._gather_features(len(seeds), node_ids, num_local)
+    if self._gather is not None:
+      out["x"] = self._gather(node_ids, [(0, len(seeds)), (self.batch_size, num_local)])
     if self._labels is not None:
       out["y"] = self._seed_labels(seeds)
     return out
+
+  def observed_node_budget(self, num_batches: int = 8, margin: float = 1.25, epoch: int = 0) -> int:
+    """A node budget sized from sampled batches: the most local nodes any of them needed, times `margin`.
+
+    Pass it as `node_budget` to a new sampler: `x` (and the host's gather and the transfer) shrinks to
+    what batches need in practice; a rare batch that needs more still raises, naming the budget.
+
+    Args:
+      num_batches: batches of `epoch` sampled (spread over the epoch).
+      margin: headroom over the largest batch seen.
+      epoch: the epoch they are drawn from.
+
+    Returns:
+      The suggested node budget (at most the worst case).
+    """
+    picks = np.unique(np.linspace(0, max(self.num_batches - 1, 0), num_batches).astype(int))
+    most = 0
+    for i in picks[:self.num_batches]:
+      _, _, num_local = self._sample_hops(self._batch_seeds(int(i), epoch), epoch, int(i))
+      most = max(most, num_local)
+    return min(self.budgets.nodes, max(self.batch_size, math.ceil(most * margin)))
 
   def _batch_seeds(self, index: int, epoch: int) -> np.ndarray:
     """The seeds of batch `index` of `epoch` (the last batch may be short); IndexError outside the epoch."""
@@ -187,8 +226,7 @@ class NeighborSampler:
       raise IndexError(f"batch {index} outside [0, {self.num_batches})")
     return self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
 
-  def _sample_hops(self, seeds: np.ndarray, rng: np.random.Generator,
-                   index: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+  def _sample_hops(self, seeds: np.ndarray, epoch: int, index: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """Samples every hop out from `seeds`, relabelling the nodes found to local ids.
 
     Returns each hop's `edge_index_<h>`/`edge_mask_<h>`, the global id of
@@ -196,84 +234,34 @@ class NeighborSampler:
     batch_size on) and the end of the local ids used. The thread's global ->
     local table is reset to unknown for those nodes on the way out.
     """
+    from loaders import _kernel
+
     B, idt, table = self.batch_size, self._id, self._table()
     out: dict[str, np.ndarray] = {}
     node_ids = np.zeros(self.budgets.nodes, idt)
-    node_ids[:len(seeds)] = seeds
-    table[seeds] = np.arange(len(seeds), dtype=idt)
+    _kernel.place(seeds.astype(idt, copy=False), table, node_ids, 0)
     num_local = B  # seeds own local ids 0..B-1 (padding included)
     f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
     try:
       for hop, k in enumerate(self.fanouts):
-        nbr, valid = self._draw_neighbours(node_ids[f_lo:f_hi], k, rng)
-        loc, n_new = self._relabel(nbr, valid, table, node_ids, num_local, index, hop)
-        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = self._hop_edges(hop, loc, valid, f_lo, f_hi)
+        edge_index = np.zeros((2, self.budgets.edges[hop]), np.int32)
+        edge_mask = np.zeros(self.budgets.edges[hop], bool)
+        key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop)
+        n_new = _kernel.sample_hop(self._indptr, self._indices, node_ids[f_lo:f_hi], k, key, table, node_ids,
+                                   num_local, self.budgets.nodes, self._unknown, edge_index[0], edge_index[1],
+                                   edge_mask, f_lo)
+        if n_new == _kernel.OVERFLOW:  # only with a node_budget below the worst case
+          raise RuntimeError(f"batch {index}, hop {hop}: more than node_budget={self.budgets.nodes} local nodes; "
+                             f"raise it (the worst case is "
+                             f"{budgets(self.batch_size, self.fanouts, self.graph.num_nodes).nodes})")
+        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
         next_budget = self.budgets.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
         f_lo, f_hi = num_local, num_local + min(n_new, next_budget)
         num_local += n_new
     finally:
-      table[node_ids[:len(seeds)]] = self._unknown
-      table[node_ids[B:num_local]] = self._unknown
+      _kernel.reset(table, node_ids, 0, len(seeds), self._unknown)
+      _kernel.reset(table, node_ids, B, num_local, self._unknown)
     return out, node_ids, num_local
-
-  def _draw_neighbours(self, frontier: np.ndarray, k: int,
-                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
-    """`k` uniform draws with replacement from each frontier node's neighbours.
-
-    Returns the drawn global ids (frontier-major, `k` per node) and which
-    draws are real: None when all are, else False where the node has no
-    neighbours (those ids are placeholders).
-    """
-    indptr, indices = self._indptr, self._indices
-    start = indptr[frontier]
-    deg = indptr[frontier + 1] - start
-    pos = (start[:, None] + (rng.random((len(frontier), k), dtype=np.float32) * deg[:, None]).astype(np.int64))
-    pos = pos.reshape(-1)
-    has = deg > 0
-    valid = None if has.all() else np.repeat(has, k)
-    if valid is not None:
-      np.minimum(pos, max(len(indices) - 1, 0), out=pos)
-    nbr = indices[pos].astype(self._id, copy=False) if len(indices) else np.zeros(len(pos), self._id)
-    return nbr, valid
-
-  def _relabel(self, nbr: np.ndarray, valid: np.ndarray | None, table: np.ndarray, node_ids: np.ndarray,
-               num_local: int, index: int, hop: int) -> tuple[np.ndarray, int]:
-    """Local ids of the drawn nodes, giving each node not seen before the next free id in order of first draw.
-
-    The new nodes' global ids go to `node_ids[num_local:]` and their local
-    ids into `table`. Returns the local id of every draw and how many nodes
-    are new; RuntimeError when they would pass the node budget.
-    """
-    idt = self._id
-    loc = table[nbr]
-    new = loc == self._unknown
-    if valid is not None:
-      new &= valid
-    cand = nbr[new]
-    order = np.arange(len(cand), dtype=idt)
-    np.minimum.at(table, cand, order)  # the first occurrence of each new node wins
-    new_global = cand[table[cand] == order]
-    n_new = len(new_global)
-    if num_local + n_new > self.budgets.nodes:  # only with a node_budget below the worst case
-      table[cand] = self._unknown  # the caller's reset covers only nodes already placed: leave the table clean
-      raise RuntimeError(f"batch {index}, hop {hop}: {num_local + n_new} local nodes exceed "
-                         f"node_budget={self.budgets.nodes}; raise it (the worst case is "
-                         f"{budgets(self.batch_size, self.fanouts, self.graph.num_nodes).nodes})")
-    table[new_global] = np.arange(num_local, num_local + n_new, dtype=idt)
-    loc[new] = table[cand]
-    node_ids[num_local:num_local + n_new] = new_global
-    return loc, n_new
-
-  def _hop_edges(self, hop: int, loc: np.ndarray, valid: np.ndarray | None,
-                 f_lo: int, f_hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Hop `hop`'s edges padded to its budget: [2, E] int32 (drawn node, frontier node) and the mask of real ones."""
-    e_budget, n_e = self.budgets.edges[hop], len(loc)
-    edge_index = np.zeros((2, e_budget), np.int32)
-    edge_index[0, :n_e] = loc if valid is None else np.where(valid, loc, 0)
-    edge_index[1, :n_e] = np.repeat(np.arange(f_lo, f_hi, dtype=np.int32), self.fanouts[hop])
-    edge_mask = np.zeros(e_budget, bool)
-    edge_mask[:n_e] = True if valid is None else valid
-    return edge_index, edge_mask
 
   def _local_nodes(self, n_seeds: int, node_ids: np.ndarray, num_local: int) -> tuple[np.ndarray, np.ndarray]:
     """Every local node's global id as int64, 0 in the padding, and the mask of live nodes."""
@@ -285,16 +273,6 @@ class NeighborSampler:
     ids[:n_seeds] = node_ids[:n_seeds]
     ids[B:num_local] = node_ids[B:num_local]
     return ids, node_mask
-
-  def _gather_features(self, n_seeds: int, node_ids: np.ndarray, num_local: int) -> np.ndarray:
-    """`x`: the live local nodes' feature rows, zeros in the padding."""
-    B, feats = self.batch_size, self._features
-    x = np.empty((self.budgets.nodes, feats.shape[1]), feats.dtype)
-    x[n_seeds:B] = 0
-    x[num_local:] = 0
-    np.take(feats, node_ids[:n_seeds], axis=0, out=x[:n_seeds], mode="clip")
-    np.take(feats, node_ids[B:num_local], axis=0, out=x[B:num_local], mode="clip")
-    return x
 
   def _seed_labels(self, seeds: np.ndarray) -> np.ndarray:
     """`y`: the seeds' labels, zeros in the padding."""

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
-toolkit_env "pipelines,tf,grain,xla,test"
+toolkit_env "pipelines,tf,grain,xla,graph,test"
 # Airflow lives in its own venv (its pins differ from TensorFlow's and torch_xla's needs).
 if [ ! -x .venv-airflow/bin/python ]; then
   "$(ls .venv/bin/python3.11 2>/dev/null || echo python3)" -m venv .venv-airflow

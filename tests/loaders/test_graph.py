@@ -280,3 +280,77 @@ def test_xla_loader_resumes_exactly(graph_path):
   got = _run_xla(graph_path)
   assert got["k"] < got["expected"]
   assert got["resumed"] == got["expected"] - got["k"] and got["resumed_differ"] == []
+
+
+def _same(a: dict, b: dict) -> bool:
+  return sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_batches_are_the_same_whatever_thread_samples_them_and_in_what_order(graph):
+  """The draws come from a stream keyed by (seed, epoch, batch, shard, hop): threads and order do not matter."""
+  import concurrent.futures
+
+  s = _sampler(graph)
+  alone = [s.batch(i, epoch=1) for i in range(len(s))]
+  other = _sampler(graph)
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    shuffled = list(np.random.default_rng(5).permutation(len(s)))
+    together = dict(zip(shuffled, pool.map(lambda i: other.batch(int(i), epoch=1), shuffled)))
+  assert all(_same(alone[i], together[i]) for i in range(len(s)))
+  assert not _same(alone[0], s.batch(0, epoch=2))
+
+
+def test_draws_are_uniform_over_a_nodes_neighbours(graph):
+  """Every neighbour of a frontier node is drawn about equally often (a fixed seed: the check cannot flake)."""
+  node = int(np.argmax(np.diff(np.asarray(graph.indptr))))
+  nbrs = np.asarray(graph.indices)[graph.indptr[node]:graph.indptr[node + 1]]
+  s = lg.NeighborSampler(graph, fanouts=[50], batch_size=1, seed_nodes=np.array([node]), gather_features=False)
+  batches = [s.batch(0, epoch) for epoch in range(200)]
+  drawn = np.concatenate([b["node_ids"][b["edge_index_0"][0][b["edge_mask_0"]]] for b in batches])
+  values, counts = np.unique(nbrs, return_counts=True)
+  expected = counts / counts.sum() * len(drawn)
+  observed = np.array([(drawn == v).sum() for v in values])
+  chi2 = float(((observed - expected) ** 2 / expected).sum())
+  assert set(np.unique(drawn)) <= set(values.tolist())
+  assert chi2 < 3 * len(values), (chi2, len(values))  # mean len(values) - 1 under uniform draws
+
+
+def test_x_is_never_overwritten_while_held_and_its_buffer_is_reused_once_dropped(graph):
+  s = _sampler(graph)
+  feats = np.asarray(graph.node_features)
+  held = [s.batch(i) for i in range(len(s))]  # every x still referenced: no buffer may be reused
+  for b in held:
+    live = b["node_mask"]
+    assert np.array_equal(b["x"][live], feats[b["node_ids"][live]]) and not b["x"][~live].any()
+  ids = {id(b["x"]) for b in held}
+  assert len(ids) == len(held)
+  del held
+  again = [id(s.batch(i % len(s))["x"]) for i in range(3 * len(s))]  # each batch dropped at once: reuse
+  assert len(set(again)) <= 2
+  b = s.batch(0)  # a reused buffer: its padding rows are zero again
+  assert np.array_equal(b["x"][b["node_mask"]], feats[b["node_ids"][b["node_mask"]]]) and not b["x"][~b["node_mask"]].any()
+
+
+def test_gather_options_change_only_the_speed_or_the_dtype(graph):
+  import ml_dtypes
+
+  base = _sampler(graph, in_memory=False)
+  ram = _sampler(graph, in_memory=True, gather_threads=3)
+  for i in range(len(base)):
+    assert _same(base[i], ram[i])
+  bf16 = _sampler(graph, feature_dtype="bfloat16", in_memory=False, gather_threads=2)[2]
+  want = base[2]
+  assert bf16["x"].dtype == ml_dtypes.bfloat16
+  assert np.array_equal(bf16["x"], want["x"].astype(ml_dtypes.bfloat16))
+  assert np.array_equal(_sampler(graph, feature_dtype="bfloat16", in_memory=True)[2]["x"], bf16["x"])
+  with pytest.raises(ValueError, match="threads"):
+    _sampler(graph, gather_threads=0)
+
+
+def test_observed_node_budget_fits_the_batches_it_saw(graph):
+  s = _sampler(graph)
+  budget = s.observed_node_budget(num_batches=len(s), margin=1.0)
+  assert budget == max(int(s[i]["node_mask"].sum()) + s.batch_size - int(s[i]["seed_mask"].sum())
+                       for i in range(len(s)))
+  small = _sampler(graph, node_budget=budget)
+  assert all(small[i]["x"].shape[0] == budget for i in range(len(small)))

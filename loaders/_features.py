@@ -1,0 +1,181 @@
+"""Host-side feature gather for the neighbour samplers: reused buffers, threads, bfloat16, RAM or memmap.
+
+The gather is most of a sampled batch's host time: random rows of a feature
+table that may not fit in memory. `FeatureGather` makes it as cheap as it can
+be on the host:
+
+* the batch's `x` comes from a pool of reused buffers, so no batch pays for
+  page-faulting a freshly allocated array. A buffer is reused only once
+  nothing outside the pool refers to it any more (its reference count says
+  so: the batch, a view of it, a torch tensor sharing it all count), so a
+  consumer that holds batches for as long as it likes never sees one
+  overwritten; the pool allocates instead of waiting.
+* only the rows written by the buffer's previous batch and not by this one are
+  zeroed (the padding stays zero without clearing the whole buffer).
+* `threads` > 1 splits the rows over a thread pool (the copy releases the GIL).
+* `dtype="bfloat16"` halves the bytes gathered and moved (ml_dtypes' bfloat16).
+* `in_memory`: the table is copied into process memory when it fits (the
+  default: when it takes at most half of the memory available), and is read
+  through the memory-mapped file otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import concurrent.futures
+import os
+import sys
+import threading
+
+import numpy as np
+
+from loaders import _kernel
+
+_RAM_FRACTION = 0.5  # in_memory=None: copy when the arrays take at most this share of the available memory
+_COPY_CHUNK_BYTES = 64 << 20
+_POOL_LIMIT = 16  # buffers kept for reuse; beyond that, batches still held by the consumer get fresh ones
+
+
+def resolve_dtype(dtype) -> np.dtype | None:
+  """The numpy dtype for a user's `feature_dtype` ("bfloat16" needs ml_dtypes); None stays None."""
+  if dtype is None:
+    return None
+  if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+  return np.dtype(dtype)
+
+
+def available_memory() -> int:
+  """Bytes of memory available to new allocations (MemAvailable; physical memory where /proc is absent)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def keep_in_memory(nbytes: int, in_memory: bool | None) -> bool:
+  """Whether arrays of `nbytes` in all are copied into process memory (None: when they fit comfortably)."""
+  if in_memory is None:
+    return nbytes <= _RAM_FRACTION * available_memory()
+  return bool(in_memory)
+
+
+def to_memory(array: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+  """A copy of a (memory-mapped) array in process memory, converted to `dtype`, chunk by chunk."""
+  out = np.empty(array.shape, dtype or array.dtype)
+  flat_in, flat_out = array.reshape(len(array), -1) if array.ndim else array, out.reshape(len(out), -1)
+  row_bytes = max(1, flat_in[0:1].nbytes) if len(array) else 1
+  step = max(1, _COPY_CHUNK_BYTES // row_bytes)
+  for lo in range(0, len(array), step):
+    flat_out[lo:lo + step] = flat_in[lo:lo + step]
+  return out
+
+
+def _word_rows(a: np.ndarray) -> np.ndarray:
+  """`a` [N, ...] (C-contiguous) as [N, row words] of the widest unsigned integer that divides a row's bytes."""
+  row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
+  width = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
+  return a.reshape(len(a), -1).view(np.uint8).view(f"<u{width}")
+
+
+class FeatureGather:
+  """Gathers feature rows of the nodes of a batch into a pooled [rows, F] buffer, zero elsewhere."""
+
+  def __init__(self, table: np.ndarray, rows: int, dtype=None, threads: int = 1, in_memory: bool | None = None):
+    """Prepares gathers of `rows`-row batches from `table`.
+
+    Args:
+      table: the feature table [N, F...] (typically a memory-mapped .graphbin section).
+      rows: rows of every gathered `x` (the node budget).
+      dtype: the dtype of `x` (default: the table's); "bfloat16" halves it.
+      threads: threads sharing each gather.
+      in_memory: copy the table into process memory (None: when it fits; see keep_in_memory).
+
+    Raises:
+      ValueError: threads < 1.
+    """
+    if threads < 1:
+      raise ValueError(f"gather threads must be >= 1, got {threads}")
+    self.dtype = resolve_dtype(dtype) or np.dtype(table.dtype)
+    self.rows, self.row_shape = rows, tuple(table.shape[1:])
+    self.resident = keep_in_memory(len(table) * int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize,
+                                   in_memory)
+    self._convert = self.dtype != table.dtype and not self.resident  # converted per batch, after the copy
+    self._table = to_memory(table, self.dtype) if self.resident else np.asarray(table)
+    self._src = _word_rows(self._table)
+    self._threads = threads
+    self._pool = concurrent.futures.ThreadPoolExecutor(threads - 1, "feature-gather") if threads > 1 else None
+    self._buffers: list[np.ndarray] = []
+    self._dirty: dict[int, list[tuple[int, int]]] = {}  # id(buffer) -> the row ranges its last batch wrote
+    self._lock = threading.Lock()
+
+  def _take(self) -> np.ndarray:
+    """A buffer nobody else refers to, or a new one (kept for reuse while the pool is small)."""
+    with self._lock:
+      for buf in self._buffers:
+        # references: the list, this loop's variable and getrefcount's argument
+        if sys.getrefcount(buf) <= 3:
+          return buf
+      buf = np.zeros((self.rows, *self.row_shape), self.dtype)
+      if len(self._buffers) < _POOL_LIMIT:
+        self._buffers.append(buf)
+        self._dirty[id(buf)] = []
+      return buf
+
+  def __call__(self, ids: np.ndarray, live: Sequence[tuple[int, int]]) -> np.ndarray:
+    """`x`: row r is the feature row of node `ids[r]` for r in the `live` ranges, zero elsewhere.
+
+    Args:
+      ids: global ids of the batch's local nodes (only the live ranges are read).
+      live: disjoint [lo, hi) row ranges holding real nodes, in increasing order.
+
+    Returns:
+      A [rows, F...] array of `dtype`, valid until the caller drops every reference to it.
+    """
+    x = self._take()
+    self._zero_stale(x, live)
+    rows_out = x.reshape(self.rows, -1)
+    jobs = []
+    for lo, hi in live:
+      if hi <= lo:
+        continue
+      step = -(-(hi - lo) // self._threads)
+      jobs += [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+    if self._pool is None or len(jobs) < 2:
+      for lo, hi in jobs:
+        self._copy(ids, rows_out, lo, hi)
+    else:
+      futures = [self._pool.submit(self._copy, ids, rows_out, lo, hi) for lo, hi in jobs[1:]]
+      self._copy(ids, rows_out, *jobs[0])
+      for f in futures:
+        f.result()
+    return x
+
+  def _copy(self, ids: np.ndarray, rows_out: np.ndarray, lo: int, hi: int) -> None:
+    if not self._convert:
+      _kernel.gather_rows(self._src, ids, _word_rows(rows_out), lo, hi)
+    else:
+      rows_out[lo:hi] = self._table.reshape(len(self._table), -1)[np.clip(ids[lo:hi], 0, len(self._table) - 1)]
+
+  def _zero_stale(self, x: np.ndarray, live: Sequence[tuple[int, int]]) -> None:
+    """Zeroes the rows the buffer's previous batch wrote that this batch does not, and records this batch's."""
+    key = id(x)
+    if key not in self._dirty:  # a fresh buffer outside the pool: already zero
+      return
+    for lo, hi in self._dirty[key]:
+      cursor = lo
+      for a, b in live:
+        if b <= cursor or a >= hi:
+          continue
+        if a > cursor:
+          x[cursor:a] = 0
+        cursor = max(cursor, b)
+      if cursor < hi:
+        x[cursor:hi] = 0
+    self._dirty[key] = [(lo, hi) for lo, hi in live if hi > lo]
