@@ -6,8 +6,8 @@ only its own framework:
 - `loaders.grain.dataset(path, split, batch_size=...)`: a grain IterDataset of batches.
 - `loaders.xla.device_loader(path, split, batch_size=...)`: torch_xla batches on the device (no TensorFlow).
 - `loaders.tfdata.dataset(path, split, batch_size=...)`: a tf.data.Dataset (TFRecord shards).
-- `loaders.graph`: memory-mapped .graphbin graphs, a static-shape neighbour sampler, and its
-  grain and torch_xla feeders.
+- `loaders.graph`: memory-mapped .graphbin graphs, static-shape neighbour samplers (homogeneous
+  and heterogeneous, one compiled kernel), and their grain and torch_xla feeders.
 
 This package itself names the framework-free pieces (importing it imports no
 grain, torch, torch_xla or TensorFlow): random access to the records of a
@@ -21,6 +21,7 @@ from __future__ import annotations
 from formats.errors import CorruptRecordError
 from formats.integrity import VERIFY_LEVELS, Verify
 from loaders._graph_file import Graph, load as load_graph
+from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
 from loaders._sampler import Budgets, NeighborSampler, budgets
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform
@@ -31,10 +32,13 @@ __all__ = [
     "CorruptRecordError",
     "ExampleOptions",
     "Graph",
+    "HeteroBudgets",
+    "HeteroNeighborSampler",
     "NeighborSampler",
     "ShardedRecords",
     "Verify",
     "budgets",
     "example_transform",
+    "hetero_budgets",
     "load_graph",
 ]

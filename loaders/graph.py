@@ -8,8 +8,14 @@
     loader = loaders.graph.xla_loader(sampler, num_epochs=1)          # tensors on the XLA device
     state = loader.get_state()                                        # resume: xla_loader(..., state=state)
 
-This is the public module; the graph file lives in loaders._graph_file and
-the sampler in loaders._sampler. Threads only: `grain_dataset` prefetches with
+    mag = loaders.graph.load("gs://bucket/graphs/ogbn_mag")            # converted with --add_reverse_relations
+    sampler = loaders.graph.HeteroNeighborSampler(mag, fanouts=[15, 10, 5], batch_size=1024)
+    # per relation: fanouts={"cites": [15, 10, 5], "rev_writes": [10, 5, 5], "has_topic": [5, 5, 5]}
+
+This is the public module; the graph file lives in loaders._graph_file, the
+samplers in loaders._sampler (homogeneous) and loaders._hetero
+(heterogeneous), both on the compiled kernel of loaders._kernel and the
+feature gather of loaders._features. The feeders take either sampler. Threads only: `grain_dataset` prefetches with
 grain's thread pool, and `xla_loader` moves its batches to the device with
 loaders.xla's resumable DeviceLoader (torch_xla's MpDeviceLoader). grain and
 torch_xla are imported only when those are called; this module never imports
@@ -22,15 +28,19 @@ import numpy as np
 
 from loaders._device import DeviceLoader
 from loaders._graph_file import Graph, load
+from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
 from loaders._sampler import Budgets, NeighborSampler, budgets
 
-__all__ = ["Budgets", "Graph", "NeighborSampler", "budgets", "grain_dataset", "load", "xla_loader"]
+__all__ = ["Budgets", "Graph", "HeteroBudgets", "HeteroNeighborSampler", "NeighborSampler", "budgets",
+           "grain_dataset", "hetero_budgets", "load", "xla_loader"]
+
+Sampler = NeighborSampler | HeteroNeighborSampler
 
 
 class _EpochSource:
   """grain RandomAccessDataSource over `num_epochs` epochs of a sampler (index → (epoch, batch))."""
 
-  def __init__(self, sampler: NeighborSampler, num_epochs: int):
+  def __init__(self, sampler: Sampler, num_epochs: int):
     self._sampler, self._epochs = sampler, num_epochs
 
   def __len__(self) -> int:
@@ -44,7 +54,7 @@ class _EpochSource:
     return f"NeighborSamplerSource(batches={len(self._sampler)}, epochs={self._epochs})"
 
 
-def grain_dataset(sampler: NeighborSampler, num_epochs: int = 1, num_threads: int = 4,
+def grain_dataset(sampler: Sampler, num_epochs: int = 1, num_threads: int = 4,
                   prefetch_buffer_size: int = 8):
   """A grain IterDataset of the sampler's batches, built by a pool of threads (never processes).
 
@@ -64,7 +74,7 @@ def grain_dataset(sampler: NeighborSampler, num_epochs: int = 1, num_threads: in
       grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size))
 
 
-def xla_loader(sampler: NeighborSampler, device=None, num_epochs: int = 1, num_threads: int = 4,
+def xla_loader(sampler: Sampler, device=None, num_epochs: int = 1, num_threads: int = 4,
                state: dict | None = None, **kwargs) -> DeviceLoader:
   """The sampler's batches as dicts of tensors on the XLA device, resumable.
 

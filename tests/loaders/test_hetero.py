@@ -1,0 +1,230 @@
+"""loaders.graph.HeteroNeighborSampler on a MAG-shaped graph converted from ogb's raw layout with reverse relations."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import make_sample_ogb as mo
+from loaders import graph as lg
+from pipelines import ogb_graphs
+from tests.conftest import REPO
+
+COUNTS = {"author": 900, "field_of_study": 80, "institution": 40, "paper": 1200}
+EDGES = {mo.MAG_RELATIONS[0]: 700, mo.MAG_RELATIONS[1]: 3000, mo.MAG_RELATIONS[2]: 4000, mo.MAG_RELATIONS[3]: 3500}
+
+
+@pytest.fixture(scope="module")
+def mag_path(tmp_path_factory) -> str:
+  """A MAG-shaped output: the four node types and relations as ogb ships them, plus the reverse relations."""
+  root = tmp_path_factory.mktemp("hetero")
+  truth = mo.write_heterogeneous_node(str(root / "ogbn_mag"), seed=7, num_nodes=COUNTS, num_edges=EDGES)
+  out = str(root / "out")
+  ogb_graphs.run([f"--input={truth.folder}", f"--output={out}", "--add_reverse_relations=true"])
+  return out
+
+
+@pytest.fixture(scope="module")
+def mag(mag_path):
+  return lg.load(mag_path)
+
+
+def _sampler(mag, **kw):
+  kw = {"fanouts": [4, 3], "batch_size": 32, "seed": 1, **kw}
+  return lg.HeteroNeighborSampler(mag, **kw)
+
+
+def _same(a: dict, b: dict) -> bool:
+  return sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_every_relation_including_the_reverse_ones_is_sampled_from_paper_seeds(mag):
+  s = _sampler(mag)
+  assert s.seed_type == "paper"
+  assert "paper___rev_writes___author" in s.relations and "author___writes___paper" in s.relations
+  hop0 = {k.split("/")[1] for k in s[0] if k.startswith("edge_index/") and k.endswith("/0")}
+  assert hop0 == {r for r in s.relations if r.startswith("paper___")}  # the seeds' out-relations
+  b = s[0]
+  assert b["node_mask/author"].any() and b["node_mask/institution"].any()  # via rev_writes, then affiliated_with
+
+
+def test_sampled_edges_exist_and_ids_and_masks_are_consistent(mag):
+  s = _sampler(mag)
+  for i in range(len(s)):
+    b = s[i]
+    for t in s.types:
+      live = b[f"node_ids/{t}"][b[f"node_mask/{t}"]]
+      assert len(np.unique(live)) == len(live) and (live < s.num_nodes[t]).all()
+      assert not b[f"node_ids/{t}"][~b[f"node_mask/{t}"]].any()
+    for key in [k for k in b if k.startswith("edge_index/")]:
+      _, r, hop = key.split("/")
+      head, _, tail = r.split("___")
+      indptr, indices = (np.asarray(a) for a in mag.relation(r))
+      ei, m = b[key], b[f"edge_mask/{r}/{hop}"]
+      assert b[f"node_mask/{tail}"][ei[0, m]].all() and b[f"node_mask/{head}"][ei[1, m]].all()
+      assert not ei[:, ~m][0].any()
+      src, dst = b[f"node_ids/{tail}"][ei[0, m]], b[f"node_ids/{head}"][ei[1, m]]
+      for u, v in zip(dst.tolist(), src.tolist()):
+        assert v in indices[indptr[u]:indptr[u + 1]]
+      # the frontier node of a masked-out draw has no neighbours in the relation
+      heads = b[f"node_ids/{head}"][ei[1, ~m & (np.arange(ei.shape[1]) < np.flatnonzero(m).max(initial=0))]]
+      assert (np.diff(indptr)[heads] == 0).all()
+    assert np.array_equal(b["seeds"][b["seed_mask"]], b["node_ids/paper"][:s.batch_size][b["seed_mask"]])
+
+
+def test_features_years_labels_and_seeds_come_from_the_graph(mag):
+  s = _sampler(mag)
+  feats, years = np.asarray(mag.bin["node/paper/feat"]), np.asarray(mag.bin["node/paper/year"])
+  labels = np.asarray(mag.bin["node/paper/label"])
+  train = set(np.asarray(mag.split("train")).tolist())
+  b = s[1]
+  live = b["node_mask/paper"]
+  assert np.array_equal(b["x/paper"][live], feats[b["node_ids/paper"][live]]) and not b["x/paper"][~live].any()
+  assert np.array_equal(b["year/paper"][live], years[b["node_ids/paper"][live]])
+  assert np.array_equal(b["y"][b["seed_mask"]], labels[b["seeds"][b["seed_mask"]]])
+  assert set(b["seeds"][b["seed_mask"]].tolist()) <= train
+  assert "x/author" not in b  # no features: node_ids/author index an embedding table
+
+
+def test_shapes_are_static_and_batches_are_the_same_on_any_thread(mag):
+  s = _sampler(mag)
+  shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(s.batch(i, 1).items())) for i in range(len(s))}
+  assert len(shapes) == 1 and s.per_shard % s.batch_size  # the last batch is short and padded
+  alone = [s.batch(i, epoch=1) for i in range(len(s))]
+  other = _sampler(mag)
+  order = [int(i) for i in np.random.default_rng(3).permutation(len(s))]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    together = dict(zip(order, pool.map(lambda i: other.batch(i, epoch=1), order)))
+  assert all(_same(alone[i], together[i]) for i in range(len(s)))
+  assert not _same(alone[0], s.batch(0, epoch=2))
+
+
+def test_shards_are_disjoint_and_equal(mag):
+  shards = [_sampler(mag, shard_index=k, shard_count=3) for k in range(3)]
+  seeds = [np.concatenate([sh.batch(i)["seeds"][sh.batch(i)["seed_mask"]] for i in range(len(sh))]) for sh in shards]
+  assert len({len(x) for x in seeds}) == 1 and len({len(sh) for sh in shards}) == 1
+  assert len(np.unique(np.concatenate(seeds))) == sum(len(x) for x in seeds)
+
+
+def test_per_relation_fanouts_and_their_errors(mag):
+  s = _sampler(mag, fanouts={"cites": [5, 2], "rev_writes": [3, 0], "affiliated_with": [0, 2]})
+  assert s.relations == ["author___affiliated_with___institution", "paper___cites___paper",
+                         "paper___rev_writes___author"]
+  b = s[0]
+  assert b["edge_index/paper___cites___paper/0"].shape == (2, 32 * 5)
+  assert "edge_index/paper___rev_writes___author/1" not in b  # fanout 0 at hop 1
+  assert b["edge_index/author___affiliated_with___institution/1"].shape == (2, 32 * 3 * 2)
+  assert not b["node_mask/field_of_study"].any()  # has_topic is not sampled
+  with pytest.raises(ValueError, match="not in the graph"):
+    _sampler(mag, fanouts={"likes": [2]})
+  with pytest.raises(ValueError, match="same number of hops"):
+    _sampler(mag, fanouts={"cites": [2], "rev_writes": [2, 2]})
+  with pytest.raises(ValueError, match="positive"):
+    _sampler(mag, fanouts=[2, 0])
+  with pytest.raises(ValueError, match="seed_type"):
+    _sampler(mag, seed_type="venue")
+
+
+def test_node_budgets_from_observed_batches_and_a_loud_overflow_that_leaves_no_trace(mag):
+  s = _sampler(mag)
+  observed = s.observed_node_budget(num_batches=len(s), margin=1.0)
+  tight = _sampler(mag, node_budget=observed)
+  for i in range(len(s)):
+    b, full = tight[i], s[i]
+    for t in s.types:
+      assert b[f"node_ids/{t}"].shape == (observed[t],)
+      assert np.array_equal(b[f"node_ids/{t}"][b[f"node_mask/{t}"]], full[f"node_ids/{t}"][full[f"node_mask/{t}"]])
+  small = {**observed, "author": observed["author"] // 2}
+  shrunk = _sampler(mag, node_budget=small)
+  with pytest.raises(RuntimeError, match="node_budget\\['author'\\].*raise it"):
+    shrunk[0]
+  ok = _sampler(mag, node_budget={**observed, "author": s.budgets.nodes["author"]})
+  assert _same(_sampler(mag, node_budget=ok.budgets.nodes)[1], ok[1])
+  with pytest.raises(ValueError, match="smaller than batch_size"):
+    _sampler(mag, node_budget={"paper": 5})
+
+
+def test_grain_feed_resumes_exactly(mag):
+  s = _sampler(mag)
+  want = [s.batch(i % len(s), i // len(s)) for i in range(2 * len(s))]
+  ds = lg.grain_dataset(s, num_epochs=2, num_threads=2)
+  it = iter(ds)
+  first = [next(it) for _ in range(len(s) + 1)]
+  state = it.get_state()
+  rest = list(_resumed(ds, state))
+  assert all(_same(a, b) for a, b in zip(first + rest, want)) and len(first) + len(rest) == len(want)
+
+
+def _resumed(ds, state):
+  it = iter(ds)
+  it.set_state(state)
+  return it
+
+
+def test_a_homogeneous_graph_is_refused_with_a_clear_message(tmp_path):
+  from formats.graphbin import GraphBinWriter
+
+  path = str(tmp_path / "h.graphbin")
+  with GraphBinWriter(path) as w:
+    w.add_meta({"num_nodes": {"": 3}})
+    w.add("indptr", np.array([0, 1, 2, 3]))
+    w.add("indices", np.array([1, 2, 0], np.int32))
+  with pytest.raises(ValueError, match="no heterogeneous relations"):
+    lg.HeteroNeighborSampler(lg.Graph(path), seed_nodes=np.arange(3), seed_type="")
+
+
+_XLA_SCRIPT = r"""
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from loaders import graph as lg
+assert "tensorflow" not in sys.modules
+s = lg.HeteroNeighborSampler(lg.load(sys.argv[2]), fanouts=[4, 3], batch_size=32, seed=1, feature_dtype="bfloat16")
+EPOCHS = 2
+def host(p):
+  return s.batch(p % len(s), p // len(s))
+def same(batch, want):
+  got = {k: v.cpu() for k, v in batch.items()}
+  import torch
+  ok = sorted(got) == sorted(want)
+  for k, w in want.items():
+    g = got[k]
+    if w.dtype.name == "bfloat16":
+      ok &= g.dtype == torch.bfloat16 and np.array_equal(g.float().numpy(), w.astype(np.float32))
+    else:
+      ok &= np.array_equal(g.numpy(), w)
+  return bool(ok)
+n, differ, devices = 0, [], set()
+for batch in lg.xla_loader(s, num_epochs=EPOCHS, num_threads=2):
+  devices.add(str(batch["x/paper"].device))
+  differ += [] if same(batch, host(n)) else [n]
+  n += 1
+k = len(s) + 1
+first = lg.xla_loader(s, num_epochs=EPOCHS, num_threads=2)
+it = iter(first)
+for _ in range(k):
+  next(it)
+state = json.loads(json.dumps(first.get_state()))
+resumed = list(lg.xla_loader(s, num_epochs=EPOCHS, num_threads=2, state=state))
+print(json.dumps({"batches": n, "expected": EPOCHS * len(s), "differ": differ, "devices": sorted(devices),
+                  "resumed": len(resumed), "k": k,
+                  "resumed_differ": [j for j, b in enumerate(resumed) if not same(b, host(k + j))]}))
+"""
+
+
+@pytest.mark.slow  # a torch_xla process
+def test_xla_feed_on_an_xla_cpu_device_gives_the_host_batches_and_resumes(mag_path):
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, mag_path], capture_output=True, text=True,
+                     env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["batches"] == got["expected"] > 0 and got["differ"] == []
+  assert got["devices"] and all(d.startswith("xla") for d in got["devices"])
+  assert got["resumed"] == got["expected"] - got["k"] and got["resumed_differ"] == []
