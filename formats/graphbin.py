@@ -1,16 +1,18 @@
 """`.graphbin`: a graph as named, checksummed, memory-mappable arrays. No pickle.
 
-Layout, version 1, every integer little-endian::
+Layout, every integer little-endian::
 
     offset 0    header, 64 bytes            struct "<8sIIQQI28x"
                   magic          b"GRAPHBIN"
-                  version        u32  (1)
+                  version        u32  (1 or 2: the size of a table entry)
                   num_sections   u32
                   table_offset   u64  where the section table starts
                   file_size      u64  total bytes (a truncated file is caught at open)
                   table_crc32c   u32  CRC32C of the section table bytes
     offset 64   sections, each starting at a multiple of 64 bytes (zero padding between)
-    table       num_sections entries of 128 bytes, struct "<56s8sI4x4QQQI4x"
+    table       num_sections entries
+                  version 1: 128 bytes, struct "<56s8sI4x4QQQI4x"   (names of at most 56 bytes)
+                  version 2: 320 bytes, struct "<248s8sI4x4QQQI4x"  (names of at most 248 bytes)
                   name      utf-8, NUL-padded (e.g. "indptr", "node/feat", "split/time/train")
                   dtype     numpy dtype string, NUL-padded: "<i8", "<i4", "<f4", "<f2", "|u1", ...
                   ndim      u32 (0..4)
@@ -19,8 +21,15 @@ Layout, version 1, every integer little-endian::
                   nbytes    u64
                   crc32c    u32 of the section's bytes
 
+The two versions differ only in the width of an entry's name. A writer writes
+version 1 when every name fits 56 bytes (the bytes of files written before
+version 2 existed) and version 2 otherwise; readers accept both.
+
 The table sits after the data so a writer can stream sections of unknown size
-and write the header last. Section names and meanings are documented in
+and write the header last. A reader that fetches ranges (a gs:// download)
+parses the first 64 bytes with `parse_header`, then the table's
+`Header.table_nbytes` bytes at `Header.table_offset` with `parse_table`: the
+same checks `GraphBin` makes. Section names and meanings are documented in
 docs/graphbin.md; `meta` is a JSON object (uint8) describing the graph.
 Readers open the file with `numpy.memmap`: sections are zero-copy views.
 """
@@ -32,7 +41,7 @@ import dataclasses
 import json
 import os
 import struct
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import google_crc32c
 import numpy as np
@@ -40,11 +49,14 @@ import numpy as np
 from formats.errors import GraphBinError
 
 MAGIC = b"GRAPHBIN"
-VERSION = 1
+VERSION = 1  # the version written while every section name fits ENTRY's 56 bytes
 ALIGN = 64
 HEADER = struct.Struct("<8sIIQQI28x")
-ENTRY = struct.Struct("<56s8sI4x4QQQI4x")
-assert HEADER.size == 64 and ENTRY.size == 128
+NAME_BYTES = {1: 56, 2: 248}  # version -> the longest section name (UTF-8 bytes) its table entry holds
+ENTRIES = {v: struct.Struct(f"<{n}s8sI4x4QQQI4x") for v, n in NAME_BYTES.items()}  # version -> table entry
+ENTRY, ENTRY_V2 = ENTRIES[1], ENTRIES[2]
+MAX_NAME_BYTES = NAME_BYTES[2]  # the longest section name a .graphbin holds
+assert HEADER.size == 64 and ENTRY.size == 128 and ENTRY_V2.size == 320 and ENTRY_V2.size % ALIGN == 0
 META = "meta"
 _ALLOWED_KINDS = "iufb"
 
@@ -57,6 +69,93 @@ class Section:
   offset: int
   nbytes: int
   crc32c: int
+
+
+class Header(NamedTuple):
+  """The fields of a .graphbin header after the magic (see the module docstring)."""
+
+  version: int
+  num_sections: int
+  table_offset: int
+  file_size: int
+  table_crc32c: int
+
+  @property
+  def table_nbytes(self) -> int:
+    """The size of the section table in bytes."""
+    return self.num_sections * ENTRIES[self.version].size
+
+
+def parse_header(data: bytes, path: str = "<graphbin>", size: int | None = None) -> Header:
+  """Checks and parses the first 64 bytes of a .graphbin.
+
+      h = parse_header(first_64_bytes, "gs://b/g.graphbin", size=blob_size)
+      table = read_range(h.table_offset, h.table_nbytes)
+
+  Args:
+    data: the file's first HEADER.size bytes (more are ignored).
+    path: the file's name, for error messages.
+    size: the file's actual size, when known: checked against the header's, and the
+      table must end inside it.
+
+  Returns:
+    The header's fields.
+
+  Raises:
+    GraphBinError: too short, a foreign magic, an unknown version, a size that differs
+      (a truncated file), or a table that runs past the end.
+  """
+  if len(data) < HEADER.size:
+    raise GraphBinError(f"{path}: {len(data)} bytes is too short for a .graphbin header")
+  magic, version, count, table_offset, file_size, table_crc = HEADER.unpack_from(data)
+  if magic != MAGIC:
+    raise GraphBinError(f"{path}: not a .graphbin file (magic {magic!r} at offset 0)")
+  if version not in ENTRIES:
+    raise GraphBinError(f"{path}: .graphbin version {version} is not supported (expected one of {sorted(ENTRIES)})")
+  if size is not None and file_size != size:
+    raise GraphBinError(f"{path}: header says {file_size} bytes, the file has {size} (truncated?)")
+  header = Header(version, count, table_offset, file_size, table_crc)
+  if table_offset + header.table_nbytes > file_size:
+    raise GraphBinError(f"{path}: section table at offset {table_offset} runs past the end")
+  return header
+
+
+def parse_table(table: bytes, header: Header, path: str = "<graphbin>") -> dict[str, Section]:
+  """Checks and parses the section table of a .graphbin.
+
+  Args:
+    table: the `header.table_nbytes` bytes at `header.table_offset`.
+    header: what `parse_header` returned for the file (its version says the entry size).
+    path: the file's name, for error messages.
+
+  Returns:
+    {name: Section} in table order.
+
+  Raises:
+    GraphBinError: the table's size or checksum is wrong, or a section runs into the
+      table, has more than 4 dimensions, or has a shape that disagrees with its size.
+  """
+  if len(table) != header.table_nbytes:
+    raise GraphBinError(f"{path}: section table at offset {header.table_offset} is {len(table)} bytes, "
+                        f"the header says {header.table_nbytes}")
+  if google_crc32c.value(table) != header.table_crc32c:
+    raise GraphBinError(f"{path}: section table at offset {header.table_offset} fails its checksum")
+  entry = ENTRIES[header.version]
+  sections: dict[str, Section] = {}
+  for i in range(header.num_sections):
+    name, dtype, ndim, *rest = entry.unpack_from(table, i * entry.size)
+    name = name.rstrip(b"\0").decode()
+    if ndim > 4:
+      raise GraphBinError(f"{path}: section {name!r} in the table at offset {header.table_offset + i * entry.size}: "
+                          f"{ndim} dimensions (at most 4)")
+    shape, (offset, nbytes, crc) = tuple(rest[:ndim]), rest[4:]
+    s = Section(name, dtype.rstrip(b"\0").decode(), tuple(int(d) for d in shape), int(offset), int(nbytes), int(crc))
+    if s.offset + s.nbytes > header.table_offset:
+      raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset} runs into the table")
+    if np.dtype(s.dtype).itemsize * int(np.prod(s.shape, dtype=np.int64)) != s.nbytes:
+      raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset}: shape and size disagree")
+    sections[s.name] = s
+  return sections
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -108,8 +207,8 @@ class GraphBinWriter:
   def _check_name(self, name: str) -> None:
     if self._open_stream:
       raise RuntimeError("finish the open stream before adding a section")
-    if not name or len(name.encode()) > 56:
-      raise ValueError(f"section name {name!r} must be 1..56 bytes")
+    if not name or len(name.encode()) > MAX_NAME_BYTES:
+      raise ValueError(f"section name {name!r} must be 1..{MAX_NAME_BYTES} bytes")
     if any(s.name == name for s in self._sections):
       raise ValueError(f"section {name!r} written twice")
 
@@ -117,7 +216,7 @@ class GraphBinWriter:
     """Adds a whole array (C order, stored little-endian).
 
     Args:
-      name: the section's name (1..56 bytes, unique).
+      name: the section's name (1..MAX_NAME_BYTES bytes of UTF-8, unique; over 56 the file is version 2).
       array: a numeric array (at most 4 dimensions).
 
     Raises:
@@ -166,20 +265,26 @@ class GraphBinWriter:
     self._open_stream = False
 
   def close(self) -> None:
-    """Writes the section table and the header, and closes the file (twice is fine)."""
+    """Writes the section table and the header, and closes the file (twice is fine).
+
+    Version 1 when every name fits its 56 bytes, else version 2.
+    """
     f = self._f
     if f.closed:
       return
     f.write(b"\0" * _pad(f.tell()))
     table_offset = f.tell()
+    fits = all(len(s.name.encode()) <= NAME_BYTES[VERSION] for s in self._sections)
+    version = VERSION if fits else 2
+    entry = ENTRIES[version]
     table = b"".join(
-        ENTRY.pack(s.name.encode(), s.dtype.encode(), len(s.shape), *(list(s.shape) + [0] * (4 - len(s.shape))),
+        entry.pack(s.name.encode(), s.dtype.encode(), len(s.shape), *(list(s.shape) + [0] * (4 - len(s.shape))),
                    s.offset, s.nbytes, s.crc32c)
         for s in self._sections)
     f.write(table)
     size = f.tell()
     f.seek(0)
-    f.write(HEADER.pack(MAGIC, VERSION, len(self._sections), table_offset, size, google_crc32c.value(table)))
+    f.write(HEADER.pack(MAGIC, version, len(self._sections), table_offset, size, google_crc32c.value(table)))
     f.close()
 
 
@@ -217,30 +322,10 @@ class GraphBin:
     if size < HEADER.size:
       raise GraphBinError(f"{path}: {size} bytes is too short for a .graphbin header")
     self._mm = np.memmap(path, dtype=np.uint8, mode="r")
-    magic, version, count, table_offset, file_size, table_crc = HEADER.unpack(bytes(self._mm[:HEADER.size]))
-    if magic != MAGIC:
-      raise GraphBinError(f"{path}: not a .graphbin file (magic {magic!r} at offset 0)")
-    if version != VERSION:
-      raise GraphBinError(f"{path}: .graphbin version {version} is not supported (expected {VERSION})")
-    if file_size != size:
-      raise GraphBinError(f"{path}: header says {file_size} bytes, the file has {size} (truncated?)")
-    end = table_offset + count * ENTRY.size
-    if end > size:
-      raise GraphBinError(f"{path}: section table at offset {table_offset} runs past the end")
-    table = bytes(self._mm[table_offset:end])
-    if google_crc32c.value(table) != table_crc:
-      raise GraphBinError(f"{path}: section table at offset {table_offset} fails its checksum")
-    self.sections: dict[str, Section] = {}
-    for i in range(count):
-      name, dtype, ndim, *rest = ENTRY.unpack_from(table, i * ENTRY.size)
-      shape, (offset, nbytes, crc) = tuple(rest[:ndim]), rest[4:]
-      s = Section(name.rstrip(b"\0").decode(), dtype.rstrip(b"\0").decode(), tuple(int(d) for d in shape),
-                  int(offset), int(nbytes), int(crc))
-      if s.offset + s.nbytes > table_offset:
-        raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset} runs into the table")
-      if np.dtype(s.dtype).itemsize * int(np.prod(s.shape, dtype=np.int64)) != s.nbytes:
-        raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset}: shape and size disagree")
-      self.sections[s.name] = s
+    self.header = parse_header(bytes(self._mm[:HEADER.size]), path, size)
+    start = self.header.table_offset
+    self.sections: dict[str, Section] = parse_table(bytes(self._mm[start:start + self.header.table_nbytes]),
+                                                    self.header, path)
     if verify:
       self.verify()
     self.meta: dict[str, Any] = json.loads(bytes(self[META])) if META in self.sections else {}

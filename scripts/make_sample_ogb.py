@@ -2,6 +2,7 @@
 
     python scripts/make_sample_ogb.py OUT_DIR [--seed=0]
     python scripts/make_sample_ogb.py OUT_DIR --big=2400000,62000000,100 [--seed=0]
+    python scripts/make_sample_ogb.py OUT_DIR --mag=1.0 [--seed=0]
 
 Each folder looks like an OGB download after unzip (the folder that holds
 `raw/` and `split/`, e.g. `dataset/ogbn_arxiv`): gzip CSV without header,
@@ -9,7 +10,8 @@ Each folder looks like an OGB download after unzip (the folder that holds
 an empty `processed/` and `mapping/README.md`, as `ogb.io.DatasetSaver` lays
 them out. Without `--big` it writes one folder per layout under OUT_DIR, named
 as OGB names them (`ogbn_arxiv`, ...), so `NodePropPredDataset(name, root=OUT_DIR)`
-finds them. With `--big=NODES,EDGES,FEAT` it writes one products-like folder.
+finds them. With `--big=NODES,EDGES,FEAT` it writes one products-like folder;
+with `--mag=SCALE` one ogbn-mag-shaped folder, ogbn-mag's counts times SCALE.
 
 Every writer returns an `OgbTruth` with the arrays in file order. Everything is
 generated (no download); the same seed gives byte-identical files. Graphs keep
@@ -17,7 +19,8 @@ what real data has: self loops, duplicate edges, nodes without out-edges and
 isolated nodes (see `OgbTruth.anomalies`).
 
 CSV text is formatted with numpy (no per-value Python) and compressed in a
-background thread, so `write_big_homogeneous` handles products-sized graphs.
+background thread, so `write_big_homogeneous` and `write_mag` handle products-
+and MAG-sized graphs.
 Floats are written with a fixed number of decimals ("-0.057943", as arxiv),
 and the truth holds exactly the written values as float32.
 """
@@ -93,6 +96,14 @@ MAG_RELATIONS = (
   ("paper", "cites", "paper"),
   ("paper", "has_topic", "field_of_study"),
 )
+# ogbn-mag's sizes (ogb 1.3.6), which write_mag scales.
+MAG_NUM_NODES = {"author": 1_134_649, "field_of_study": 59_965, "institution": 8_740, "paper": 736_389}
+MAG_NUM_EDGES = dict(zip(MAG_RELATIONS, (1_043_998, 7_145_660, 5_416_271, 7_505_078)))
+MAG_FEAT_DIM = 128
+# write_mag's degree skew per relation, (source, destination): an endpoint is node
+# `int(u ** p * n)` of a shuffled order, u uniform, so p > 1 makes hubs (p = 1: uniform).
+# Prolific authors, highly cited papers, popular fields and large institutions.
+MAG_SKEW = dict(zip(MAG_RELATIONS, ((1.0, 2.0), (1.5, 1.5), (1.5, 2.0), (1.0, 2.5))))
 # Molecule feature vocabularies (ogb.utils.features: 9 atom, 3 bond features).
 ATOM_FEATURE_SIZES = (119, 5, 12, 12, 10, 6, 6, 2, 2)
 BOND_FEATURE_SIZES = (5, 6, 2)
@@ -357,15 +368,19 @@ def _ranked_split(rng: np.random.Generator, n: int, fractions: tuple[float, floa
 
 def _fill_edges(rng: np.random.Generator, src: np.ndarray, dst: np.ndarray, src_nodes: np.ndarray,
                 dst_nodes: np.ndarray, offset: int, self_loops: bool,
-                anomalies: dict[str, list[np.ndarray]]) -> None:
+                anomalies: dict[str, list[np.ndarray]], skew: tuple[float, float | None] = (2, None)) -> None:
   """Fills `src`/`dst` (views) with skewed random edges, some self loops and duplicates.
 
-  Sources come from `src_nodes` (low positions are hubs), destinations from
-  `dst_nodes`; nodes in neither get no edges. Positions are recorded from `offset`.
+  Sources come from `src_nodes` (low positions are hubs: position `int(u ** skew[0] * n)`),
+  destinations from `dst_nodes` (uniform when `skew[1]` is None, else like sources);
+  nodes in neither get no edges. Positions are recorded from `offset`.
   """
   m = len(src)
-  src[:] = src_nodes[(rng.random(m) ** 2 * len(src_nodes)).astype(np.int64)]
-  dst[:] = dst_nodes[rng.integers(0, len(dst_nodes), m)]
+  src[:] = src_nodes[(rng.random(m) ** skew[0] * len(src_nodes)).astype(np.int64)]
+  if skew[1] is None:
+    dst[:] = dst_nodes[rng.integers(0, len(dst_nodes), m)]
+  else:
+    dst[:] = dst_nodes[(rng.random(m) ** skew[1] * len(dst_nodes)).astype(np.int64)]
   if m < 4:
     return
   if self_loops:
@@ -382,11 +397,13 @@ def _fill_edges(rng: np.random.Generator, src: np.ndarray, dst: np.ndarray, src_
 
 
 def _random_edges(rng: np.random.Generator, num_edges: int, num_src: int, num_dst: int, *,
-                  same_type: bool, chunk: int = _CHUNK_ROWS) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                  same_type: bool, chunk: int = _CHUNK_ROWS,
+                  skew: tuple[float, float | None] = (2, None)) -> tuple[np.ndarray, dict[str, np.ndarray]]:
   """[2, E] int64 edges with hubs, self loops (if `same_type`), duplicates and edge-less nodes.
 
   About 5% of source-type nodes get no out-edges and, for `same_type`, about
   2% no edges at all; node ids are shuffled so they are not contiguous.
+  `skew` is `_fill_edges`'s (the default: source hubs, uniform destinations).
   """
   perm = rng.permutation(num_src).astype(np.int64)
   no_out = max(1, num_src // 20)
@@ -401,7 +418,7 @@ def _random_edges(rng: np.random.Generator, num_edges: int, num_src: int, num_ds
   for start in range(0, num_edges, chunk):
     stop = min(start + chunk, num_edges)
     _fill_edges(rng, edge_index[0, start:stop], edge_index[1, start:stop], src_nodes, dst_nodes,
-                start, same_type, found)
+                start, same_type, found, skew)
   out_deg = np.bincount(edge_index[0], minlength=num_src)
   anomalies = {
     "self_loops": np.flatnonzero(edge_index[0] == edge_index[1]) if same_type else np.zeros(0, np.int64),
@@ -501,11 +518,38 @@ def write_heterogeneous_node(out: str | os.PathLike, seed: int, num_nodes: dict[
   split/time/nodetype-has-split.csv.gz + split/time/paper/{train,valid,test}.csv.gz.
   edge_reltype is the relation's position in sorted triplet order (0..3).
   """
-  meta = OGB_META["ogbn-mag"]
   counts = {"author": 400, "field_of_study": 60, "institution": 30, "paper": 500}
   counts.update(num_nodes or {})
   edges = {MAG_RELATIONS[0]: 300, MAG_RELATIONS[1]: 1200, MAG_RELATIONS[2]: 2000, MAG_RELATIONS[3]: 1500}
   edges.update(num_edges or {})
+  return _write_heterogeneous(out, seed, counts, edges, feat_dim, _SMALL_LEVEL, {})
+
+
+def write_mag(out: str | os.PathLike, seed: int, scale: float = 1.0, feat_dim: int = MAG_FEAT_DIM) -> OgbTruth:
+  """An ogbn-mag-shaped folder at ogbn-mag's size times `scale`, for tests (0.001) and benchmarks (1.0).
+
+  The layout of `write_heterogeneous_node`, with ogbn-mag's node and edge counts
+  (MAG_NUM_NODES, MAG_NUM_EDGES; each at least 10) times `scale`, power-law-ish
+  degrees (MAG_SKEW) and `feat_dim` paper features (ogbn-mag: 128). The big files are written with gzip
+  level 1. Full scale is 21.1M edges and about 1 GB of feature text.
+
+      truth = write_mag("/tmp/ogbn_mag", seed=0, scale=0.001)  # 736 papers, 7,146 writes edges
+
+  Raises:
+    ValueError: `scale` is not positive or `feat_dim` is below 1.
+  """
+  if not scale > 0 or feat_dim < 1:
+    raise ValueError(f"scale must be > 0 and feat_dim >= 1, got scale={scale!r}, feat_dim={feat_dim!r}")
+  counts = {t: max(10, round(n * scale)) for t, n in MAG_NUM_NODES.items()}
+  edges = {r: max(10, round(e * scale)) for r, e in MAG_NUM_EDGES.items()}
+  return _write_heterogeneous(out, seed, counts, edges, feat_dim, _BIG_LEVEL, MAG_SKEW)
+
+
+def _write_heterogeneous(out: str | os.PathLike, seed: int, counts: dict[str, int], edges: dict[Triplet, int],
+                         feat_dim: int, level: int, skew: dict[Triplet, tuple[float, float | None]]) -> OgbTruth:
+  """The ogbn-mag layout (see `write_heterogeneous_node`); `level` compresses the big files,
+  `skew` maps a relation to `_random_edges`'s skew (the default where absent)."""
+  meta = OGB_META["ogbn-mag"]
   if set(counts) != set(MAG_NODE_TYPES) or set(edges) != set(MAG_RELATIONS):
     raise ValueError(f"node types must be {MAG_NODE_TYPES} and relations {MAG_RELATIONS}")
   out, stage = _start(out, meta)
@@ -520,25 +564,26 @@ def write_heterogeneous_node(out: str | os.PathLike, seed: int, num_nodes: dict[
   anomalies: dict[str, np.ndarray] = {}
   for reltype, triplet in enumerate(triplets):
     head, _, tail = triplet
-    ei, found = _random_edges(rng, edges[triplet], counts[head], counts[tail], same_type=head == tail)
+    ei, found = _random_edges(rng, edges[triplet], counts[head], counts[tail], same_type=head == tail,
+                              skew=skew.get(triplet, (2, None)))
     folder = raw / "relations" / "___".join(triplet)
-    write_csv_gz(folder / "edge.csv.gz", ei.T)
+    write_csv_gz(folder / "edge.csv.gz", ei.T, level=level)
     write_csv_gz(folder / "num-edge-list.csv.gz", np.array([edges[triplet]]))
     reltype_dict[triplet] = np.full((edges[triplet], 1), reltype, np.int64)
-    write_csv_gz(folder / "edge_reltype.csv.gz", reltype_dict[triplet])
+    write_csv_gz(folder / "edge_reltype.csv.gz", reltype_dict[triplet], level=level)
     edge_index_dict[triplet] = ei
     for key, value in found.items():
       anomalies[f"{'___'.join(triplet)}/{key}"] = value
   n_paper = counts["paper"]
-  node_feat = _features(rng, n_paper, feat_dim)
-  write_csv_gz(raw / "node-feat" / "paper" / "node-feat.csv.gz", node_feat, FEAT_DECIMALS)
+  with GzipCsvWriter(raw / "node-feat" / "paper" / "node-feat.csv.gz", level) as w:
+    node_feat = _write_features(w, rng, n_paper, feat_dim)
   years = 2019 - np.minimum(rng.geometric(0.2, (n_paper, 1)) - 1, 9)
-  write_csv_gz(raw / "node-feat" / "paper" / "node_year.csv.gz", years)
+  write_csv_gz(raw / "node-feat" / "paper" / "node_year.csv.gz", years, level=level)
   has = np.array([[t == "paper" for t in types]])
   has_text = ",".join(types) + "\n" + ",".join(str(bool(b)) for b in has[0]) + "\n"
   _write_text_gz(raw / "nodetype-has-label.csv.gz", has_text)
   label = rng.integers(0, meta.num_classes, (n_paper, 1))
-  write_csv_gz(raw / "node-label" / "paper" / "node-label.csv.gz", label)
+  write_csv_gz(raw / "node-label" / "paper" / "node-label.csv.gz", label, level=level)
   split_dir = stage / "split" / meta.split
   _write_text_gz(split_dir / "nodetype-has-split.csv.gz", has_text)
   split = _year_split(years)
@@ -809,9 +854,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("out_dir")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--big", default="", help="NODES,EDGES,FEAT: one products-like folder instead")
+  parser.add_argument("--mag", type=float, default=None,
+                      help="SCALE: one ogbn-mag-shaped folder instead, ogbn-mag's counts times SCALE (1.0: full size)")
   args = parser.parse_args(argv)
+  if args.big and args.mag is not None:
+    parser.error("--big and --mag each write one folder: give one of them")
   start = time.perf_counter()
-  if args.big:
+  if args.mag is not None:
+    truths = [write_mag(Path(args.out_dir) / OGB_META["ogbn-mag"].dir_name, args.seed, args.mag)]
+  elif args.big:
     nodes, edges, feat = (int(v) for v in args.big.split(","))
     truths = [write_big_homogeneous(Path(args.out_dir) / OGB_META["ogbn-products"].dir_name, nodes, edges, feat,
                                     args.seed)]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from formats.graphbin import MAX_NAME_BYTES
 from pipelines.core.errors import UsageError
 from pipelines.ogb_graphs.plan import GraphPlan, nodes_per_partition, relation_types
 
 REVERSE_PREFIX = "rev_"
-MAX_SECTION_NAME = 56  # bytes of a .graphbin section name: formats.graphbin.ENTRY's "56s" (docs/graphbin.md)
 
 
 def reverse_relation_name(relation: str) -> str:
@@ -66,9 +66,9 @@ def add_reverse_relations(plan: GraphPlan, edges_per_partition: int, csc: bool =
     sections = [f"rel/{name}/{x}" for x in ("indptr", "indices", *(section for section, _ in s.extras))]
     sections += [f"csc/rel/{name}/{x}" for x in ("indptr", "indices")] if csc else []
     longest = max(sections, key=lambda x: len(x.encode()))
-    if len(longest.encode()) > MAX_SECTION_NAME:
+    if len(longest.encode()) > MAX_NAME_BYTES:
       raise UsageError(f"--add_reverse_relations=true: section {longest} would be {len(longest.encode())} bytes "
-                       f"long; a .graphbin section name holds {MAX_SECTION_NAME}")
+                       f"long; a .graphbin section name holds {MAX_NAME_BYTES}")
     added.append(dataclasses.replace(s, relation=name, num_rows=s.num_cols, num_cols=s.num_rows,
                                      reverse_of=s.relation))
     num_edges[name] = plan.num_edges[s.relation]

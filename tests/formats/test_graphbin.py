@@ -1,8 +1,14 @@
 
+import hashlib
+import struct
+
+import google_crc32c
 import numpy as np
 import pytest
 
-from formats.graphbin import ENTRY, GraphBin, GraphBinError, GraphBinWriter
+from formats.graphbin import (ENTRY, ENTRY_V2, HEADER, MAX_NAME_BYTES, GraphBin, GraphBinError, GraphBinWriter,
+                              parse_header, parse_table)
+from tests.damage import flip_byte
 
 
 def _write(path, **arrays):
@@ -71,3 +77,122 @@ def test_index_dtype_is_int32_while_every_index_fits():
 
   assert index_dtype(0) == index_dtype(2**31 - 2) == np.int32
   assert index_dtype(2**31 - 1) == index_dtype(2**40) == np.int64
+
+
+# --------------------------------------------------------------------------- versions
+
+# The file `_short_names` writes, as formats/graphbin.py wrote it before version 2 existed.
+V1_SHA256 = "02fdc75220debff88508044faf5a047b27ad19b10a244a0e60e1da1bda7ba4d1"
+LONG = "rel/institution___rev_affiliated_with___author/edge/reltype"  # ogbn-mag's reverse: 59 bytes
+
+
+def _short_names(path, last_name="n" * 56):
+  with GraphBinWriter(path) as w:
+    w.add("indptr", np.array([0, 2, 3, 3, 4], np.int64))
+    w.add("indices", np.array([1, 2, 0, 3], np.int32))
+    w.add(last_name, np.arange(6, dtype=np.float16).reshape(2, 3))
+    w.add_meta({"num_nodes": 4})
+  return path
+
+
+def _version(path) -> int:
+  return struct.unpack_from("<I", open(path, "rb").read(12), 8)[0]
+
+
+def test_names_that_fit_56_bytes_write_version_1_byte_for_byte(tmp_path):
+  path = _short_names(str(tmp_path / "v1.graphbin"))
+  data = open(path, "rb").read()
+  assert hashlib.sha256(data).hexdigest() == V1_SHA256
+  assert _version(path) == 1 and GraphBin(path).header.table_nbytes == 4 * ENTRY.size
+
+
+@pytest.mark.parametrize("name", ["x" * 57, "/".join(["a" * 49] * 4), "é" * 100], ids=["57", "199", "utf8_200"])
+def test_a_longer_name_writes_version_2_and_round_trips(tmp_path, name):
+  path = _short_names(str(tmp_path / "v2.graphbin"), last_name=name)
+  assert _version(path) == 2
+  g = GraphBin(path)
+  assert list(g.sections) == ["indptr", "indices", name, "meta"] and g.meta == {"num_nodes": 4}
+  np.testing.assert_array_equal(g[name], np.arange(6, dtype=np.float16).reshape(2, 3))
+  np.testing.assert_array_equal(g["indptr"], [0, 2, 3, 3, 4])
+  assert all(s.offset % 64 == 0 for s in g.sections.values()) and g.header.table_offset % 64 == 0
+  assert g.header.table_nbytes == 4 * ENTRY_V2.size
+  assert g.header.table_offset + g.header.table_nbytes == g.header.file_size == len(open(path, "rb").read())
+
+
+def test_the_longest_name_is_248_bytes(tmp_path):
+  path = _short_names(str(tmp_path / "ok.graphbin"), last_name="y" * MAX_NAME_BYTES)
+  assert MAX_NAME_BYTES == 248 and "y" * 248 in GraphBin(path)
+  with GraphBinWriter(str(tmp_path / "long.graphbin")) as w:
+    with pytest.raises(ValueError, match=r"section name 'zzz.*' must be 1..248 bytes"):
+      w.add("z" * 249, np.arange(3))
+    with pytest.raises(ValueError, match="must be 1..248 bytes"):
+      w.add("é" * 125, np.arange(3))  # 125 characters, 250 bytes
+
+
+@pytest.mark.parametrize("version", [0, 3, 2**32 - 1])
+def test_an_unknown_version_is_refused(tmp_path, version):
+  path = _short_names(str(tmp_path / "v.graphbin"))
+  with open(path, "r+b") as f:
+    f.seek(8)
+    f.write(struct.pack("<I", version))
+  message = rf"v.graphbin: .graphbin version {version} is not supported \(expected one of \[1, 2\]\)"
+  with pytest.raises(GraphBinError, match=message):
+    GraphBin(path)
+
+
+@pytest.mark.parametrize("name", ["n" * 56, LONG], ids=["v1", "v2"])
+def test_header_and_table_parse_from_ranged_reads(tmp_path, name):
+  """What a ranged (gs://) reader does: 64 bytes, then the table, with the checks GraphBin makes."""
+  path = _short_names(str(tmp_path / "r.graphbin"), last_name=name)
+  data = open(path, "rb").read()
+  h = parse_header(data[:HEADER.size], "gs://b/r.graphbin", size=len(data))
+  version, count, table_offset, file_size, table_crc = h
+  assert (version, count, file_size) == (1 if name == "n" * 56 else 2, 4, len(data))
+  sections = parse_table(data[table_offset:table_offset + h.table_nbytes], h, "gs://b/r.graphbin")
+  assert sections == GraphBin(path).sections
+  with pytest.raises(GraphBinError, match=r"gs://b/r.graphbin: header says .* bytes, the file has .* \(truncated\?\)"):
+    parse_header(data[:HEADER.size], "gs://b/r.graphbin", size=len(data) - 1)
+  with pytest.raises(GraphBinError, match="gs://b/r.graphbin: 10 bytes is too short for a .graphbin header"):
+    parse_header(data[:10], "gs://b/r.graphbin")
+  with pytest.raises(GraphBinError, match=f"section table at offset {table_offset} is {h.table_nbytes - 1} bytes"):
+    parse_table(data[table_offset:table_offset + h.table_nbytes - 1], h, "gs://b/r.graphbin")
+
+
+def test_version_2_keeps_every_check(tmp_path):
+  path = _short_names(str(tmp_path / "c.graphbin"), last_name=LONG)
+  g = GraphBin(path)
+  h, off = g.header, g.sections[LONG].offset
+  del g
+  flip_byte(path, off + 1)
+  with pytest.raises(GraphBinError, match=f"section '{LONG}' at offset {off} fails its checksum"):
+    GraphBin(path)
+  flip_byte(path, off + 1)
+  flip_byte(path, h.table_offset + 2 * ENTRY_V2.size + 100)  # inside the long name's entry
+  with pytest.raises(GraphBinError, match=f"section table at offset {h.table_offset} fails its checksum"):
+    GraphBin(path)
+  flip_byte(path, h.table_offset + 2 * ENTRY_V2.size + 100)
+  data = open(path, "rb").read()
+  open(path, "wb").write(data[:-ENTRY_V2.size])
+  with pytest.raises(GraphBinError, match="truncated"):
+    GraphBin(path)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    (2, 5, r"section 'rel/.*' in the table at offset \d+: 5 dimensions \(at most 4\)"),
+    (8, 7, r"section 'rel/.*' at offset \d+: shape and size disagree"),
+    (7, 10**6, r"section 'rel/.*' at offset 1000000 runs into the table"),
+], ids=["ndim", "nbytes", "offset"])
+def test_a_bad_entry_with_a_good_table_checksum_is_refused(tmp_path, field, value, message):
+  """Entries of either version are checked alike: (name, dtype, ndim, 4 x shape, offset, nbytes, crc)."""
+  path = _short_names(str(tmp_path / "e.graphbin"), last_name=LONG)
+  data = bytearray(open(path, "rb").read())
+  h = parse_header(bytes(data[:HEADER.size]))
+  at = h.table_offset + 2 * ENTRY_V2.size
+  entry = list(ENTRY_V2.unpack_from(data, at))
+  entry[field] = value
+  ENTRY_V2.pack_into(data, at, *entry)
+  table_crc = google_crc32c.value(bytes(data[h.table_offset:]))
+  struct.pack_into("<I", data, 32, table_crc)  # HEADER "<8sIIQQI": the table's CRC at byte 32
+  open(path, "wb").write(bytes(data))
+  with pytest.raises(GraphBinError, match=message):
+    GraphBin(path, verify=False)

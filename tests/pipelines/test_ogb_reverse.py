@@ -41,22 +41,7 @@ def _csr_pairs(indptr: np.ndarray, indices: np.ndarray) -> Counter:
   return Counter(zip(rows.tolist(), np.asarray(indices).tolist()))
 
 
-LONG_RELATION = "author___affiliated_with___institution"  # its reverse's edge/reltype name is 59 bytes
-
-
-def _copy(truth: mo.OgbTruth, dest, drop_files=(), drop_relation: str | None = None) -> str:
-  """A copy of the folder without some files, or without a whole relation."""
-  shutil.copytree(truth.folder, dest)
-  for f in drop_files:
-    os.remove(os.path.join(dest, f))
-  if drop_relation:
-    shutil.rmtree(os.path.join(dest, "raw", "relations", drop_relation))
-    path = os.path.join(dest, "raw", "triplet-type-list.csv.gz")
-    with gzip.open(path, "rt") as f:
-      lines = [x for x in f if "___".join(x.strip().split(",")) != drop_relation]
-    with gzip.open(path, "wt") as f:
-      f.writelines(lines)
-  return str(dest)
+LONG_RELATION = "author___affiliated_with___institution"  # its reverse's edge/reltype name is 59 bytes: .graphbin v2
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +61,11 @@ def mag(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(mag, tmp_path_factory):
-  """(output folder, manifest): reverse relations, small partitions (several per relation).
-
-  The reverse of affiliated_with cannot hold an edge/reltype array (its section name would be
-  59 bytes: test_too_long_section_name_is_refused), so its edge_reltype file is left out here.
-  """
+  """(output folder, manifest): reverse relations, small partitions (several per relation), every
+  relation with its edge_reltype file as OGB ships ogbn-mag."""
   truth, _ = mag
   root = tmp_path_factory.mktemp("ogb_rev_out")
-  folder = _copy(truth, root / "ogbn_mag", [f"raw/relations/{LONG_RELATION}/edge_reltype.csv.gz"])
-  return str(root / "mag"), _run(folder, str(root / "mag"), "--add_reverse_relations=true",
+  return str(root / "mag"), _run(str(truth.folder), str(root / "mag"), "--add_reverse_relations=true",
                                  "--edges_per_partition=300")
 
 
@@ -122,8 +103,7 @@ def test_neighbours_in_raw_file_order_with_edge_arrays_aligned(mag, converted):
     np.testing.assert_array_equal(indptr, np.concatenate([[0], np.cumsum(np.bincount(ei[1], minlength=truth.num_nodes_dict[tail]))]))
     np.testing.assert_array_equal(indices, ei[0][order])
     prefix = f"rel/{_rev(relation)}/edge/"
-    if relation != LONG_RELATION:
-      np.testing.assert_array_equal(g.bin[prefix + "reltype"], truth.edge_extra_dict["edge_reltype"][triplet][order])
+    np.testing.assert_array_equal(g.bin[prefix + "reltype"], truth.edge_extra_dict["edge_reltype"][triplet][order])
     if relation == FEAT_RELATION:
       assert g.bin[prefix + "feat"].dtype == np.float32
       np.testing.assert_array_equal(g.bin[prefix + "feat"], extra[relation].astype(np.float32)[order])
@@ -136,13 +116,12 @@ def test_neighbours_in_raw_file_order_with_edge_arrays_aligned(mag, converted):
 @pytest.mark.slow
 def test_with_csc_the_reverse_of_a_reverse_is_the_raw_csr(mag, tmp_path):
   truth, _ = mag
-  folder = _copy(truth, tmp_path / "ogbn_mag", drop_relation=LONG_RELATION)  # csc/rel/<its reverse>/indices: 58 bytes
   out = str(tmp_path / "out")
-  m = _run(folder, out, "--add_reverse_relations=true", "--csc=true", "--edges_per_partition=300")
+  m = _run(str(truth.folder), out, "--add_reverse_relations=true", "--csc=true", "--edges_per_partition=300")
   g = lg.load(out)
-  kept = [r for r in RELATIONS if r != LONG_RELATION]
-  assert g.meta["relations"] == kept + [_rev(r) for r in kept] and m.graph["csc"] is True
-  for relation in kept:
+  assert g.meta["relations"] == RELATIONS + [_rev(r) for r in RELATIONS] and m.graph["csc"] is True
+  assert f"csc/rel/{_rev(LONG_RELATION)}/indices" in g.bin  # 58 bytes: a version 2 table
+  for relation in RELATIONS:
     np.testing.assert_array_equal(g.bin[f"csc/rel/{_rev(relation)}/indptr"], g.relation(relation)[0])
     np.testing.assert_array_equal(g.bin[f"csc/rel/{_rev(relation)}/indices"], g.relation(relation)[1])
     np.testing.assert_array_equal(g.bin[f"csc/rel/{relation}/indptr"], g.relation(_rev(relation))[0])
@@ -195,16 +174,36 @@ def test_flag_on_a_homogeneous_set_is_a_usage_error(tmp_path):
   assert not out.exists() or not any(out.iterdir())
 
 
+def test_ogbn_mag_names_are_written_as_graphbin_version_2(converted):
+  """Without reverse relations every name fits version 1's 56 bytes (test_outputs_unchanged); with them
+  ogbn-mag's `rel/institution___rev_affiliated_with___author/edge/reltype` is 59 bytes."""
+  g = lg.load(converted[0])
+  assert g.bin.header.version == 2 and f"rel/{_rev(LONG_RELATION)}/edge/reltype" in g.bin
+
+
+# 207 characters: every raw section fits 248 bytes (the longest, rel/<raw>/edge/reltype, is 247),
+# and its reverse's do not: rel/<reverse>/edge/reltype is 251 bytes, csc/rel/<reverse>/indices 250.
+LONGEST = ("author", "a" * 207, "institution")
+
+
 @pytest.mark.parametrize("flags", [(), ("--csc=true",)], ids=["edge_array", "csc"])
 def test_too_long_section_name_is_refused(mag, tmp_path, flags):
-  """ogbn-mag's own layout: every relation has edge_reltype, and institution___rev_affiliated_with___author's
-  sections do not fit a .graphbin's 56-byte names; refused before the job starts, nothing written."""
+  """A reverse relation whose section name would not fit a .graphbin's 248-byte names is refused before
+  the job starts, nothing written."""
   truth, _ = mag
-  folder, out = str(truth.folder), tmp_path / "out"
-  if flags:
-    folder = _copy(truth, tmp_path / "ogbn_mag", [f"raw/relations/{LONG_RELATION}/edge_reltype.csv.gz"])
-  section = (f"csc/rel/{_rev(LONG_RELATION)}/indices" if flags else f"rel/{_rev(LONG_RELATION)}/edge/reltype")
-  with pytest.raises(UsageError, match=f"section {section} would be {len(section)} bytes long; .* holds 56$"):
+  folder = tmp_path / "ogbn_mag"
+  shutil.copytree(truth.folder, folder)
+  name = "___".join(LONGEST)
+  mo.write_csv_gz(folder / "raw" / "relations" / name / "edge.csv.gz", np.array([[0, 0]]))
+  mo.write_csv_gz(folder / "raw" / "relations" / name / "num-edge-list.csv.gz", np.array([[1]]))
+  if not flags:
+    mo.write_csv_gz(folder / "raw" / "relations" / name / "edge_reltype.csv.gz", np.array([[4]]))
+  with gzip.open(folder / "raw" / "triplet-type-list.csv.gz", "at") as f:
+    f.write(",".join(LONGEST) + "\n")
+  out = tmp_path / "out"
+  section = f"csc/rel/{_rev(name)}/indices" if flags else f"rel/{_rev(name)}/edge/reltype"
+  assert len(section) == (250 if flags else 251)
+  with pytest.raises(UsageError, match=f"section {section} would be {len(section)} bytes long; .* holds 248$"):
     ogb_graphs.run([f"--input={folder}", f"--output={out}", "--add_reverse_relations=true", *flags])
   assert not out.exists() or not any(out.iterdir())
 
