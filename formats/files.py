@@ -323,6 +323,20 @@ def download(path: str, local_path: str) -> None:
       os.remove(tmp)
 
 
+def cache_path(path: str, sha256: str, cache_root: str) -> str:
+  """Where the cached copy of `path` lives: `<cache_root>/<sha256[:16]>/<basename>`.
+
+  Args:
+    path: a local or gs:// file.
+    sha256: its hex SHA-256 (from the manifest).
+    cache_root: the cache folder.
+
+  Returns:
+    The local path (a `.verified` marker beside it says the copy is complete and checked).
+  """
+  return os.path.join(cache_root, sha256[:16], os.path.basename(path))
+
+
 def cached_copy(path: str, sha256: str, cache_root: str) -> str:
   """A local, verified copy of `path` under `cache_root`, downloaded once.
 
@@ -341,7 +355,7 @@ def cached_copy(path: str, sha256: str, cache_root: str) -> str:
   Raises:
     ValueError: the download's SHA-256 differs.
   """
-  local = os.path.join(cache_root, sha256[:16], os.path.basename(path))
+  local = cache_path(path, sha256, cache_root)
   if not os.path.exists(local + ".verified"):
     download(path, local)
     digest = sha256_file(local)

@@ -1,8 +1,9 @@
 """A graph output opened for reading: the memory-mapped `.graphbin` and how it is found, fetched and verified.
 
 `load(path)` takes a graph output folder (or the .graphbin in it), local or
-gs://; a gs:// graph is downloaded once into a cache and checked against the
-manifest's SHA-256, then every section's CRC once. `Graph` is the mapped file:
+gs://; a gs:// graph is downloaded once into a cache by parallel ranged reads
+(formats.gcs_download), its manifest SHA-256 and every section's CRC checked
+as the bytes arrive, and resumed when interrupted. `Graph` is the mapped file:
 its arrays are read-only views. No framework.
 """
 
@@ -12,11 +13,12 @@ import os
 
 import numpy as np
 
-from formats import files
-from formats.graphbin import GraphBin
+from formats import files, gcs_download
+from formats.errors import CorruptRecordError, GraphBinError
+from formats.graphbin import HEADER, GraphBin, parse_header, parse_table
 from formats.integrity import Verify, verify_level
-from formats.manifest import MANIFEST_FILENAME
-from formats.output import is_output, open_output
+from formats.manifest import MANIFEST_FILENAME, FileInfo
+from formats.output import DEFAULT_CACHE_ROOT, is_output, open_output
 
 
 class Graph:
@@ -101,12 +103,17 @@ class Graph:
     return out
 
 
-def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> Graph:
+def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, streams: int = 8,
+         chunk_bytes: int = 32 << 20, progress: bool = True) -> Graph:
   """Opens a graph output (its folder, or the .graphbin itself), local or gs://.
 
   The output is opened through formats.output. A gs:// graph is downloaded
-  once into `cache_dir` and its SHA-256 checked against the manifest as it
-  arrives, then every section's CRC once; later loads reuse the verified copy.
+  once into `cache_dir` by `streams` parallel ranged reads pinned to one
+  generation of the object; its SHA-256 (the manifest's) and every section's
+  CRC are checked as the bytes arrive, and an interrupted download is resumed
+  by the next load. Later loads reuse the verified copy.
+
+      graph = load("gs://bucket/graphs/ogbn_products", streams=16)
 
   Args:
     path: the output folder, or the .graphbin in it; local or gs://. A local
@@ -114,16 +121,23 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> 
     cache_dir: where gs:// graphs are cached (default ~/.cache/tpu_shards/graphs).
     verify: how a local graph is proven: "sha256" (default; once per file per
       process, or every section's CRC when there is no manifest), "size" or "none".
+    streams: gs:// only: ranged reads in flight at once.
+    chunk_bytes: gs:// only: bytes per ranged read (each stream holds one in memory).
+    progress: gs:// only: a progress bar on stderr when it is a terminal, else a log line every few seconds.
 
   Returns:
     The mapped graph.
 
   Raises:
     NotAnOutputError: the folder has no manifest (a FileNotFoundError).
-    FileNotFoundError: the manifest lists no such graph.
-    CorruptRecordError: the file differs from the manifest at level `verify`.
+    FileNotFoundError: the manifest lists no such graph, or the object is missing.
+    CorruptRecordError: the file differs from the manifest at level `verify`, or
+      (gs://) a section's CRC or the SHA-256 differs; nothing is left in the cache.
     GraphBinError: the file is not a valid .graphbin.
-    ValueError: `verify` is not a level.
+    NotEnoughSpaceError: (gs://) the cache's disk cannot hold the graph (an OSError); nothing is written.
+    SourceChangedError: (gs://) the object was replaced during the download.
+    ConnectionError: (gs://) a range kept failing; the next load resumes the download.
+    ValueError: `verify`, `streams` or `chunk_bytes` is not valid.
   """
   level = verify_level(verify)
   folder, file_name = path, None
@@ -131,6 +145,7 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> 
     folder, file_name = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path), os.path.basename(path)
     if not files.is_gcs(path) and not is_output(folder):
       return Graph(path, verify=level == "sha256")  # no manifest: every section's CRC stands in for its digest
+  options = gcs_download.DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=progress)
   output = open_output(folder)
   blobs = [f for f in output.files
            if f.kind == "graphbin" and (file_name is None or os.path.basename(f.path) == file_name)]
@@ -139,10 +154,31 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256") -> 
   info = blobs[0]
   if not files.is_gcs(folder):
     return Graph(output.local_copy(info, verify=level), verify=False)
-  # The download's SHA-256 was checked as it arrived; the cached copy is trusted from then on.
-  local = output.local_copy(info, cache_dir, verify="none")
-  marker = local + ".sections-verified"
-  if not os.path.exists(marker):
-    Graph(local, verify=True)  # every section's CRC, once
-    open(marker, "w").close()
+  src = output.shard_path(info)
+  local = files.cache_path(src, info.sha256, cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "graphs"))
+  # The cached copy was proven when it was downloaded (its digest and every section's CRC) and is trusted since.
+  verified, sections_verified = local + ".verified", local + ".sections-verified"
+  if not (os.path.exists(verified) and os.path.exists(local)):
+    _download(src, info, local, options)
+    open(sections_verified, "w").close()
+    open(verified, "w").close()
+  elif not os.path.exists(sections_verified):  # downloaded by an older version, which checked the sections apart
+    Graph(local, verify=True)
+    open(sections_verified, "w").close()
   return Graph(local, verify=False)
+
+
+def _download(src: str, info: FileInfo, local: str, options: gcs_download.DownloadOptions) -> None:
+  """Fetches the .graphbin `src` into `local`: its header and section table first, then every byte, checked."""
+  obj = gcs_download.remote_object(src)
+  if obj.size != info.num_bytes:
+    raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes} (corrupt or changed)")
+  header = parse_header(gcs_download.read_range(obj, 0, min(HEADER.size, obj.size), options), src, obj.size)
+  table = gcs_download.read_range(obj, header.table_offset, header.table_offset + header.table_nbytes, options) \
+      if header.table_nbytes else b""
+  try:
+    sections = parse_table(table, header, src)
+  except GraphBinError as e:  # the table's checksum or contents: bytes that differ from what the writer wrote
+    raise CorruptRecordError(str(e)) from None
+  checks = [gcs_download.RangeCheck(s.name, s.offset, s.nbytes, s.crc32c) for s in sections.values()]
+  gcs_download.download(obj, local, info.sha256, checks, options)

@@ -1,0 +1,565 @@
+"""Parallel, resumable, verified download of one gs:// object into a local file.
+
+    obj = remote_object("gs://bucket/graphs/g.graphbin")      # size and generation, pinned from here on
+    download(obj, "/cache/ab12/g.graphbin", sha256=info.sha256,
+             checks=[RangeCheck("indptr", 64, 8008, 0x1c2b3a49)], options=DownloadOptions(streams=8))
+
+How: `streams` threads fetch `chunk_bytes` ranges of the object (each read
+pinned to the generation seen first, each retried with backoff on transient
+errors) and os.pwrite them into a preallocated `<dest>.partial`. The calling
+thread walks the chunks on disk in file order, reading them back, and extends
+the SHA-256 of the whole file (the manifest's digest, the trust anchor) and
+the CRC32C of every `RangeCheck` as it goes: verification ends with the last
+chunk, and a bad range stops the download at once. Only a verified file is
+renamed to `dest`; a mismatch discards the partial and raises CorruptRecordError.
+
+Resuming: `<dest>.partial.json` records the object's generation and size and
+the byte ranges on disk (rewritten atomically, by rename, after each chunk is
+written). An interrupted call (an exception, a killed process) leaves both
+files; the next call fetches only the missing ranges when the generation and
+size still match, and starts over otherwise. Resumed bytes are hashed again
+from the partial file, so the digest still covers every byte; a resumed
+download that fails verification (a partial damaged since, chunks a power
+loss took) is fetched again from scratch once before anything is reported.
+
+Format-agnostic: the caller says which ranges carry which CRC32C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+import concurrent.futures
+import dataclasses
+import errno
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import threading
+import time
+
+import google_crc32c
+
+from formats import files
+from formats.errors import CorruptRecordError
+
+__all__ = [
+    "DownloadOptions", "DownloadStats", "NotEnoughSpaceError", "RangeCheck", "RemoteObject", "SourceChangedError",
+    "download", "read_range", "remote_object",
+]
+
+logger = logging.getLogger(__name__)
+
+MiB = 1 << 20
+PARTIAL_SUFFIX = ".partial"
+SIDECAR_SUFFIX = ".partial.json"
+_SIDECAR_FORMAT = "tpu_shards.partial_download"
+_HASH_BLOCK = 8 * MiB  # bytes read back from the partial file at a time for hashing
+_MAX_BACKOFF_S = 30.0
+# How often a non-TTY progress report is logged, and how often a TTY bar is redrawn (seconds).
+LOG_EVERY_S = 5.0
+_BAR_EVERY_S = 0.2
+
+
+class NotEnoughSpaceError(OSError):
+  """The local disk cannot hold the download; nothing was written."""
+
+
+class SourceChangedError(RuntimeError):
+  """The object was replaced or deleted during the download; nothing of it was kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DownloadOptions:
+  """How a download runs.
+
+  Attributes:
+    streams: ranged reads in flight at once (threads).
+    chunk_bytes: bytes per ranged read; each stream holds one chunk in memory.
+    retries: further tries of a chunk after a transient error (HTTP 429/5xx,
+      a dropped or timed-out connection, a short read).
+    backoff_s: the first wait before a retry; doubled each time (jittered, at most 30 s).
+    progress: show progress: a bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds.
+  """
+
+  streams: int = 8
+  chunk_bytes: int = 32 * MiB
+  retries: int = 5
+  backoff_s: float = 0.5
+  progress: bool = True
+
+  def __post_init__(self):
+    if not isinstance(self.streams, int) or self.streams < 1:
+      raise ValueError(f"streams must be an integer >= 1, got {self.streams!r}")
+    if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 4096:
+      raise ValueError(f"chunk_bytes must be an integer >= 4096, got {self.chunk_bytes!r}")
+    if not isinstance(self.retries, int) or self.retries < 0:
+      raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
+    if self.backoff_s < 0:
+      raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeCheck:
+  """A byte range of the object whose CRC32C is known (a .graphbin section)."""
+
+  name: str
+  offset: int
+  nbytes: int
+  crc32c: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteObject:
+  """A gs:// object as first seen: every later read is pinned to this generation."""
+
+  path: str
+  size: int
+  generation: int
+
+
+@dataclasses.dataclass
+class DownloadStats:
+  """What one call did (for tests, benchmarks and logs).
+
+  Attributes:
+    bytes_fetched: bytes read from the object in this call.
+    ranges_fetched: the [start, stop) ranges read in this call, sorted.
+    bytes_resumed: bytes an earlier call had left in the partial file and this one kept.
+    retries: chunk reads retried after a transient error.
+    seconds: wall time of the call.
+  """
+
+  bytes_fetched: int = 0
+  ranges_fetched: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+  bytes_resumed: int = 0
+  retries: int = 0
+  seconds: float = 0.0
+
+
+def remote_object(path: str) -> RemoteObject:
+  """The size and generation of a gs:// object (one metadata request).
+
+  Args:
+    path: a gs:// path.
+
+  Returns:
+    The object as it is now.
+
+  Raises:
+    FileNotFoundError: there is no such object.
+  """
+  blob = files.gcs_blob(path)
+  try:
+    blob.reload()
+  except files.gcs_not_found():
+    raise FileNotFoundError(path) from None
+  return RemoteObject(path, int(blob.size), int(blob.generation))
+
+
+def read_range(obj: RemoteObject, start: int, stop: int, options: DownloadOptions = DownloadOptions(),
+               stats: DownloadStats | None = None) -> bytes:
+  """Bytes [start, stop) of the object's pinned generation, retried on transient errors.
+
+  Args:
+    obj: the object (its generation is required to match).
+    start: the first byte.
+    stop: one past the last byte.
+    options: the retry budget and backoff.
+    stats: counts retries when given.
+
+  Returns:
+    Exactly stop - start bytes.
+
+  Raises:
+    SourceChangedError: the object was replaced (HTTP 412) or deleted.
+    ConnectionError: transient errors outlasted the retries (the partial stays resumable).
+  """
+  if stop <= start:
+    return b""
+  not_found, precondition_failed = files.gcs_not_found(), files.gcs_precondition_failed()
+  blob = files.gcs_blob(obj.path)
+  for attempt in range(options.retries + 1):
+    try:
+      data = blob.download_as_bytes(start=start, end=stop - 1, if_generation_match=obj.generation,
+                                    raw_download=True, checksum=None, retry=None, single_shot_download=True)
+      if len(data) != stop - start:
+        raise _ShortRead(f"{len(data)} bytes for a range of {stop - start}")
+      return data
+    except precondition_failed:
+      raise SourceChangedError(f"{obj.path} was replaced during the download (generation {obj.generation} "
+                               "no longer current); load it again") from None
+    except not_found:
+      raise SourceChangedError(f"{obj.path} was deleted during the download") from None
+    except Exception as e:
+      if not _transient(e):
+        raise
+      if attempt == options.retries:
+        raise ConnectionError(f"{obj.path}: bytes [{start}, {stop}) failed {attempt + 1} times, last: "
+                              f"{type(e).__name__}: {e}") from e
+      if stats is not None:
+        stats.retries += 1  # a racy count across threads is fine: it is a report
+      delay = min(options.backoff_s * 2**attempt, _MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
+      logger.info("%s: bytes [%d, %d): %s, retrying in %.2f s", obj.path, start, stop, type(e).__name__, delay)
+      time.sleep(delay)
+  raise AssertionError("unreachable")
+
+
+class _ShortRead(ConnectionError):
+  """A range answered with fewer bytes than asked: a dropped connection the client did not notice."""
+
+
+@functools.lru_cache(maxsize=1)
+def _transient_types() -> tuple[type[Exception], ...]:
+  from google.api_core import exceptions as api
+  import requests
+
+  return (api.TooManyRequests, api.InternalServerError, api.BadGateway, api.ServiceUnavailable,
+          api.GatewayTimeout, requests.ConnectionError, requests.Timeout,
+          requests.exceptions.ChunkedEncodingError, ConnectionError, TimeoutError)
+
+
+def _transient(e: Exception) -> bool:
+  """Whether a failed read is worth another try (never a wrong answer: those are not retried)."""
+  return isinstance(e, _transient_types())
+
+
+def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCheck] = (),
+             options: DownloadOptions = DownloadOptions()) -> DownloadStats:
+  """Downloads `obj` to the local file `dest`, verified, resuming an earlier partial download.
+
+  Args:
+    obj: the object (remote_object()); its generation is pinned.
+    dest: the local file (its folder is created). Renamed into place only when verified.
+    sha256: the expected hex SHA-256 of the whole object.
+    checks: ranges whose CRC32C is checked as their bytes arrive.
+    options: streams, chunk size, retries, progress.
+
+  Returns:
+    What was fetched.
+
+  Raises:
+    NotEnoughSpaceError: the disk of `dest` lacks room for what is still missing (checked before anything is written).
+    CorruptRecordError: a range's CRC32C or the SHA-256 differs; the partial download is deleted.
+    SourceChangedError: the object was replaced or deleted meanwhile; the partial download is deleted.
+    ConnectionError: a chunk kept failing; the partial download stays, and the next call resumes it.
+    BlockingIOError: another process is downloading into the same `dest`.
+  """
+  started = time.monotonic()
+  stats = DownloadStats()
+  folder = os.path.dirname(os.path.abspath(dest))
+  done = _resumable_ranges(dest, obj)
+  _check_space(obj, folder, dest, done)
+  os.makedirs(folder, exist_ok=True)
+  partial = dest + PARTIAL_SUFFIX
+  fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise BlockingIOError(errno.EWOULDBLOCK, f"another process is downloading {obj.path} into {dest}") from None
+    done = _resumable_ranges(dest, obj)  # again, now that no other process can change it
+    if not done:
+      _start_over(fd, obj, dest)
+    stats.bytes_resumed = sum(b - a for a, b in done)
+    run = _Run(obj, dest, fd, sha256, checks, options, stats, done)
+    try:
+      run.go()
+    except (CorruptRecordError, SourceChangedError):
+      if stats.bytes_resumed:
+        logger.warning("%s: a resumed partial download failed verification; fetching it again from scratch", obj.path)
+        _discard(dest)
+        os.close(fd)
+        fd = -1
+        return download(obj, dest, sha256, checks, options)
+      _discard(dest)
+      raise
+    os.replace(partial, dest)
+    _remove(dest + SIDECAR_SUFFIX)
+  finally:
+    if fd >= 0:
+      os.close(fd)
+  stats.seconds = time.monotonic() - started
+  stats.ranges_fetched.sort()
+  return stats
+
+
+class _Run:
+  """One call's chunks in flight, the in-order verifier and the progress report."""
+
+  def __init__(self, obj: RemoteObject, dest: str, fd: int, sha256: str, checks: Sequence[RangeCheck],
+               options: DownloadOptions, stats: DownloadStats, done: list[tuple[int, int]]):
+    self.obj, self.dest, self.fd, self.options, self.stats = obj, dest, fd, options, stats
+    self.done = list(done)
+    self.lock = threading.Lock()
+    self.stop = threading.Event()
+    self.verifier = _Verifier(obj.path, fd, sha256, checks)
+    self.progress = _Progress(obj.path, obj.size, stats.bytes_resumed, options)
+
+  def go(self) -> None:
+    step = self.options.chunk_bytes
+    missing = [(a, min(a + step, hi)) for lo, hi in _missing(self.done, self.obj.size) for a in range(lo, hi, step)]
+    pool = concurrent.futures.ThreadPoolExecutor(self.options.streams, thread_name_prefix="gcs-download")
+    ok = False
+    try:
+      pending = {pool.submit(self._fetch, a, b) for a, b in missing}
+      while pending:
+        finished, pending = concurrent.futures.wait(pending, timeout=_BAR_EVERY_S,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        for f in finished:
+          f.result()
+        with self.lock:
+          ready, have = _contiguous_end(self.done), sum(b - a for a, b in self.done)
+        self.verifier.advance(ready)
+        self.progress.update(have)
+      self.verifier.advance(self.obj.size)
+      self.verifier.finish()
+      try:
+        now = remote_object(self.obj.path)
+      except FileNotFoundError:
+        raise SourceChangedError(f"{self.obj.path} was deleted during the download") from None
+      if now.generation != self.obj.generation:  # a server that ignores if_generation_match
+        raise SourceChangedError(f"{self.obj.path} was replaced during the download (generation "
+                                 f"{self.obj.generation} -> {now.generation}); load it again")
+      os.fsync(self.fd)
+      ok = True
+    finally:
+      self.stop.set()
+      pool.shutdown(wait=True, cancel_futures=True)
+      self.progress.close(ok, self.stats)
+
+  def _fetch(self, start: int, stop: int) -> None:
+    if self.stop.is_set():
+      return
+    data = read_range(self.obj, start, stop, self.options, self.stats)
+    view = memoryview(data)
+    at = start
+    while view:
+      n = os.pwrite(self.fd, view, at)
+      view, at = view[n:], at + n
+    # No fdatasync per chunk: a killed process loses nothing the kernel holds, and after a power loss a
+    # chunk the sidecar lists but the disk lost fails the digest of the resumed download, which then
+    # starts over (see download). One fsync before the rename makes the finished file durable.
+    with self.lock:
+      self.done = _merge(self.done + [(start, stop)])
+      self.stats.bytes_fetched += stop - start
+      self.stats.ranges_fetched.append((start, stop))
+      _write_sidecar(self.dest, self.obj, self.done)
+
+
+class _Verifier:
+  """The SHA-256 of the whole file and the CRC32C of each check, extended in file order."""
+
+  def __init__(self, source: str, fd: int, sha256: str, checks: Iterable[RangeCheck]):
+    self.source, self.fd, self.expected = source, fd, sha256
+    self.hash = hashlib.sha256()
+    self.pos = 0
+    self.checks = sorted(checks, key=lambda c: (c.offset, c.nbytes))
+    self.next = 0  # the first check not yet finished
+    self.crcs: dict[int, int] = {}
+
+  def advance(self, end: int) -> None:
+    """Hashes the partial file's bytes [pos, end) (all on disk); raises at the first bad range."""
+    while self.pos < end:
+      n = min(_HASH_BLOCK, end - self.pos)
+      data = os.pread(self.fd, n, self.pos)
+      if len(data) != n:
+        raise OSError(f"{self.source}: the partial file ends at {self.pos + len(data)}, expected {end}")
+      self.hash.update(data)
+      self._extend(data, self.pos)
+      self.pos += n
+
+  def _extend(self, data: bytes, at: int) -> None:
+    stop = at + len(data)
+    i = self.next
+    while i < len(self.checks) and self.checks[i].offset <= stop:
+      c = self.checks[i]
+      lo, hi = max(c.offset, at), min(c.offset + c.nbytes, stop)
+      if hi > lo:
+        self.crcs[i] = google_crc32c.extend(self.crcs.get(i, 0), data[lo - at:hi - at])
+      if c.offset + c.nbytes <= stop:
+        self._check(i)
+        if i == self.next:
+          self.next += 1
+      i += 1
+
+  def _check(self, i: int) -> None:
+    c = self.checks[i]
+    got = self.crcs.pop(i, 0)
+    if got != c.crc32c:
+      raise CorruptRecordError(f"{self.source}: section {c.name!r} at offset {c.offset} fails its checksum "
+                               f"(CRC32C {got:08x}, its table says {c.crc32c:08x}); the download was discarded")
+
+  def finish(self) -> None:
+    """Checks the whole file's SHA-256 (every byte has been hashed)."""
+    for i in range(self.next, len(self.checks)):  # ranges past the end: a bad table, never silently skipped
+      c = self.checks[i]
+      raise CorruptRecordError(f"{self.source}: section {c.name!r} at offset {c.offset} runs past the end")
+    digest = self.hash.hexdigest()
+    if digest != self.expected:
+      raise CorruptRecordError(f"{self.source}: sha256 {digest[:12]}... differs from the manifest's "
+                               f"{self.expected[:12]}... (corrupt or changed); the download was discarded")
+
+
+class _Progress:
+  """A bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds."""
+
+  def __init__(self, label: str, total: int, resumed: int, options: DownloadOptions):
+    self.label, self.total, self.resumed, self.streams = label, total, resumed, options.streams
+    self.enabled = options.progress
+    self.tty = self.enabled and sys.stderr.isatty()
+    self.start = self.last = time.monotonic()
+    self.have = resumed
+    if self.enabled and not self.tty:
+      logger.info("%s: downloading %s with %d streams%s", label, _mb(total), options.streams,
+                  f", {_mb(resumed)} already on disk" if resumed else "")
+
+  def _line(self, now: float) -> str:
+    rate = (self.have - self.resumed) / max(now - self.start, 1e-9)
+    left = self.total - self.have
+    eta = f"{left / rate:.0f} s" if rate > 0 else "?"
+    pct = 100.0 * self.have / self.total if self.total else 100.0
+    return f"{self.label}: {_mb(self.have)} / {_mb(self.total)} ({pct:.0f}%), {rate / 1e6:.1f} MB/s, ETA {eta}"
+
+  def update(self, have: int) -> None:
+    self.have = have
+    if not self.enabled:
+      return
+    now = time.monotonic()
+    if now - self.last < (_BAR_EVERY_S if self.tty else LOG_EVERY_S):
+      return
+    self.last = now
+    if self.tty:
+      sys.stderr.write("\r" + self._line(now) + "\x1b[K")
+      sys.stderr.flush()
+    else:
+      logger.info("%s", self._line(now))
+
+  def close(self, ok: bool, stats: DownloadStats) -> None:
+    if not self.enabled:
+      return
+    now = time.monotonic()
+    if ok:
+      self.have = self.total
+    if self.tty:
+      sys.stderr.write("\r" + self._line(now) + "\x1b[K\n")
+      sys.stderr.flush()
+    elapsed = now - self.start
+    logger.info("%s: %s %s in %.1f s (%.1f MB/s, %d streams, %d retries)", self.label,
+                "downloaded" if ok else "stopped after", _mb(stats.bytes_fetched), elapsed,
+                stats.bytes_fetched / max(elapsed, 1e-9) / 1e6, self.streams, stats.retries)
+
+
+def _mb(n: int) -> str:
+  return f"{n / 1e6:.1f} MB"
+
+
+# --------------------------------------------------------------------------- the partial file and its sidecar
+
+
+def _resumable_ranges(dest: str, obj: RemoteObject) -> list[tuple[int, int]]:
+  """The ranges a partial download of this very object has on disk; [] when there is none to resume."""
+  try:
+    with open(dest + SIDECAR_SUFFIX, "rb") as f:
+      state = json.loads(f.read())
+    size = os.path.getsize(dest + PARTIAL_SUFFIX)
+  except (OSError, ValueError):
+    return []
+  same = (isinstance(state, dict) and state.get("format") == _SIDECAR_FORMAT and state.get("source") == obj.path
+          and state.get("generation") == str(obj.generation) and state.get("size") == obj.size == size)
+  if not same:
+    logger.info("%s: the partial download in %s is of another generation or size; starting over", obj.path, dest)
+    return []
+  try:
+    done = _merge([(int(a), int(b)) for a, b in state["done"]])
+  except (KeyError, TypeError, ValueError):
+    return []
+  return [(a, b) for a, b in done if 0 <= a < b <= obj.size]
+
+
+def _write_sidecar(dest: str, obj: RemoteObject, done: list[tuple[int, int]]) -> None:
+  tmp = dest + SIDECAR_SUFFIX + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump({"format": _SIDECAR_FORMAT, "source": obj.path, "generation": str(obj.generation),
+               "size": obj.size, "done": [list(r) for r in done]}, f)
+  os.replace(tmp, dest + SIDECAR_SUFFIX)
+
+
+def _start_over(fd: int, obj: RemoteObject, dest: str) -> None:
+  """Empties the (locked) partial file, preallocates it, and records that nothing is on disk yet."""
+  _remove(dest + SIDECAR_SUFFIX)
+  os.ftruncate(fd, 0)
+  try:
+    if obj.size:
+      os.posix_fallocate(fd, 0, obj.size)
+  except OSError as e:
+    if e.errno == errno.ENOSPC:
+      os.ftruncate(fd, 0)
+      _discard(dest)
+      raise NotEnoughSpaceError(errno.ENOSPC, f"{obj.path}: no room for {obj.size:,} bytes in "
+                                f"{os.path.dirname(os.path.abspath(dest))} (pass cache_dir= to use another disk)")
+    os.ftruncate(fd, obj.size)  # a file system without fallocate: a sparse file
+  _write_sidecar(dest, obj, [])
+
+
+def _discard(dest: str) -> None:
+  for p in (dest + PARTIAL_SUFFIX, dest + SIDECAR_SUFFIX, dest + SIDECAR_SUFFIX + ".tmp"):
+    _remove(p)
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    pass
+
+
+def _check_space(obj: RemoteObject, folder: str, dest: str, done: list[tuple[int, int]]) -> None:
+  """Raises NotEnoughSpaceError unless the disk of `folder` can take what is still missing."""
+  have = 0
+  if done:
+    try:  # a preallocated partial already holds its blocks
+      have = min(os.stat(dest + PARTIAL_SUFFIX).st_blocks * 512, obj.size)
+    except OSError:
+      have = 0
+  needed = obj.size - have
+  existing = folder
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  free = shutil.disk_usage(existing).free
+  if needed > free:
+    raise NotEnoughSpaceError(errno.ENOSPC, f"not enough space to download {obj.path}: needs {needed:,} bytes, "
+                              f"{free:,} free in {folder} (pass cache_dir= to use another disk)")
+
+
+# --------------------------------------------------------------------------- byte ranges
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+  out: list[tuple[int, int]] = []
+  for a, b in sorted(ranges):
+    if out and a <= out[-1][1]:
+      out[-1] = (out[-1][0], max(out[-1][1], b))
+    else:
+      out.append((a, b))
+  return out
+
+
+def _missing(done: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+  out, at = [], 0
+  for a, b in done:
+    if a > at:
+      out.append((at, a))
+    at = max(at, b)
+  if at < size:
+    out.append((at, size))
+  return out
+
+
+def _contiguous_end(done: list[tuple[int, int]]) -> int:
+  return done[0][1] if done and done[0][0] == 0 else 0
