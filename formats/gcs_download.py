@@ -248,7 +248,9 @@ def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCh
     CorruptRecordError: a range's CRC32C or the SHA-256 differs; the partial download is deleted.
     SourceChangedError: the object was replaced or deleted meanwhile; the partial download is deleted.
     ConnectionError: a chunk kept failing; the partial download stays, and the next call resumes it.
-    BlockingIOError: another process is downloading into the same `dest`.
+
+  Two processes downloading into the same `dest` do not race: the second waits for the first (a lock on the
+  partial file) and then returns the first's verified copy, or resumes its partial if the first failed.
   """
   started = time.monotonic()
   stats = DownloadStats()
@@ -262,7 +264,16 @@ def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCh
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      raise BlockingIOError(errno.EWOULDBLOCK, f"another process is downloading {obj.path} into {dest}") from None
+      logger.info("%s: another process is downloading it into %s; waiting for it", obj.path, dest)
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    if os.path.exists(dest):  # the other process finished (it renames only a verified file): use its copy
+      try:
+        if os.fstat(fd).st_ino == os.stat(partial).st_ino:
+          os.unlink(partial)  # the empty partial this call created after the other's rename
+      except FileNotFoundError:
+        pass
+      stats.seconds = time.monotonic() - started
+      return stats
     done = _resumable_ranges(dest, obj)  # again, now that no other process can change it
     if not done:
       _start_over(fd, obj, dest)

@@ -336,3 +336,46 @@ def test_a_version_2_graph_is_fetched_and_checked(gcs_faults, tmp_path):
   upload_tree(str(out), gs)
   g = lg.load(gs, cache_dir=str(tmp_path / "cache"), **OPTS)
   np.testing.assert_array_equal(g.bin[name], np.arange(200_000))
+
+
+@pytest.mark.gcs
+@pytest.mark.slow
+def test_two_loads_at_once_share_one_download(remote, graph_output, tmp_path, monkeypatch):
+  """Two loaders of one graph into one cache (threads here: each opens the partial file itself, so the
+  lock between them is the one between processes): the second waits, then uses the first's verified copy."""
+  import threading
+
+  gs, name, proxy = remote
+  cache = str(tmp_path / "cache")
+  first_started = threading.Event()
+  calls = _recording_reads(monkeypatch)
+  slow_read = gcs_download.read_range
+
+  def read_range(obj, start, stop, *a, **k):
+    if len(calls) > 2:  # the first load is fetching chunks: let the second one start meanwhile
+      first_started.set()
+    return slow_read(obj, start, stop, *a, **k)
+
+  monkeypatch.setattr(gcs_download, "read_range", read_range)
+  results, errors = {}, []
+
+  def load(key):
+    try:
+      if key == "second":
+        first_started.wait(30)
+      results[key] = lg.load(gs, cache_dir=cache, **{**OPTS, "streams": 1})
+    except Exception as e:  # noqa: BLE001 - reported below
+      errors.append(repr(e))
+
+  threads = [threading.Thread(target=load, args=(k,)) for k in ("first", "second")]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(120)
+  assert errors == []
+  size = len(_original(graph_output))
+  assert results["first"].path == results["second"].path
+  with open(results["second"].path, "rb") as f:
+    assert f.read() == _original(graph_output)
+  assert len(calls) == 2 + -(-size // CHUNK) + 2  # one download; the second load read only the header and table
+  assert not [f for f in _cache_files(cache) if f.endswith((".partial", ".partial.json"))]
