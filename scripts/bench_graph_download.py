@@ -15,6 +15,12 @@ Each timing starts from an empty cache and ends with a verified, mapped file.
 Prints the medians and the ratios. The emulator is one Python process serving
 from memory, so it caps the parallel speed-up far below a real bucket's.
 
+With --per_stream_mb_s=R the timed reads go through a TCP proxy that caps
+every connection at R MB/s: a model of a real bucket, where one stream's
+throughput is bounded by latency and TCP window long before the network is
+(a few tens to a few hundred MB/s per stream), and parallel streams add up
+until the NIC is full. It is a simulation, reported as such.
+
 `run(size_bytes, streams, rounds, work_dir)` returns the figures as a dict
 (for scripts/bench_graphs.py).
 """
@@ -31,6 +37,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -66,6 +73,57 @@ def write_graph(path: str, size_bytes: int, seed: int = 0) -> FileInfo:
   with open(path + ".json") as f:
     digest = json.load(f)["sha256"]
   return FileInfo(os.path.basename(path), os.path.getsize(path), digest, "graphbin")
+
+
+class ThrottlingProxy:
+  """A TCP forwarder to `upstream` (host, port) that caps each connection's downstream bytes at `rate` B/s."""
+
+  def __init__(self, upstream: tuple[str, int], rate: float):
+    self.upstream, self.rate = upstream, rate
+    self._server = socket.socket()
+    self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    self._server.bind(("127.0.0.1", 0))
+    self._server.listen(64)
+    self.host = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+    self._closed = False
+    threading.Thread(target=self._accept, daemon=True).start()
+
+  def _accept(self) -> None:
+    while not self._closed:
+      try:
+        client, _ = self._server.accept()
+      except OSError:
+        return
+      up = socket.create_connection(self.upstream)
+      threading.Thread(target=self._pump, args=(client, up, None), daemon=True).start()
+      threading.Thread(target=self._pump, args=(up, client, self.rate), daemon=True).start()
+
+  @staticmethod
+  def _pump(src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+    sent, start = 0, time.monotonic()
+    try:
+      while True:
+        data = src.recv(64 * 1024)
+        if not data:
+          break
+        dst.sendall(data)
+        if rate:
+          sent += len(data)
+          ahead = sent / rate - (time.monotonic() - start)
+          if ahead > 0:
+            time.sleep(ahead)
+    except OSError:
+      pass
+    finally:
+      for sock in (src, dst):
+        try:
+          sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+          pass
+
+  def close(self) -> None:
+    self._closed = True
+    self._server.close()
 
 
 @contextlib.contextmanager
@@ -109,7 +167,7 @@ def _old_path(src: str, info: FileInfo, cache: str) -> None:
 
 
 def run(size_bytes: int = 256 * MiB, streams: int = 8, rounds: int = 3, work_dir: str = "bench_work",
-        chunk_bytes: int = 32 * MiB) -> dict:
+        chunk_bytes: int = 32 * MiB, per_stream_mb_s: float | None = None) -> dict:
   """Times the three ways of fetching a graph of about `size_bytes` from the emulator.
 
   Args:
@@ -118,6 +176,7 @@ def run(size_bytes: int = 256 * MiB, streams: int = 8, rounds: int = 3, work_dir
     rounds: timings of each variant (taken in turn, each from an empty cache).
     work_dir: where the .graphbin is written and the caches go.
     chunk_bytes: bytes per ranged read.
+    per_stream_mb_s: cap every connection at this rate (a simulated bucket; None: the emulator as it is).
 
   Returns:
     {"size_bytes", "streams", "chunk_bytes", "rounds", "seconds": {variant: [...]},
@@ -138,6 +197,12 @@ def run(size_bytes: int = 256 * MiB, streams: int = 8, rounds: int = 3, work_dir
     gs = f"gs://{bucket}/graph"
     files.gcs_blob(files.join(gs, info.path)).upload_from_filename(local)
     files.write_bytes(files.join(gs, MANIFEST_FILENAME), manifest.dumps())
+    proxy = None
+    if per_stream_mb_s:
+      port = int(os.environ["STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])
+      proxy = ThrottlingProxy(("127.0.0.1", port), per_stream_mb_s * 1e6)
+      os.environ["STORAGE_EMULATOR_HOST"] = proxy.host
+      files._gcs_client.cache_clear()
     for _ in range(rounds):
       for name, fetch in variants.items():
         cache = os.path.join(work_dir, "bench_download_cache")
@@ -145,11 +210,14 @@ def run(size_bytes: int = 256 * MiB, streams: int = 8, rounds: int = 3, work_dir
         t = time.perf_counter()
         fetch(gs, cache)
         seconds[name].append(time.perf_counter() - t)
+    if proxy is not None:
+      proxy.close()
     shutil.rmtree(os.path.join(work_dir, "bench_download_cache"), ignore_errors=True)
   median = {k: statistics.median(v) for k, v in seconds.items()}
   many = f"{streams} streams"
   return {
       "size_bytes": info.num_bytes, "streams": streams, "chunk_bytes": chunk_bytes, "rounds": rounds,
+      "per_stream_mb_s": per_stream_mb_s,
       "seconds": seconds, "median_s": median,
       "median_mb_s": {k: info.num_bytes / v / 1e6 for k, v in median.items()},
       "speedup_vs_old": median["old"] / median[many],
@@ -163,11 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--streams", type=int, default=8)
   p.add_argument("--chunk_mb", type=int, default=32)
   p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--per_stream_mb_s", type=float, default=None, help="cap each connection (a simulated bucket)")
   p.add_argument("--work", default=os.path.join(REPO, "bench_work"))
   p.add_argument("--json", default=None, help="also write the figures here")
   a = p.parse_args(argv)
-  r = run(a.size_mb * MiB, a.streams, a.rounds, a.work, a.chunk_mb * MiB)
-  print(f"{r['size_bytes'] / 1e6:.0f} MB .graphbin from gcp-storage-emulator, chunks of {a.chunk_mb} MiB, "
+  r = run(a.size_mb * MiB, a.streams, a.rounds, a.work, a.chunk_mb * MiB, a.per_stream_mb_s)
+  cap = f", each connection capped at {a.per_stream_mb_s:g} MB/s" if a.per_stream_mb_s else ""
+  print(f"{r['size_bytes'] / 1e6:.0f} MB .graphbin from gcp-storage-emulator{cap}, chunks of {a.chunk_mb} MiB, "
         f"median of {a.rounds} rounds (cpus: {os.cpu_count()})")
   for name, s in r["median_s"].items():
     print(f"  {name:>12}: {s:6.2f} s  {r['median_mb_s'][name]:7.1f} MB/s   "
