@@ -256,12 +256,20 @@ class HeteroNeighborSampler:
         self._epoch_cache = (epoch, self.seed_nodes[mine])
       return self._epoch_cache[1]
 
-  def _tables(self) -> dict[str, np.ndarray]:
-    tables = getattr(self._local, "tables", None)
-    if tables is None:
-      tables = self._local.tables = {t: np.full(n, np.iinfo(self._id[t]).max, self._id[t])
-                                     for t, n in self.num_nodes.items()}
-    return tables
+  def _work(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """This thread's global -> local tables (all unknown between batches) and local -> global ids per
+    type, and the kernel's work space, reused by every batch of the thread."""
+    from loaders import _kernel
+
+    work = getattr(self._local, "work", None)
+    if work is None:
+      size = max(_kernel.scratch_size(self.budgets.frontier[relation_types(r)[0]][h], self.fanouts[r][h])
+                 for r in self.relations for h in range(self.num_hops))
+      work = self._local.work = ({t: np.full(n, np.iinfo(self._id[t]).max, self._id[t])
+                                  for t, n in self.num_nodes.items()},
+                                 {t: np.empty(self.budgets.nodes[t], self._id[t]) for t in self.types},
+                                 np.empty(size, np.int64))
+    return work
 
   def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
     """Batch `index` of `epoch`, a pure function of (seed, shard, epoch, index).
@@ -313,11 +321,12 @@ class HeteroNeighborSampler:
 
   def _sample_hops(self, seeds: np.ndarray, epoch: int,
                    index: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
-    """Samples every hop; returns the edge arrays, each type's local -> id table and its used local ids."""
+    """Samples every hop; returns the edge arrays, each type's local -> id table (valid until the thread's
+    next batch) and its used local ids."""
     from loaders import _kernel
 
-    tables, B, st = self._tables(), self.batch_size, self.seed_type
-    node_ids = {t: np.zeros(self.budgets.nodes[t], self._id[t]) for t in self.types}
+    B, st = self.batch_size, self.seed_type
+    tables, node_ids, scratch = self._work()
     _kernel.place(seeds.astype(self._id[st], copy=False), tables[st], node_ids[st], 0)
     num_local = {t: B if t == st else 0 for t in self.types}
     frontier = {t: (0, len(seeds)) if t == st else (0, 0) for t in self.types}
@@ -337,7 +346,8 @@ class HeteroNeighborSampler:
           key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop, self._relation_index[r] + 1)
           n_new = _kernel.sample_hop(indptr, indices, node_ids[head][f_lo:f_hi], self.fanouts[r][hop], key,
                                      tables[tail], node_ids[tail], num_local[tail], self.budgets.nodes[tail],
-                                     np.iinfo(self._id[tail]).max, edge_index[0], edge_index[1], edge_mask, f_lo)
+                                     np.iinfo(self._id[tail]).max, edge_index[0], edge_index[1], edge_mask, f_lo,
+                                     scratch)
           if n_new == _kernel.OVERFLOW:
             worst = hetero_budgets(B, st, self.fanouts, self.num_nodes).nodes[tail]
             raise RuntimeError(f"batch {index}, hop {hop}, relation {r}: more than node_budget[{tail!r}]="
@@ -345,7 +355,7 @@ class HeteroNeighborSampler:
           num_local[tail] += n_new
           out[f"edge_index/{r}/{hop}"], out[f"edge_mask/{r}/{hop}"] = edge_index, edge_mask
         frontier = {t: (start[t], num_local[t]) for t in self.types}
-    finally:
+    finally:  # the tables are all unknown again for the thread's next batch
       for t in self.types:
         unknown = np.iinfo(self._id[t]).max
         if t == st:

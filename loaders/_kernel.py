@@ -14,7 +14,9 @@ the pass structure is what makes it fast, a fused loop is not):
   4. relabelling: each neighbour not seen before in this batch gets the next
      free local id of its node type (first occurrence wins), through a
      global -> local table that the caller owns (one per thread and node type)
-     and resets after the batch.
+     and resets after the batch. (A sparse set, never reset but checked
+     against the batch's local -> global ids, was tried: the dependent second
+     lookup per draw cost more than the reset.)
 
 The feature gather copies rows by bytes, so any dtype (bfloat16 included)
 goes through the same kernel. numba is imported when a sampler is built,
@@ -23,7 +25,11 @@ never at `import loaders`; TensorFlow is never imported here.
 
 from __future__ import annotations
 
+from llvmlite import ir
 import numba
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 import numpy as np
 
 GOLDEN = 0x9E3779B97F4A7C15
@@ -34,6 +40,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
 
 OVERFLOW = -1  # what sample_hop returns when the nodes found pass node_cap
+_AHEAD = 16  # random reads are prefetched this many elements ahead (about 20 % off the relabelling and reset)
 
 
 def _mix_py(z: int) -> int:
@@ -58,6 +65,25 @@ def stream_key(*parts: int) -> np.uint64:
   return np.uint64(h)
 
 
+@intrinsic
+def _prefetch(typingctx, array, index):
+  """Hints the CPU to fetch `array[index]` into cache (LLVM's prefetch: read, high locality; no bounds check)."""
+  sig = types.void(array, index)
+
+  def codegen(context, builder, signature, args):
+    array_type = signature.args[0]
+    data = context.make_array(array_type)(context, builder, args[0])
+    ptr = cgutils.get_item_pointer(context, builder, array_type, data, [args[1]], wraparound=False)
+    byte_ptr = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, byte_ptr), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    return context.get_dummy_value()
+
+  return sig, codegen
+
+
 @numba.njit(inline="always")
 def _mix(z):
   z = (z ^ (z >> _S30)) * _M1
@@ -65,9 +91,14 @@ def _mix(z):
   return z ^ (z >> _S31)
 
 
+def scratch_size(frontier: int, fanout: int) -> int:
+  """The int64 work space sample_hop needs for a frontier of `frontier` nodes and `fanout` draws each."""
+  return 2 * frontier + 2 * frontier * fanout
+
+
 @numba.njit(nogil=True, cache=True)
 def sample_hop(indptr, indices, frontier, fanout, key, table, node_ids, num_local, node_cap, unknown,
-               src_out, dst_out, mask_out, dst_base):
+               src_out, dst_out, mask_out, dst_base, scratch):
   """Samples `fanout` neighbours of every frontier node and relabels them.
 
   Args:
@@ -84,6 +115,8 @@ def sample_hop(indptr, indices, frontier, fanout, key, table, node_ids, num_loca
       the neighbour's local id (0 when the node has no neighbours), the frontier node's local
       id (`dst_base + i`) and whether the draw is real.
     dst_base: the local id of the first frontier node.
+    scratch: int64 work space of at least scratch_size(len(frontier), fanout) (reused across calls:
+      no page faults on fresh arrays).
 
   Returns:
     How many new local ids were given (from `num_local` on), or OVERFLOW when they would
@@ -91,14 +124,17 @@ def sample_hop(indptr, indices, frontier, fanout, key, table, node_ids, num_loca
   """
   n = frontier.shape[0]
   m = n * fanout
-  start = np.empty(n, np.int64)
-  deg = np.empty(n, np.int64)
+  start = scratch[:n]
+  deg = scratch[n:2 * n]
+  pos = scratch[2 * n:2 * n + m]
+  nbr = scratch[2 * n + m:2 * n + 2 * m]
   for i in range(n):
+    if i + _AHEAD < n:
+      _prefetch(indptr, frontier[i + _AHEAD])
     g = frontier[i]
     s = indptr[g]
     start[i] = s
     deg[i] = indptr[g + 1] - s
-  pos = np.empty(m, np.int64)
   counter = np.uint64(0)
   for i in range(n):
     d = deg[i]
@@ -114,31 +150,39 @@ def sample_hop(indptr, indices, frontier, fanout, key, table, node_ids, num_loca
       counter += np.uint64(1)
       u = _mix(key + counter * _G)
       pos[base + j] = s + np.int64(((u >> _S32) * ud) >> _S32)
-  nbr = np.empty(m, np.int64)
   for e in range(m):
+    if e + _AHEAD < m and pos[e + _AHEAD] >= 0:
+      _prefetch(indices, pos[e + _AHEAD])
     p = pos[e]
     nbr[e] = indices[p] if p >= 0 else 0
-  n_new = 0
-  for e in range(m):
-    dst_out[e] = dst_base + e // fanout
-    if pos[e] < 0:
-      src_out[e] = 0
-      mask_out[e] = False
+  end = num_local
+  for i in range(n):
+    dst = dst_base + i
+    base = i * fanout
+    if deg[i] <= 0:
+      for e in range(base, base + fanout):
+        dst_out[e] = dst
+        src_out[e] = 0
+        mask_out[e] = False
       continue
-    g = nbr[e]
-    loc = table[g]
-    if loc == unknown:
-      loc = num_local + n_new
-      if loc >= node_cap:
-        for k in range(num_local, num_local + n_new):
-          table[node_ids[k]] = unknown
-        return OVERFLOW
-      table[g] = loc
-      node_ids[loc] = g
-      n_new += 1
-    src_out[e] = loc
-    mask_out[e] = True
-  return n_new
+    for e in range(base, base + fanout):
+      if e + _AHEAD < m:
+        _prefetch(table, nbr[e + _AHEAD])
+      dst_out[e] = dst
+      g = nbr[e]
+      loc = table[g]
+      if loc == unknown:
+        loc = end
+        if loc >= node_cap:
+          for k in range(num_local, end):
+            table[node_ids[k]] = unknown
+          return OVERFLOW
+        table[g] = loc
+        node_ids[loc] = g
+        end += 1
+      src_out[e] = loc
+      mask_out[e] = True
+  return end - num_local
 
 
 @numba.njit(nogil=True, cache=True)
@@ -153,6 +197,8 @@ def place(ids, table, node_ids, first):
 def reset(table, node_ids, lo, hi, unknown):
   """Marks the nodes at local ids [lo, hi) unknown again in the table."""
   for k in range(lo, hi):
+    if k + _AHEAD < hi:
+      _prefetch(table, node_ids[k + _AHEAD])
     table[node_ids[k]] = unknown
 
 

@@ -141,7 +141,7 @@ class NeighborSampler:
     self._labels = np.asarray(graph.labels) if graph.labels is not None else None
     self._id = index_dtype(graph.num_nodes)  # local ids and the global -> local table
     self._unknown = np.iinfo(self._id).max
-    self._local = threading.local()  # per thread: global id -> local id table, reset after each batch
+    self._local = threading.local()  # per thread: the global -> local table and the kernel's work space
     self._epoch_cache: tuple[int, np.ndarray] | None = None
     self._lock = threading.Lock()
 
@@ -167,11 +167,18 @@ class NeighborSampler:
         self._epoch_cache = (epoch, self.seed_nodes[mine])
       return self._epoch_cache[1]
 
-  def _table(self) -> np.ndarray:
-    table = getattr(self._local, "table", None)
-    if table is None:
-      table = self._local.table = np.full(self.graph.num_nodes, self._unknown, self._id)
-    return table
+  def _work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's global -> local table (all unknown between batches), local -> global ids and kernel
+    work space, reused by every batch."""
+    from loaders import _kernel
+
+    work = getattr(self._local, "work", None)
+    if work is None:
+      size = max(_kernel.scratch_size(f, k) for f, k in zip(self.budgets.frontier, self.fanouts))
+      work = self._local.work = (np.full(self.graph.num_nodes, self._unknown, self._id),
+                                 np.empty(self.budgets.nodes, self._id),
+                                 np.empty(size, np.int64))
+    return work
 
   def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
     """Batch `index` of `epoch`, a pure function of (seed, shard, epoch, index).
@@ -231,14 +238,14 @@ class NeighborSampler:
 
     Returns each hop's `edge_index_<h>`/`edge_mask_<h>`, the global id of
     every local node (seeds at 0..len(seeds)-1, the hops' new nodes from
-    batch_size on) and the end of the local ids used. The thread's global ->
-    local table is reset to unknown for those nodes on the way out.
+    batch_size on; valid until this thread's next batch) and the end of the
+    local ids used.
     """
     from loaders import _kernel
 
-    B, idt, table = self.batch_size, self._id, self._table()
+    B, idt = self.batch_size, self._id
+    table, node_ids, scratch = self._work()
     out: dict[str, np.ndarray] = {}
-    node_ids = np.zeros(self.budgets.nodes, idt)
     _kernel.place(seeds.astype(idt, copy=False), table, node_ids, 0)
     num_local = B  # seeds own local ids 0..B-1 (padding included)
     f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
@@ -249,7 +256,7 @@ class NeighborSampler:
         key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop)
         n_new = _kernel.sample_hop(self._indptr, self._indices, node_ids[f_lo:f_hi], k, key, table, node_ids,
                                    num_local, self.budgets.nodes, self._unknown, edge_index[0], edge_index[1],
-                                   edge_mask, f_lo)
+                                   edge_mask, f_lo, scratch)
         if n_new == _kernel.OVERFLOW:  # only with a node_budget below the worst case
           raise RuntimeError(f"batch {index}, hop {hop}: more than node_budget={self.budgets.nodes} local nodes; "
                              f"raise it (the worst case is "
@@ -258,7 +265,7 @@ class NeighborSampler:
         next_budget = self.budgets.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
         f_lo, f_hi = num_local, num_local + min(n_new, next_budget)
         num_local += n_new
-    finally:
+    finally:  # the table is all unknown again for the thread's next batch
       _kernel.reset(table, node_ids, 0, len(seeds), self._unknown)
       _kernel.reset(table, node_ids, B, num_local, self._unknown)
     return out, node_ids, num_local
