@@ -84,6 +84,59 @@ def _word_rows(a: np.ndarray) -> np.ndarray:
   return a.reshape(len(a), -1).view(np.uint8).view(f"<u{width}")
 
 
+class BufferPool:
+  """Reused output arrays of one shape: `take(live)` gives an array that is zero outside `live`.
+
+  The caller fills the `live` ranges (along `axis`) completely; everything else is zero, because the
+  pool zeroes only what the array's previous use wrote and this one does not. An array is reused only
+  once nothing outside the pool refers to it (its reference count says so: a batch dict, a view, a
+  torch tensor sharing its memory all count), so a consumer may hold arrays as long as it likes;
+  the pool allocates a new one meanwhile, and keeps at most `limit`.
+  """
+
+  def __init__(self, shape: Sequence[int], dtype, axis: int = 0, limit: int = _POOL_LIMIT):
+    self.shape, self.dtype, self.axis, self.limit = tuple(shape), np.dtype(dtype), axis, limit
+    self._buffers: list[np.ndarray] = []
+    self._dirty: dict[int, list[tuple[int, int]]] = {}  # id(buffer) -> the ranges its last use wrote
+    self._lock = threading.Lock()
+
+  def take(self, live: Sequence[tuple[int, int]]) -> np.ndarray:
+    """An array that is zero outside `live` (disjoint, increasing [lo, hi) ranges along `axis`).
+
+    Args:
+      live: the ranges the caller is about to fill.
+
+    Returns:
+      The array (of the pool's shape and dtype).
+    """
+    live = [(lo, hi) for lo, hi in live if hi > lo]
+    with self._lock:
+      for buf in self._buffers:
+        # references: the list, this loop's variable and getrefcount's argument
+        if sys.getrefcount(buf) <= 3:
+          break
+      else:
+        buf = np.zeros(self.shape, self.dtype)
+        if len(self._buffers) < self.limit:
+          self._buffers.append(buf)
+          self._dirty[id(buf)] = live  # what this first use writes is stale for the next
+        return buf
+      stale = self._dirty[id(buf)]
+      self._dirty[id(buf)] = live
+    view = np.moveaxis(buf, self.axis, 0)
+    for lo, hi in stale:
+      cursor = lo
+      for a, b in live:
+        if b <= cursor or a >= hi:
+          continue
+        if a > cursor:
+          view[cursor:a] = 0
+        cursor = max(cursor, b)
+      if cursor < hi:
+        view[cursor:hi] = 0
+    return buf
+
+
 class FeatureGather:
   """Gathers feature rows of the nodes of a batch into a pooled [rows, F] buffer, zero elsewhere."""
 
@@ -111,22 +164,7 @@ class FeatureGather:
     self._src = _word_rows(self._table)
     self._threads = threads
     self._pool = concurrent.futures.ThreadPoolExecutor(threads - 1, "feature-gather") if threads > 1 else None
-    self._buffers: list[np.ndarray] = []
-    self._dirty: dict[int, list[tuple[int, int]]] = {}  # id(buffer) -> the row ranges its last batch wrote
-    self._lock = threading.Lock()
-
-  def _take(self) -> np.ndarray:
-    """A buffer nobody else refers to, or a new one (kept for reuse while the pool is small)."""
-    with self._lock:
-      for buf in self._buffers:
-        # references: the list, this loop's variable and getrefcount's argument
-        if sys.getrefcount(buf) <= 3:
-          return buf
-      buf = np.zeros((self.rows, *self.row_shape), self.dtype)
-      if len(self._buffers) < _POOL_LIMIT:
-        self._buffers.append(buf)
-        self._dirty[id(buf)] = []
-      return buf
+    self._buffers = BufferPool((rows, *self.row_shape), self.dtype)
 
   def __call__(self, ids: np.ndarray, live: Sequence[tuple[int, int]]) -> np.ndarray:
     """`x`: row r is the feature row of node `ids[r]` for r in the `live` ranges, zero elsewhere.
@@ -138,8 +176,7 @@ class FeatureGather:
     Returns:
       A [rows, F...] array of `dtype`, valid until the caller drops every reference to it.
     """
-    x = self._take()
-    self._zero_stale(x, live)
+    x = self._buffers.take(live)
     rows_out = x.reshape(self.rows, -1)
     jobs = []
     for lo, hi in live:
@@ -162,20 +199,3 @@ class FeatureGather:
       _kernel.gather_rows(self._src, ids, _word_rows(rows_out), lo, hi)
     else:
       rows_out[lo:hi] = self._table.reshape(len(self._table), -1)[np.clip(ids[lo:hi], 0, len(self._table) - 1)]
-
-  def _zero_stale(self, x: np.ndarray, live: Sequence[tuple[int, int]]) -> None:
-    """Zeroes the rows the buffer's previous batch wrote that this batch does not, and records this batch's."""
-    key = id(x)
-    if key not in self._dirty:  # a fresh buffer outside the pool: already zero
-      return
-    for lo, hi in self._dirty[key]:
-      cursor = lo
-      for a, b in live:
-        if b <= cursor or a >= hi:
-          continue
-        if a > cursor:
-          x[cursor:a] = 0
-        cursor = max(cursor, b)
-      if cursor < hi:
-        x[cursor:hi] = 0
-    self._dirty[key] = [(lo, hi) for lo, hi in live if hi > lo]

@@ -221,6 +221,19 @@ class HeteroNeighborSampler:
           self._gather[t] = _features.FeatureGather(graph.bin[f"node/{t}/feat"], self.budgets.nodes[t],
                                                     feature_dtype, gather_threads, in_memory)
     self._years = {t: np.asarray(graph.bin[f"node/{t}/year"]) for t in self.types if f"node/{t}/year" in graph.bin}
+    # every array of a batch comes from a pool of reused ones (no page faults on fresh memory each batch)
+    self._pools = {}
+    for t in self.types:
+      self._pools[f"node_ids/{t}"] = _features.BufferPool((self.budgets.nodes[t],), np.int64)
+      self._pools[f"node_mask/{t}"] = _features.BufferPool((self.budgets.nodes[t],), bool)
+      if t in self._years:
+        self._pools[f"year/{t}"] = _features.BufferPool((self.budgets.nodes[t], *self._years[t].shape[1:]),
+                                                        self._years[t].dtype)
+    for r in self.relations:
+      for h, e in enumerate(self.budgets.edges[r]):
+        if e:
+          self._pools[f"edge_index/{r}/{h}"] = _features.BufferPool((2, e), np.int32, axis=1)
+          self._pools[f"edge_mask/{r}/{h}"] = _features.BufferPool((e,), bool)
     label = f"node/{self.seed_type}/label"
     self._labels = np.asarray(graph.bin[label]) if label in graph.bin else None
     self._id = {t: index_dtype(n) for t, n in self.num_nodes.items()}
@@ -292,8 +305,7 @@ class HeteroNeighborSampler:
     B, n_seeds = self.batch_size, len(seeds)
     for t in self.types:
       live = self._live(t, n_seeds, num_local[t])
-      ids = np.zeros(self.budgets.nodes[t], np.int64)
-      mask = np.zeros(self.budgets.nodes[t], bool)
+      ids, mask = self._pools[f"node_ids/{t}"].take(live), self._pools[f"node_mask/{t}"].take(live)
       for lo, hi in live:
         ids[lo:hi] = node_ids[t][lo:hi]
         mask[lo:hi] = True
@@ -302,7 +314,7 @@ class HeteroNeighborSampler:
         out[f"x/{t}"] = self._gather[t](node_ids[t], live)
       if t in self._years:
         years = self._years[t]
-        year = np.zeros((self.budgets.nodes[t], *years.shape[1:]), years.dtype)
+        year = self._pools[f"year/{t}"].take(live)
         for lo, hi in live:
           year[lo:hi] = years[node_ids[t][lo:hi]]
         out[f"year/{t}"] = year
@@ -340,8 +352,9 @@ class HeteroNeighborSampler:
             continue
           head, tail = relation_types(r)
           f_lo, f_hi = frontier[head]
-          edge_index = np.zeros((2, e_budget), np.int32)
-          edge_mask = np.zeros(e_budget, bool)
+          drawn = [(0, (f_hi - f_lo) * self.fanouts[r][hop])]  # the kernel writes every draw's entries
+          edge_index = self._pools[f"edge_index/{r}/{hop}"].take(drawn)
+          edge_mask = self._pools[f"edge_mask/{r}/{hop}"].take(drawn)
           indptr, indices = self._csr[r]
           key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop, self._relation_index[r] + 1)
           n_new = _kernel.sample_hop(indptr, indices, node_ids[head][f_lo:f_hi], self.fanouts[r][hop], key,

@@ -139,6 +139,12 @@ class NeighborSampler:
     self._gather = (_features.FeatureGather(graph.node_features, self.budgets.nodes, feature_dtype,
                                             gather_threads, in_memory) if self.gather_features else None)
     self._labels = np.asarray(graph.labels) if graph.labels is not None else None
+    # every array of a batch comes from a pool of reused ones (no page faults on fresh memory each batch)
+    self._pools = {"node_ids": _features.BufferPool((self.budgets.nodes,), np.int64),
+                   "node_mask": _features.BufferPool((self.budgets.nodes,), bool)}
+    for hop, e in enumerate(self.budgets.edges):
+      self._pools[f"edge_index_{hop}"] = _features.BufferPool((2, e), np.int32, axis=1)
+      self._pools[f"edge_mask_{hop}"] = _features.BufferPool((e,), bool)
     self._id = index_dtype(graph.num_nodes)  # local ids and the global -> local table
     self._unknown = np.iinfo(self._id).max
     self._local = threading.local()  # per thread: the global -> local table and the kernel's work space
@@ -251,8 +257,9 @@ class NeighborSampler:
     f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
     try:
       for hop, k in enumerate(self.fanouts):
-        edge_index = np.zeros((2, self.budgets.edges[hop]), np.int32)
-        edge_mask = np.zeros(self.budgets.edges[hop], bool)
+        drawn = [(0, (f_hi - f_lo) * k)]  # the kernel writes every draw's entries
+        edge_index = self._pools[f"edge_index_{hop}"].take(drawn)
+        edge_mask = self._pools[f"edge_mask_{hop}"].take(drawn)
         key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop)
         n_new = _kernel.sample_hop(self._indptr, self._indices, node_ids[f_lo:f_hi], k, key, table, node_ids,
                                    num_local, self.budgets.nodes, self._unknown, edge_index[0], edge_index[1],
@@ -272,13 +279,11 @@ class NeighborSampler:
 
   def _local_nodes(self, n_seeds: int, node_ids: np.ndarray, num_local: int) -> tuple[np.ndarray, np.ndarray]:
     """Every local node's global id as int64, 0 in the padding, and the mask of live nodes."""
-    B = self.batch_size
-    node_mask = np.zeros(self.budgets.nodes, bool)
-    node_mask[:n_seeds] = True
-    node_mask[B:num_local] = True
-    ids = np.zeros(self.budgets.nodes, np.int64)
-    ids[:n_seeds] = node_ids[:n_seeds]
-    ids[B:num_local] = node_ids[B:num_local]
+    live = [(0, n_seeds), (self.batch_size, num_local)]
+    ids, node_mask = self._pools["node_ids"].take(live), self._pools["node_mask"].take(live)
+    for lo, hi in live:
+      ids[lo:hi] = node_ids[lo:hi]
+      node_mask[lo:hi] = True
     return ids, node_mask
 
   def _seed_labels(self, seeds: np.ndarray) -> np.ndarray:

@@ -327,8 +327,14 @@ def test_x_is_never_overwritten_while_held_and_its_buffer_is_reused_once_dropped
   del held
   again = [id(s.batch(i % len(s))["x"]) for i in range(3 * len(s))]  # each batch dropped at once: reuse
   assert len(set(again)) <= 2
-  b = s.batch(0)  # a reused buffer: its padding rows are zero again
-  assert np.array_equal(b["x"][b["node_mask"]], feats[b["node_ids"][b["node_mask"]]]) and not b["x"][~b["node_mask"]].any()
+  sizes = [int(s.batch(i)["node_mask"].sum()) for i in range(len(s))]
+  fresh = _sampler(graph)  # its first buffer serves the largest batch, then ever smaller ones
+  for i in list(np.argsort(sizes)[::-1]) * 2:
+    b = fresh.batch(int(i))
+    assert np.array_equal(b["x"][b["node_mask"]], feats[b["node_ids"][b["node_mask"]]])
+    assert not b["x"][~b["node_mask"]].any()  # the padding rows are zero again
+    assert _same(b, _sampler(graph).batch(int(i)))  # every reused array (edges, ids, masks) as if fresh
+    del b
 
 
 def test_gather_options_change_only_the_speed_or_the_dtype(graph):

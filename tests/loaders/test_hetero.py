@@ -105,6 +105,17 @@ def test_shapes_are_static_and_batches_are_the_same_on_any_thread(mag):
   assert not _same(alone[0], s.batch(0, epoch=2))
 
 
+def test_reused_arrays_are_as_if_fresh(mag):
+  """Every array of a batch comes from a pool; a reused one (after a larger batch) holds nothing stale."""
+  s = _sampler(mag)
+  sizes = [sum(int(v.sum()) for k, v in s.batch(i).items() if "mask" in k) for i in range(len(s))]
+  reused = _sampler(mag)
+  for i in list(np.argsort(sizes)[::-1]) * 2:
+    b = reused.batch(int(i))
+    assert _same(b, _sampler(mag).batch(int(i)))
+    del b
+
+
 def test_shards_are_disjoint_and_equal(mag):
   shards = [_sampler(mag, shard_index=k, shard_count=3) for k in range(3)]
   seeds = [np.concatenate([sh.batch(i)["seeds"][sh.batch(i)["seed_mask"]] for i in range(len(sh))]) for sh in shards]
