@@ -29,7 +29,11 @@ import threading
 
 import numpy as np
 
-from loaders import _kernel
+try:
+  from loaders import _kernel
+except ModuleNotFoundError as e:  # numba is the `graph` extra
+  raise ModuleNotFoundError(f"the neighbour samplers need {e.name} (their compiled kernel): "
+                            f"pip install -c constraints.txt -e '.[graph]'", name=e.name) from e
 
 _RAM_FRACTION = 0.5  # in_memory=None: copy when the arrays take at most this share of the available memory
 _COPY_CHUNK_BYTES = 64 << 20

@@ -360,3 +360,12 @@ def test_observed_node_budget_fits_the_batches_it_saw(graph):
                        for i in range(len(s)))
   small = _sampler(graph, node_budget=budget)
   assert all(small[i]["x"].shape[0] == budget for i in range(len(small)))
+
+
+def test_without_numba_the_sampler_names_the_extra_to_install(graph_path):
+  script = ("import sys; sys.modules['numba'] = None\n"
+            "from loaders import graph as lg\n"
+            f"lg.NeighborSampler(lg.Graph({graph_path!r}), fanouts=[2], batch_size=4)\n")
+  r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert r.returncode == 1
+  assert "need numba" in r.stderr and ".[graph]" in r.stderr
