@@ -104,7 +104,8 @@ def hetero_budgets(batch_size: int, seed_type: str, fanouts: Mapping[str, Sequen
     seed_type: the seeds' node type.
     fanouts: {relation: fanout per hop}.
     num_nodes: {node type: nodes in the graph} (no hop finds more).
-    node_budget: {node type: local nodes} below the worst case (a batch that needs more raises).
+    node_budget: {node type: local nodes} below the worst case (a batch that needs more raises); it
+      caps that type's frontier, and the edges drawn from it, at every hop after the first.
 
   Returns:
     The frontier, edge and node budgets.
@@ -114,9 +115,19 @@ def hetero_budgets(batch_size: int, seed_type: str, fanouts: Mapping[str, Sequen
   """
   hops = len(next(iter(fanouts.values())))
   types = sorted(num_nodes)
-  frontier = {t: [batch_size if t == seed_type else 0] for t in types}
+  base = {t: batch_size if t == seed_type else 0 for t in types}
+  for t, b in (node_budget or {}).items():
+    if t not in num_nodes:
+      raise ValueError(f"node_budget: the graph has no node type {t!r} (it has {types})")
+    if t == seed_type and b < batch_size:
+      raise ValueError(f"node_budget[{t!r}] {b} is smaller than batch_size {batch_size}")
+  # the nodes of a type one hop finds are at most the graph's, and with a node budget at most what it
+  # leaves after the seeds: so are that type's next frontier and the edges drawn from it
+  most_new = {t: min(num_nodes[t], int((node_budget or {}).get(t, num_nodes[t] + base[t])) - base[t])
+              for t in types}
+  frontier = {t: [base[t]] for t in types}
   edges: dict[str, list[int]] = {r: [] for r in sorted(fanouts)}
-  nodes = {t: frontier[t][0] for t in types}
+  nodes = dict(base)
   for h in range(hops):
     new = dict.fromkeys(types, 0)
     for r in sorted(fanouts):
@@ -125,17 +136,10 @@ def hetero_budgets(batch_size: int, seed_type: str, fanouts: Mapping[str, Sequen
       edges[r].append(e)
       new[tail] += e
     for t in types:
-      found = min(num_nodes[t], new[t])
-      nodes[t] += found
+      nodes[t] += min(num_nodes[t], new[t])
       if h + 1 < hops:
-        frontier[t].append(found)
-  nodes = {t: min(n, num_nodes[t] + (batch_size if t == seed_type else 0)) for t, n in nodes.items()}
-  for t, b in (node_budget or {}).items():
-    if t not in nodes:
-      raise ValueError(f"node_budget: the graph has no node type {t!r} (it has {types})")
-    if t == seed_type and b < batch_size:
-      raise ValueError(f"node_budget[{t!r}] {b} is smaller than batch_size {batch_size}")
-    nodes[t] = min(nodes[t], int(b))
+        frontier[t].append(min(most_new[t], new[t]))
+  nodes = {t: min(n, num_nodes[t] + base[t], int((node_budget or {}).get(t, n))) for t, n in nodes.items()}
   return HeteroBudgets({t: tuple(f) for t, f in frontier.items()}, {r: tuple(e) for r, e in edges.items()}, nodes)
 
 
@@ -352,7 +356,9 @@ class HeteroNeighborSampler:
             continue
           head, tail = relation_types(r)
           f_lo, f_hi = frontier[head]
-          drawn = [(0, (f_hi - f_lo) * self.fanouts[r][hop])]  # the kernel writes every draw's entries
+          if (f_hi - f_lo) * self.fanouts[r][hop] > e_budget:  # never: the budgets bound every frontier (the
+            raise AssertionError(f"{r}, hop {hop}: {f_hi - f_lo} frontier nodes exceed the budget")  # kernel has
+          drawn = [(0, (f_hi - f_lo) * self.fanouts[r][hop])]  # no bounds checks); it writes every draw's entries
           edge_index = self._pools[f"edge_index/{r}/{hop}"].take(drawn)
           edge_mask = self._pools[f"edge_mask/{r}/{hop}"].take(drawn)
           indptr, indices = self._csr[r]

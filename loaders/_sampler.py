@@ -40,7 +40,8 @@ def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget
     batch_size: seeds per batch.
     fanouts: neighbours sampled per frontier node at each hop.
     num_nodes: nodes in the graph (no hop finds more).
-    node_budget: caps the local nodes below the worst case (a batch that needs more raises).
+    node_budget: caps the local nodes below the worst case (a batch that needs more raises), and
+      with them the frontier and edges of every hop after the first.
 
   Returns:
     The frontier, edge and node budgets.
@@ -48,15 +49,18 @@ def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget
   Raises:
     ValueError: `node_budget` is smaller than `batch_size`.
   """
+  if node_budget is not None and node_budget < batch_size:
+    raise ValueError(f"node_budget {node_budget} is smaller than batch_size {batch_size}")
+  # the nodes one hop finds are at most the graph's, and with a node budget at most what it leaves
+  # after the seeds: so are the next hop's frontier and its edges
+  most_new = num_nodes if node_budget is None else min(num_nodes, node_budget - batch_size)
   frontier = [batch_size]
   for k in fanouts[:-1]:
-    frontier.append(min(num_nodes, frontier[-1] * k))
+    frontier.append(min(most_new, frontier[-1] * k))
   edges = tuple(f * k for f, k in zip(frontier, fanouts))
   new_last = min(num_nodes, frontier[-1] * fanouts[-1])
   nodes = min(num_nodes + batch_size, sum(frontier) + new_last)
   if node_budget is not None:
-    if node_budget < batch_size:
-      raise ValueError(f"node_budget {node_budget} is smaller than batch_size {batch_size}")
     nodes = min(nodes, node_budget)
   return Budgets(tuple(frontier), edges, nodes)
 
@@ -257,6 +261,8 @@ class NeighborSampler:
     f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
     try:
       for hop, k in enumerate(self.fanouts):
+        if (f_hi - f_lo) * k > self.budgets.edges[hop]:  # never: the budgets bound every frontier (the kernel
+          raise AssertionError(f"hop {hop}: {f_hi - f_lo} frontier nodes exceed the budget")  # has no bounds checks)
         drawn = [(0, (f_hi - f_lo) * k)]  # the kernel writes every draw's entries
         edge_index = self._pools[f"edge_index_{hop}"].take(drawn)
         edge_mask = self._pools[f"edge_mask_{hop}"].take(drawn)

@@ -369,3 +369,12 @@ def test_without_numba_the_sampler_names_the_extra_to_install(graph_path):
   r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
   assert r.returncode == 1
   assert "need numba" in r.stderr and ".[graph]" in r.stderr
+
+
+def test_a_node_budget_bounds_the_later_frontiers_and_their_edges():
+  worst = lg.budgets(16, [4, 3, 2], 10**6)
+  assert worst == lg.Budgets((16, 64, 192), (64, 192, 384), 16 + 64 + 192 + 384)
+  tight = lg.budgets(16, [4, 3, 2], 10**6, node_budget=16 + 100)
+  # at most 100 nodes besides the seeds: no later hop's frontier can hold more
+  assert tight == lg.Budgets((16, 64, 100), (64, 192, 200), 116)
+  assert lg.budgets(16, [4, 3, 2], 50) == lg.Budgets((16, 50, 50), (64, 150, 100), 66)

@@ -161,6 +161,16 @@ def test_node_budgets_from_observed_batches_and_a_loud_overflow_that_leaves_no_t
     _sampler(mag, node_budget={"paper": 5})
 
 
+def test_node_budgets_bound_the_later_frontiers_and_their_edges():
+  fanouts = {"p___cites___p": [4, 3], "p___rev_writes___a": [2, 2], "a___writes___p": [5, 5]}
+  worst = lg.hetero_budgets(10, "p", fanouts, {"p": 10**6, "a": 10**6})
+  assert worst.frontier == {"a": (0, 20), "p": (10, 40)} and worst.nodes == {"a": 20 + 80, "p": 10 + 40 + 220}
+  assert worst.edges == {"a___writes___p": (0, 100), "p___cites___p": (40, 120), "p___rev_writes___a": (20, 80)}
+  tight = lg.hetero_budgets(10, "p", fanouts, {"p": 10**6, "a": 10**6}, node_budget={"p": 10 + 30, "a": 15})
+  assert tight.frontier == {"a": (0, 15), "p": (10, 30)} and tight.nodes == {"a": 15, "p": 40}
+  assert tight.edges == {"a___writes___p": (0, 75), "p___cites___p": (40, 90), "p___rev_writes___a": (20, 60)}
+
+
 def test_grain_feed_resumes_exactly(mag):
   s = _sampler(mag)
   want = [s.batch(i % len(s), i // len(s)) for i in range(2 * len(s))]
