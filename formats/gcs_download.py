@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 MiB = 1 << 20
 PARTIAL_SUFFIX = ".partial"
 SIDECAR_SUFFIX = ".partial.json"
+FETCHED_SUFFIX = ".fetched"  # the SHA-256 of a verified download, written just before it is renamed into place
+LOCK_SUFFIX = ".lock"  # taken by one download at a time; never deleted (a waiter must lock the same file)
 _SIDECAR_FORMAT = "tpu_shards.partial_download"
 _HASH_BLOCK = 8 * MiB  # bytes read back from the partial file at a time for hashing
 _MAX_BACKOFF_S = 30.0
@@ -249,55 +251,75 @@ def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCh
     SourceChangedError: the object was replaced or deleted meanwhile; the partial download is deleted.
     ConnectionError: a chunk kept failing; the partial download stays, and the next call resumes it.
 
-  Two processes downloading into the same `dest` do not race: the second waits for the first (a lock on the
-  partial file) and then returns the first's verified copy, or resumes its partial if the first failed.
+  Two processes downloading into the same `dest` do not race: they take turns on `dest + ".lock"` (a file
+  never deleted, so both always lock the same one). The second waits, then returns the copy the first
+  renamed into place, or resumes the first's partial if it failed. Only a verified file is renamed
+  into place, and a stamp (`dest + ".fetched"`, the SHA-256) is written just before: a `dest` without
+  its stamp (a leftover of something else) is not trusted and is fetched again.
   """
   started = time.monotonic()
   stats = DownloadStats()
   folder = os.path.dirname(os.path.abspath(dest))
-  done = _resumable_ranges(dest, obj)
-  _check_space(obj, folder, dest, done)
+  if not _fetched(dest, sha256):
+    _check_space(obj, folder, dest, _resumable_ranges(dest, obj))  # before anything is created; again below
   os.makedirs(folder, exist_ok=True)
-  partial = dest + PARTIAL_SUFFIX
-  fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+  lock = os.open(dest + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
   try:
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       logger.info("%s: another process is downloading it into %s; waiting for it", obj.path, dest)
-      fcntl.flock(fd, fcntl.LOCK_EX)
-    if os.path.exists(dest):  # the other process finished (it renames only a verified file): use its copy
-      try:
-        if os.fstat(fd).st_ino == os.stat(partial).st_ino:
-          os.unlink(partial)  # the empty partial this call created after the other's rename
-      except FileNotFoundError:
-        pass
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    if _fetched(dest, sha256):  # another process fetched and verified it (perhaps while this one waited)
       stats.seconds = time.monotonic() - started
       return stats
-    done = _resumable_ranges(dest, obj)  # again, now that no other process can change it
-    if not done:
-      _start_over(fd, obj, dest)
-    stats.bytes_resumed = sum(b - a for a, b in done)
-    run = _Run(obj, dest, fd, sha256, checks, options, stats, done)
-    try:
-      run.go()
-    except (CorruptRecordError, SourceChangedError):
-      if stats.bytes_resumed:
-        logger.warning("%s: a resumed partial download failed verification; fetching it again from scratch", obj.path)
+    _remove(dest)
+    for attempt in (1, 2):
+      try:
+        _download_locked(obj, dest, sha256, checks, options, stats)
+        break
+      except (CorruptRecordError, SourceChangedError):
         _discard(dest)
-        os.close(fd)
-        fd = -1
-        return download(obj, dest, sha256, checks, options)
-      _discard(dest)
-      raise
-    os.replace(partial, dest)
-    _remove(dest + SIDECAR_SUFFIX)
+        if attempt == 2 or not stats.bytes_resumed:
+          raise
+        logger.warning("%s: a resumed partial download failed verification; fetching it again from scratch", obj.path)
+        stats.bytes_resumed = 0
   finally:
-    if fd >= 0:
-      os.close(fd)
+    os.close(lock)  # releases the lock
   stats.seconds = time.monotonic() - started
   stats.ranges_fetched.sort()
   return stats
+
+
+def _fetched(dest: str, sha256: str) -> bool:
+  """Whether `dest` is a download of these very bytes that was verified before it was renamed into place."""
+  try:
+    with open(dest + FETCHED_SUFFIX) as f:
+      return f.read() == sha256 and os.path.exists(dest)
+  except OSError:
+    return False
+
+
+def _download_locked(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCheck],
+                     options: DownloadOptions, stats: DownloadStats) -> None:
+  """One attempt of `download`, with the lock held: resumes a partial that matches, else starts over."""
+  folder = os.path.dirname(os.path.abspath(dest))
+  done = _resumable_ranges(dest, obj)
+  _check_space(obj, folder, dest, done)
+  partial = dest + PARTIAL_SUFFIX
+  fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    if not done:
+      _start_over(fd, obj, dest)
+    stats.bytes_resumed = sum(b - a for a, b in done)
+    _Run(obj, dest, fd, sha256, checks, options, stats, done).go()
+    with open(dest + FETCHED_SUFFIX + ".tmp", "w") as f:  # the stamp first: a dest is never there without it
+      f.write(sha256)
+    os.replace(dest + FETCHED_SUFFIX + ".tmp", dest + FETCHED_SUFFIX)
+    os.replace(partial, dest)
+    _remove(dest + SIDECAR_SUFFIX)
+  finally:
+    os.close(fd)
 
 
 class _Run:
@@ -532,12 +554,10 @@ def _remove(path: str) -> None:
 
 def _check_space(obj: RemoteObject, folder: str, dest: str, done: list[tuple[int, int]]) -> None:
   """Raises NotEnoughSpaceError unless the disk of `folder` can take what is still missing."""
-  have = 0
-  if done:
-    try:  # a preallocated partial already holds its blocks
-      have = min(os.stat(dest + PARTIAL_SUFFIX).st_blocks * 512, obj.size)
-    except OSError:
-      have = 0
+  try:  # a partial (this call's to resume, or another process's in progress) already holds its blocks
+    have = min(os.stat(dest + PARTIAL_SUFFIX).st_blocks * 512, obj.size)
+  except OSError:
+    have = 0
   needed = obj.size - have
   existing = folder
   while not os.path.exists(existing):

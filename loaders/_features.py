@@ -15,8 +15,9 @@ be on the host:
 * `threads` > 1 splits the rows over a thread pool (the copy releases the GIL).
 * `dtype="bfloat16"` halves the bytes gathered and moved (ml_dtypes' bfloat16).
 * `in_memory`: the table is copied into process memory when it fits (the
-  default: when it takes at most half of the memory available), and is read
-  through the memory-mapped file otherwise.
+  default: when it takes at most half of the memory available, divided among
+  the host's local processes), and is read through the memory-mapped file
+  otherwise.
 """
 
 from __future__ import annotations
@@ -63,10 +64,26 @@ def available_memory() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def local_processes() -> int:
+  """Processes on this host that may each copy the graph: torch_xla's PJRT_LOCAL_PROCESS_COUNT, torchrun's
+  LOCAL_WORLD_SIZE, else 1."""
+  for name in ("PJRT_LOCAL_PROCESS_COUNT", "LOCAL_WORLD_SIZE"):
+    try:
+      return max(1, int(os.environ[name]))
+    except (KeyError, ValueError):
+      continue
+  return 1
+
+
 def keep_in_memory(nbytes: int, in_memory: bool | None) -> bool:
-  """Whether arrays of `nbytes` in all are copied into process memory (None: when they fit comfortably)."""
+  """Whether arrays of `nbytes` in all are copied into process memory.
+
+  None decides: when they take at most half of the memory available, shared by the host's local processes
+  (`local_processes()`: they start together, each sees the same free memory, and each would make its own
+  copy, where the memory-mapped file is shared through the page cache).
+  """
   if in_memory is None:
-    return nbytes <= _RAM_FRACTION * available_memory()
+    return nbytes * local_processes() <= _RAM_FRACTION * available_memory()
   return bool(in_memory)
 
 
@@ -86,6 +103,27 @@ def _word_rows(a: np.ndarray) -> np.ndarray:
   row_bytes = int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
   width = next(w for w in (8, 4, 2, 1) if row_bytes % w == 0)
   return a.reshape(len(a), -1).view(np.uint8).view(f"<u{width}")
+
+
+def check_csr(indptr: np.ndarray, indices: np.ndarray, num_cols: int, what: str) -> None:
+  """Raises ValueError unless the CSR is well formed: the compiled kernel reads it without bounds checks.
+
+  Args:
+    indptr, indices: the CSR.
+    num_cols: the number of nodes `indices` may name.
+    what: the CSR's name in the message.
+  """
+  if len(indptr) == 0 or indptr[0] != 0 or indptr[-1] != len(indices) or (np.diff(indptr) < 0).any():
+    raise ValueError(f"{what}: indptr is not a CSR's over {len(indices)} indices (first {indptr[:1]}, "
+                     f"last {indptr[-1:]}, or decreasing)")
+  if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= num_cols):
+    raise ValueError(f"{what}: indices outside [0, {num_cols})")
+
+
+def check_ids(ids: np.ndarray, n: int, what: str) -> None:
+  """Raises ValueError unless every id is in [0, n) (the kernel would read or write outside its tables)."""
+  if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+    raise ValueError(f"{what}: ids outside [0, {n}) (min {int(ids.min())}, max {int(ids.max())})")
 
 
 class BufferPool:

@@ -185,7 +185,8 @@ class HeteroNeighborSampler:
       feature_dtype, gather_threads, in_memory: as NeighborSampler.
 
     Raises:
-      ValueError: not a heterogeneous graph; bad fanouts, batch size, shard, budgets or seed type.
+      ValueError: not a heterogeneous graph or a malformed relation; bad fanouts, batch size, shard,
+        budgets, seed type or seeds.
       KeyError: the seed type has no such split.
     """
     from loaders import _features
@@ -217,6 +218,13 @@ class HeteroNeighborSampler:
     resident = _features.keep_in_memory(sum(a.nbytes + b.nbytes for a, b in csr.values()), in_memory)
     self._csr = {r: tuple(_features.to_memory(a) if resident else np.asarray(a) for a in pair)
                  for r, pair in csr.items()}
+    for r, (indptr, indices) in self._csr.items():
+      head, tail = relation_types(r)
+      if len(indptr) != self.num_nodes.get(head, -1) + 1:
+        raise ValueError(f"{graph.path}: relation {r} has {len(indptr) - 1} rows, {head} has "
+                         f"{self.num_nodes.get(head)} nodes")
+      _features.check_csr(indptr, indices, self.num_nodes.get(tail, 0), f"{graph.path} relation {r}")
+    _features.check_ids(self.seed_nodes, self.num_nodes[self.seed_type], f"seed nodes ({self.seed_type})")
     self._csr = {r: (p, i if len(i) else np.zeros(1, i.dtype)) for r, (p, i) in self._csr.items()}
     self._gather = {}
     if gather_features:

@@ -112,7 +112,8 @@ class NeighborSampler:
         half of the available memory; False: always read through the memory-mapped file).
 
     Raises:
-      ValueError: a bad fanout, batch size, shard, node budget or thread count, or a graph without a CSR.
+      ValueError: a bad fanout, batch size, shard, node budget or thread count, seeds outside the graph,
+        or a graph without a well-formed CSR.
       KeyError: the graph has no such split.
     """
     from loaders import _features
@@ -138,6 +139,10 @@ class NeighborSampler:
     resident = _features.keep_in_memory(csr_bytes, in_memory)
     self._indptr = _features.to_memory(graph.indptr) if resident else np.asarray(graph.indptr)
     self._indices = _features.to_memory(graph.indices) if resident else np.asarray(graph.indices)
+    _features.check_csr(self._indptr, self._indices, graph.num_nodes, f"{graph.path} CSR")
+    _features.check_ids(self.seed_nodes, graph.num_nodes, "seed nodes")
+    if len(self._indptr) != graph.num_nodes + 1:
+      raise ValueError(f"{graph.path}: indptr has {len(self._indptr)} entries for {graph.num_nodes} nodes")
     if len(self._indices) == 0:
       self._indices = np.zeros(1, self._indices.dtype)  # positions are never drawn from empty rows
     self._gather = (_features.FeatureGather(graph.node_features, self.budgets.nodes, feature_dtype,

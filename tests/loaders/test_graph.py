@@ -322,11 +322,15 @@ def test_x_is_never_overwritten_while_held_and_its_buffer_is_reused_once_dropped
   for b in held:
     live = b["node_mask"]
     assert np.array_equal(b["x"][live], feats[b["node_ids"][live]]) and not b["x"][~live].any()
-  ids = {id(b["x"]) for b in held}
-  assert len(ids) == len(held)
-  del held
-  again = [id(s.batch(i % len(s))["x"]) for i in range(3 * len(s))]  # each batch dropped at once: reuse
-  assert len(set(again)) <= 2
+  assert len({id(b["x"]) for b in held}) == len(held)  # all alive at once: all distinct
+  pool = s._gather._buffers._buffers  # the pool's own list (another list would hold the buffers too)
+  assert all(any(b["x"] is p for p in pool) for b in held) and len(pool) == len(held)
+  del held, b
+  for i in range(3 * len(s)):  # each batch dropped at once: one of the pooled buffers again, no new one
+    x = s.batch(i % len(s))["x"]
+    assert any(x is p for p in pool)
+    del x
+  assert len(pool) == len(s)
   sizes = [int(s.batch(i)["node_mask"].sum()) for i in range(len(s))]
   fresh = _sampler(graph)  # its first buffer serves the largest batch, then ever smaller ones
   for i in list(np.argsort(sizes)[::-1]) * 2:
@@ -378,3 +382,29 @@ def test_a_node_budget_bounds_the_later_frontiers_and_their_edges():
   # at most 100 nodes besides the seeds: no later hop's frontier can hold more
   assert tight == lg.Budgets((16, 64, 100), (64, 192, 200), 116)
   assert lg.budgets(16, [4, 3, 2], 50) == lg.Budgets((16, 50, 50), (64, 150, 100), 66)
+
+
+def test_seeds_outside_the_graph_and_a_malformed_csr_are_refused_before_the_kernel_runs(graph, tmp_path):
+  with pytest.raises(ValueError, match=r"seed nodes: ids outside \[0, 300\)"):
+    lg.NeighborSampler(graph, seed_nodes=np.array([3, 5_000_000]))
+  with pytest.raises(ValueError, match="ids outside"):
+    lg.NeighborSampler(graph, seed_nodes=np.array([-1]))
+  path = str(tmp_path / "bad.graphbin")
+  with GraphBinWriter(path) as w:  # CRCs are right: the file says what its writer meant, which is wrong
+    w.add_meta({"num_nodes": {"": 3}})
+    w.add("indptr", np.array([0, 1, 2, 3]))
+    w.add("indices", np.array([1, 7, 0], np.int32))
+  with pytest.raises(ValueError, match=r"indices outside \[0, 3\)"):
+    lg.NeighborSampler(lg.Graph(path), seed_nodes=np.arange(3))
+
+
+def test_the_in_memory_default_shares_the_memory_among_the_hosts_processes(monkeypatch):
+  from loaders import _features
+
+  monkeypatch.setattr(_features, "available_memory", lambda: 1000)
+  monkeypatch.delenv("PJRT_LOCAL_PROCESS_COUNT", raising=False)
+  monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+  assert _features.keep_in_memory(400, None) and not _features.keep_in_memory(600, None)
+  monkeypatch.setenv("PJRT_LOCAL_PROCESS_COUNT", "4")  # four processes, four copies
+  assert not _features.keep_in_memory(400, None) and _features.keep_in_memory(125, None)
+  assert _features.keep_in_memory(400, True) and not _features.keep_in_memory(1, False)

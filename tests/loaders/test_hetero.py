@@ -140,6 +140,8 @@ def test_per_relation_fanouts_and_their_errors(mag):
     _sampler(mag, fanouts=[2, 0])
   with pytest.raises(ValueError, match="seed_type"):
     _sampler(mag, seed_type="venue")
+  with pytest.raises(ValueError, match=r"seed nodes \(paper\): ids outside \[0, 1200\)"):
+    _sampler(mag, seed_nodes=np.array([1, 10**7]))
 
 
 def test_node_budgets_from_observed_batches_and_a_loud_overflow_that_leaves_no_trace(mag):
@@ -169,6 +171,26 @@ def test_node_budgets_bound_the_later_frontiers_and_their_edges():
   tight = lg.hetero_budgets(10, "p", fanouts, {"p": 10**6, "a": 10**6}, node_budget={"p": 10 + 30, "a": 15})
   assert tight.frontier == {"a": (0, 15), "p": (10, 30)} and tight.nodes == {"a": 15, "p": 40}
   assert tight.edges == {"a___writes___p": (0, 75), "p___cites___p": (40, 90), "p___rev_writes___a": (20, 60)}
+
+
+def test_an_overflow_leaves_no_trace_in_later_batches_of_the_thread(mag):
+  s = _sampler(mag)
+  authors = sorted(int(s[i]["node_mask/author"].sum()) for i in range(len(s)))
+  budget = {**s.budgets.nodes, "author": authors[len(authors) // 2]}
+
+  def fresh(i):  # batch i from a sampler whose tables nothing has touched, or None on overflow
+    try:
+      return _sampler(mag, node_budget=budget)[i]
+    except RuntimeError:
+      return None
+
+  results = [fresh(i) for i in range(len(s))]
+  fits = next(i for i, r in enumerate(results) if r is not None)
+  overflows = next(i for i, r in enumerate(results) if r is None)
+  same_thread = _sampler(mag, node_budget=budget)
+  with pytest.raises(RuntimeError, match="raise it"):
+    same_thread[overflows]
+  assert _same(same_thread[fits], results[fits])
 
 
 def test_grain_feed_resumes_exactly(mag):
