@@ -184,18 +184,26 @@ def test_a_new_generation_between_runs_starts_over(remote, graph_output, tmp_pat
 
 @pytest.mark.gcs
 @pytest.mark.slow
-def test_a_damaged_partial_is_fetched_again_rather_than_reported(remote, graph_output, tmp_path, monkeypatch):
+def test_a_damaged_partial_is_fetched_again_rather_than_reported(remote, graph_output, tmp_path, monkeypatch,
+                                                                  caplog):
   gs, _, _ = remote
   cache = str(tmp_path / "cache")
   _recording_reads(monkeypatch, fail_after=2 + 5)
   with pytest.raises(_Interrupted):
     lg.load(gs, cache_dir=cache, **{**OPTS, "streams": 2})
   [partial] = [p for p in _cache_files(cache) if p.endswith(".partial")]
-  flip_byte(os.path.join(cache, partial), 100)  # a byte the sidecar says is on disk
+  with open(os.path.join(cache, partial + ".json")) as f:
+    assert any(a <= 100 < b for a, b in json.load(f)["done"])  # the damaged byte is one the sidecar says is on disk
+  flip_byte(os.path.join(cache, partial), 100)
   monkeypatch.undo()
-  g = lg.load(gs, cache_dir=cache, **OPTS)
+  calls = _recording_reads(monkeypatch)
+  with caplog.at_level(logging.WARNING, logger="formats.gcs_download"):
+    g = lg.load(gs, cache_dir=cache, **OPTS)
   with open(g.path, "rb") as f:
     assert f.read() == _original(graph_output)
+  assert "fetching it again from scratch" in caplog.text
+  size = len(_original(graph_output))
+  assert sorted(c for c in calls[2:] if c[0] == 0 and c[1] == min(CHUNK, size))  # the first chunk, fetched again
 
 
 @pytest.mark.gcs
