@@ -30,6 +30,8 @@ import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
+from loaders._order import SeedOrder
+from loaders._sampler import per_host_batch_size
 
 Fanouts = Sequence[int] | Mapping[str, Sequence[int]]
 
@@ -161,14 +163,15 @@ class HeteroNeighborSampler:
 
   The seed type's local ids 0..B-1 are the seeds. Relation-hops with no budget (their head type has no
   frontier at that hop, or a zero fanout) are absent from every batch. Deterministic for (seed, epoch, i)
-  whatever thread computes it; seeds reshuffled every epoch and split disjointly over `shard_count`.
+  whatever thread computes it; seeds reshuffled every epoch and split disjointly over `shard_count`, per
+  host or in a global order that survives a change of host count (`order`, as NeighborSampler).
   """
 
   def __init__(self, graph: Graph, fanouts: Fanouts = (15, 10, 5), batch_size: int = 1024,
                seed_type: str | None = None, seed: int = 0, shard_index: int = 0, shard_count: int = 1,
                split: str = "train", seed_nodes: np.ndarray | None = None, gather_features: bool = True,
                node_budget: Mapping[str, int] | None = None, feature_dtype=None, gather_threads: int = 1,
-               in_memory: bool | None = None):
+               in_memory: bool | None = None, order: str = "host", global_batch_size: int | None = None):
     """Prepares sampling over `split`'s seeds of `seed_type`.
 
     Args:
@@ -182,7 +185,7 @@ class HeteroNeighborSampler:
       seed_nodes: the seeds themselves (ids within the seed type), instead of `split`.
       gather_features: put `x/<type>` in the batch for types that have features.
       node_budget: {type: local nodes} below the worst case (`observed_node_budget` suggests one).
-      feature_dtype, gather_threads, in_memory: as NeighborSampler.
+      feature_dtype, gather_threads, in_memory, order, global_batch_size: as NeighborSampler.
 
     Raises:
       ValueError: not a heterogeneous graph or a malformed relation; bad fanouts, batch size, shard,
@@ -194,6 +197,7 @@ class HeteroNeighborSampler:
     relations = relations_of(graph)
     if not relations:
       raise ValueError(f"{graph.path} has no heterogeneous relations (rel/<relation>/indptr) to sample from")
+    batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= shard_index < shard_count:
@@ -210,8 +214,8 @@ class HeteroNeighborSampler:
     self.batch_size = batch_size
     self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
     self.seed_nodes = np.asarray(self._seed_split(split) if seed_nodes is None else seed_nodes, np.int64)
-    self.per_shard = len(self.seed_nodes) // shard_count
-    self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
+    self._order = SeedOrder(self.seed_nodes, batch_size, seed, shard_index, shard_count, order)
+    self.order, self.per_shard, self.num_batches = order, self._order.per_shard, self._order.num_batches
     self.budgets = hetero_budgets(batch_size, self.seed_type, self.fanouts, self.num_nodes, node_budget)
     self.types = sorted(self.num_nodes)
     csr = {r: graph.relation(r) for r in self.relations}
@@ -250,8 +254,6 @@ class HeteroNeighborSampler:
     self._labels = np.asarray(graph.bin[label]) if label in graph.bin else None
     self._id = {t: index_dtype(n) for t, n in self.num_nodes.items()}
     self._local = threading.local()
-    self._epoch_cache: tuple[int, np.ndarray] | None = None
-    self._lock = threading.Lock()
 
   def _default_seed_type(self) -> str:
     typed = sorted({n.split("/")[2] for n in self.graph.bin.names("split/") if len(n.split("/")) >= 4})
@@ -273,13 +275,8 @@ class HeteroNeighborSampler:
     return self.batch(index)
 
   def shard_seeds(self, epoch: int) -> np.ndarray:
-    """This shard's seeds for one epoch (a disjoint slice of the epoch's permutation, `per_shard` long)."""
-    with self._lock:
-      if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-        perm = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(len(self.seed_nodes))
-        mine = perm[self.shard_index:self.shard_count * self.per_shard:self.shard_count]
-        self._epoch_cache = (epoch, self.seed_nodes[mine])
-      return self._epoch_cache[1]
+    """This host's seeds for one epoch, in batch order (as NeighborSampler.shard_seeds)."""
+    return self._order.shard_seeds(epoch)
 
   def _work(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """This thread's global -> local tables (all unknown between batches) and local -> global ids per
@@ -310,9 +307,7 @@ class HeteroNeighborSampler:
       IndexError: `index` is outside the epoch.
       RuntimeError: the batch needs more local nodes of a type than its node budget.
     """
-    if not 0 <= index < self.num_batches:
-      raise IndexError(f"batch {index} outside [0, {self.num_batches})")
-    seeds = self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+    seeds = self._order.batch(index, epoch)
     out, node_ids, num_local = self._sample_hops(seeds, epoch, index)
     B, n_seeds = self.batch_size, len(seeds)
     for t in self.types:
@@ -406,7 +401,7 @@ class HeteroNeighborSampler:
     picks = np.unique(np.linspace(0, max(self.num_batches - 1, 0), num_batches).astype(int))[:self.num_batches]
     most = dict.fromkeys(self.types, 0)
     for i in picks:
-      seeds = self.shard_seeds(epoch)[int(i) * self.batch_size:(int(i) + 1) * self.batch_size]
+      seeds = self._order.batch(int(i), epoch)
       _, _, used = self._sample_hops(seeds, epoch, int(i))
       most = {t: max(most[t], used[t]) for t in self.types}
     floor = {t: self.batch_size if t == self.seed_type else 1 for t in self.types}

@@ -22,6 +22,7 @@ import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
+from loaders._order import SeedOrder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,22 @@ def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget
   return Budgets(tuple(frontier), edges, nodes)
 
 
+def per_host_batch_size(batch_size: int, shard_count: int, order: str, global_batch_size: int | None) -> int:
+  """The seeds per batch on one host: `batch_size`, or `global_batch_size` / `shard_count` (order "global").
+
+  Raises:
+    ValueError: global_batch_size without order="global", or not divisible by shard_count.
+  """
+  if global_batch_size is None:
+    return batch_size
+  if order != "global":
+    raise ValueError(f"global_batch_size needs order='global' (order is {order!r})")
+  if global_batch_size < 1 or global_batch_size % shard_count:
+    raise ValueError(f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}: every "
+                     f"host takes an equal slice of each global step")
+  return global_batch_size // shard_count
+
+
 class NeighborSampler:
   """Fixed-fanout uniform neighbour sampling over the seed nodes of a split.
 
@@ -78,7 +95,9 @@ class NeighborSampler:
                                                    frontier node it was sampled for (local ids)
   Deterministic for (seed, epoch, i) whatever thread computes it; seeds are
   reshuffled every epoch and split disjointly over `shard_count` shards, each
-  with the same number of batches. With gather_features=False the batch has no
+  with the same number of batches: per host (order="host"), or as slices of
+  global steps that do not depend on the host count (order="global", see
+  loaders._order). With gather_features=False the batch has no
   `x`: gather on the accelerator from a feature table kept there (the host then
   moves ids, not features). `node_budget` shrinks the node dimension below the
   worst case (x is node_budget x F; `observed_node_budget` suggests one); a
@@ -93,7 +112,7 @@ class NeighborSampler:
                seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
                seed_nodes: np.ndarray | None = None, gather_features: bool = True,
                node_budget: int | None = None, feature_dtype=None, gather_threads: int = 1,
-               in_memory: bool | None = None):
+               in_memory: bool | None = None, order: str = "host", global_batch_size: int | None = None):
     """Prepares sampling over `split`'s seed nodes.
 
     Args:
@@ -110,20 +129,22 @@ class NeighborSampler:
       gather_threads: threads sharing each batch's feature gather.
       in_memory: copy the CSR and the features into process memory (default: when they take at most
         half of the available memory; False: always read through the memory-mapped file).
+      order: "host" (each host's share of every epoch, as before) or "global" (global step i takes the
+        next batch_size × shard_count seeds and host h its slice: the seeds of a step do not depend on
+        the host count, so a run resumes on another number of hosts; loaders._order).
+      global_batch_size: with order="global", the seeds per global step instead of batch_size (which
+        becomes global_batch_size / shard_count).
 
     Raises:
-      ValueError: a bad fanout, batch size, shard, node budget or thread count, seeds outside the graph,
-        or a graph without a well-formed CSR.
+      ValueError: a bad fanout, batch size, shard, node budget, thread count or order, a global batch
+        the host count does not divide, seeds outside the graph, or a graph without a well-formed CSR.
       KeyError: the graph has no such split.
     """
     from loaders import _features
 
     if not fanouts or any(int(k) < 1 for k in fanouts):
       raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
-    if batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
+    batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
     if graph.indptr is None:
       raise ValueError(f"{graph.path} has no homogeneous CSR (indptr/indices) to sample from")
     self.graph = graph
@@ -132,8 +153,8 @@ class NeighborSampler:
     self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
     self.gather_features = gather_features and graph.node_features is not None
     self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
-    self.per_shard = len(self.seed_nodes) // shard_count  # equal on every shard: XLA needs it
-    self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
+    self._order = SeedOrder(self.seed_nodes, batch_size, seed, shard_index, shard_count, order)
+    self.order, self.per_shard, self.num_batches = order, self._order.per_shard, self._order.num_batches
     self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes, node_budget)
     csr_bytes = graph.indptr.nbytes + graph.indices.nbytes
     resident = _features.keep_in_memory(csr_bytes, in_memory)
@@ -157,8 +178,6 @@ class NeighborSampler:
     self._id = index_dtype(graph.num_nodes)  # local ids and the global -> local table
     self._unknown = np.iinfo(self._id).max
     self._local = threading.local()  # per thread: the global -> local table and the kernel's work space
-    self._epoch_cache: tuple[int, np.ndarray] | None = None
-    self._lock = threading.Lock()
 
   def __len__(self) -> int:
     return self.num_batches
@@ -167,20 +186,16 @@ class NeighborSampler:
     return self.batch(index)
 
   def shard_seeds(self, epoch: int) -> np.ndarray:
-    """This shard's seeds for one epoch.
+    """This host's seeds for one epoch, in batch order.
 
     Args:
       epoch: the epoch (each has its own seeded permutation).
 
     Returns:
-      A disjoint slice of the permuted seeds, `per_shard` long on every shard.
+      order="host": a disjoint slice of the permuted seeds, `per_shard` long on every host;
+      order="global": this host's slice of every global step.
     """
-    with self._lock:
-      if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-        perm = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(len(self.seed_nodes))
-        mine = perm[self.shard_index:self.shard_count * self.per_shard:self.shard_count]
-        self._epoch_cache = (epoch, self.seed_nodes[mine])
-      return self._epoch_cache[1]
+    return self._order.shard_seeds(epoch)
 
   def _work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """This thread's global -> local table (all unknown between batches), local -> global ids and kernel
@@ -244,9 +259,7 @@ class NeighborSampler:
 
   def _batch_seeds(self, index: int, epoch: int) -> np.ndarray:
     """The seeds of batch `index` of `epoch` (the last batch may be short); IndexError outside the epoch."""
-    if not 0 <= index < self.num_batches:
-      raise IndexError(f"batch {index} outside [0, {self.num_batches})")
-    return self.shard_seeds(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+    return self._order.batch(index, epoch)
 
   def _sample_hops(self, seeds: np.ndarray, epoch: int, index: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """Samples every hop out from `seeds`, relabelling the nodes found to local ids.

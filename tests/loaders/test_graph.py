@@ -408,3 +408,48 @@ def test_the_in_memory_default_shares_the_memory_among_the_hosts_processes(monke
   monkeypatch.setenv("PJRT_LOCAL_PROCESS_COUNT", "4")  # four processes, four copies
   assert not _features.keep_in_memory(400, None) and _features.keep_in_memory(125, None)
   assert _features.keep_in_memory(400, True) and not _features.keep_in_memory(1, False)
+
+
+def _elastic_run(make, schedule, epochs=2):
+  """Global steps of a run that changes host count: [(hosts, steps)], each resuming from the state the previous
+  part's host 0 saved. Returns each global step's seeds: the hosts' masked seeds concatenated in host order."""
+  steps, state = [], None
+  for hosts, count in schedule:
+    its = []
+    for h in range(hosts):
+      it = iter(lg.grain_dataset(make(h, hosts), num_epochs=epochs, num_threads=1, prefetch_buffer_size=1))
+      if state is not None:
+        it.set_state(state)
+      its.append(it)
+    for _ in range(count):
+      batches = [next(it) for it in its]
+      steps.append(np.concatenate([b["seeds"][b["seed_mask"]] for b in batches]))
+    state = json.loads(json.dumps(its[0].get_state()))
+  return steps
+
+
+def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(graph):
+  G = 24  # the global batch; 150 seeds: 7 global steps per epoch, the last one short (6 seeds)
+
+  def make(h, hosts):
+    return _sampler(graph, order="global", global_batch_size=G, shard_index=h, shard_count=hosts)
+
+  single = _sampler(graph, order="global", batch_size=G)
+  assert len(single) == 7 and all(len(make(h, n)) == 7 for n in (2, 4, 8) for h in range(n))
+  want = [single.batch(i % 7, i // 7)["seeds"][single.batch(i % 7, i // 7)["seed_mask"]] for i in range(14)]
+  got = _elastic_run(make, [(4, 3), (2, 5), (8, 6)])  # into the second epoch, 14 steps in all
+  assert len(got) == 14 and all(np.array_equal(g, w) for g, w in zip(got, want))
+  assert sum(len(w) for w in want[:7]) == 150 and len(np.unique(np.concatenate(want[:7]))) == 150
+  last = make(7, 8).batch(6)  # the short last step: hosts past its end get padding only
+  assert not last["seed_mask"].any() and not last["node_mask"].any() and not last["edge_mask_0"].any()
+
+
+def test_global_batch_errors_and_the_host_order_stays_the_default(graph):
+  with pytest.raises(ValueError, match="global_batch_size 24 is not divisible by shard_count 5"):
+    _sampler(graph, order="global", global_batch_size=24, shard_count=5)
+  with pytest.raises(ValueError, match="needs order='global'"):
+    _sampler(graph, global_batch_size=24)
+  with pytest.raises(ValueError, match="order must be one of"):
+    _sampler(graph, order="elastic")
+  host = _sampler(graph, shard_index=1, shard_count=3)
+  assert host.order == "host" and host.per_shard == 50 and len(host) == 4  # as before: every 3rd seed from 1 on

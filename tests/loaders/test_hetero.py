@@ -271,3 +271,22 @@ def test_xla_feed_on_an_xla_cpu_device_gives_the_host_batches_and_resumes(mag_pa
   assert got["batches"] == got["expected"] > 0 and got["differ"] == []
   assert got["devices"] and all(d.startswith("xla") for d in got["devices"])
   assert got["resumed"] == got["expected"] - got["k"] and got["resumed_differ"] == []
+
+
+def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(mag):
+  from tests.loaders.test_graph import _elastic_run
+
+  G = 40
+
+  def make(h, hosts):
+    return _sampler(mag, order="global", global_batch_size=G, shard_index=h, shard_count=hosts)
+
+  single = _sampler(mag, order="global", batch_size=G)
+  n = len(single)
+  assert all(len(make(h, k)) == n for k in (2, 4, 8) for h in range(k))
+  want = []
+  for i in range(2 * n):
+    b = single.batch(i % n, i // n)
+    want.append(b["seeds"][b["seed_mask"]])
+  got = _elastic_run(make, [(4, 3), (2, n - 1), (8, n - 2)])
+  assert len(got) == 2 * n and all(np.array_equal(g, w) for g, w in zip(got, want))

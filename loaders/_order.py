@@ -1,0 +1,113 @@
+"""Which seeds each batch of a neighbour sampler holds: per host, or one global order that survives a change of host count.
+
+Two orders, both a pure function of (seed, epoch) and the batch index:
+
+* "host" (the default, the toolkit's order so far): each epoch's seeded
+  permutation of the seeds is dealt to the `shard_count` hosts in turn
+  (host h gets every shard_count-th seed from h on), and each host cuts its
+  share into batches of `batch_size`. Every host has the same number of
+  batches; the remainder of the division is left out of the epoch.
+* "global": global step i takes the next `batch_size × shard_count` seeds of
+  the epoch's permutation, and host h takes its slice
+  [h × batch_size, (h + 1) × batch_size) of them. The seeds of a global step do
+  not depend on the host count: a run that stops on 4 hosts can continue on 2
+  or 8 (with `batch_size` set so that the global batch stays the same) from
+  the same global step, and every step's seeds are exactly those of an
+  uninterrupted run, on any number of hosts, one included. The last global
+  step may be short: hosts past its end get batches of padding (all masked).
+
+The neighbours drawn for a batch depend on the batch's seeds and its key
+(seed, epoch, batch, host), so in "global" order the seeds of a step are the
+same whatever the host count, and the sampled neighbourhoods are not.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+ORDERS = ("host", "global")
+
+
+class SeedOrder:
+  """The seeds of batch `i` of an epoch on this host, in one of ORDERS."""
+
+  def __init__(self, seed_nodes: np.ndarray, batch_size: int, seed: int, shard_index: int, shard_count: int,
+               order: str = "host"):
+    """Args:
+      seed_nodes: every seed of the split (the same on every host).
+      batch_size: seeds per batch on this host.
+      seed: fixes every epoch's permutation.
+      shard_index, shard_count: this host and the number of hosts.
+      order: "host" or "global" (module docstring).
+
+    Raises:
+      ValueError: an unknown order, a batch size below 1 or a shard outside [0, shard_count).
+    """
+    if order not in ORDERS:
+      raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
+    self.seed_nodes, self.batch_size, self.seed = seed_nodes, batch_size, seed
+    self.shard_index, self.shard_count, self.order = shard_index, shard_count, order
+    n = len(seed_nodes)
+    self.per_shard = n // shard_count  # "host": every host's share, equal on every host
+    if order == "host":
+      self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
+    else:
+      self.num_batches = math.ceil(n / self.global_batch_size) if n else 0
+    self._cache: tuple[int, np.ndarray] | None = None
+    self._lock = threading.Lock()
+
+  @property
+  def global_batch_size(self) -> int:
+    """Seeds per global step: batch_size × shard_count."""
+    return self.batch_size * self.shard_count
+
+  def _permuted(self, epoch: int) -> np.ndarray:
+    with self._lock:
+      if self._cache is None or self._cache[0] != epoch:
+        perm = np.random.default_rng([self.seed, epoch, 0x5EED]).permutation(len(self.seed_nodes))
+        if self.order == "host":
+          perm = perm[self.shard_index:self.shard_count * self.per_shard:self.shard_count]
+        self._cache = (epoch, self.seed_nodes[perm])
+      return self._cache[1]
+
+  def shard_seeds(self, epoch: int) -> np.ndarray:
+    """This host's seeds of one epoch, in batch order.
+
+    Args:
+      epoch: the epoch.
+
+    Returns:
+      "host": the host's share (`per_shard` long); "global": its slices of every global step.
+    """
+    if self.order == "host":
+      return self._permuted(epoch)
+    return np.concatenate([self.batch(i, epoch) for i in range(self.num_batches)]) if self.num_batches else \
+        self.seed_nodes[:0]
+
+  def batch(self, index: int, epoch: int) -> np.ndarray:
+    """The seeds of batch `index` of `epoch` on this host (shorter than batch_size at an epoch's end, maybe empty).
+
+    Args:
+      index: the batch (in "global" order: the global step).
+      epoch: the epoch.
+
+    Returns:
+      The seeds.
+
+    Raises:
+      IndexError: `index` is outside the epoch.
+    """
+    if not 0 <= index < self.num_batches:
+      raise IndexError(f"batch {index} outside [0, {self.num_batches})")
+    seeds = self._permuted(epoch)
+    if self.order == "host":
+      return seeds[index * self.batch_size:(index + 1) * self.batch_size]
+    start = index * self.global_batch_size + self.shard_index * self.batch_size
+    return seeds[start:start + self.batch_size]
