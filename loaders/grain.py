@@ -97,12 +97,14 @@ class _ReadBatch:
   """
 
   def __init__(self, source: ShardedRecords, transform, batch_size: int, seed: int, shuffle: bool,
-               shard_index: int, shard_count: int, per_shard: int, drop_remainder: bool):
+               shard_index: int, shard_count: int, per_shard: int, drop_remainder: bool, order: str = "host"):
     self._source, self._transform = source, transform
     self._batch_size, self._seed, self._shuffle = batch_size, seed, shuffle
     self._shard_index, self._shard_count, self._per_shard = shard_index, shard_count, per_shard
-    self._drop = drop_remainder
-    self.batches_per_epoch = per_shard // batch_size if drop_remainder else -(-per_shard // batch_size)
+    self._drop, self._global = drop_remainder, order == "global"
+    # "global": step k takes records [k*G, (k+1)*G) of the epoch's order over the whole split, host h its slice
+    per_epoch, step = (len(source), batch_size * shard_count) if self._global else (per_shard, batch_size)
+    self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
     self._orders: dict[int, np.ndarray] = {}
     self._lock = threading.Lock()
     self._needs_rng = getattr(transform, "needs_rng", True)
@@ -110,7 +112,10 @@ class _ReadBatch:
   def _order(self, epoch: int) -> np.ndarray:
     with self._lock:
       order = self._orders.get(epoch)
-      if order is None:
+      if order is None and self._global:  # the whole split's order: the same on every host, whatever their number
+        n = len(self._source)
+        order = np.random.default_rng([self._seed, epoch, 0x610BA1]).permutation(n) if self._shuffle else np.arange(n)
+      elif order is None:
         local = (np.random.default_rng([self._seed, epoch]).permutation(self._per_shard) if self._shuffle
                  else np.arange(self._per_shard))
         order = self._shard_index + self._shard_count * local  # this shard's records: strided
@@ -120,23 +125,30 @@ class _ReadBatch:
 
   def __call__(self, position: int, _) -> dict:
     epoch, k = divmod(position, self.batches_per_epoch)
-    indices = self._order(epoch)[k * self._batch_size:(k + 1) * self._batch_size]
+    if self._global:  # this host's slice of global step k; draws keyed by the slot in the global batch
+      start = k * self._batch_size * self._shard_count + self._shard_index * self._batch_size
+      first_slot = self._shard_index * self._batch_size
+    else:
+      start, first_slot = k * self._batch_size, 0
+    indices = self._order(epoch)[start:start + self._batch_size]
 
     def examples():
       for j, i in enumerate(indices):
-        rng = element_rng(self._seed, position, j) if self._needs_rng else None
+        rng = element_rng(self._seed, position, first_slot + j) if self._needs_rng else None
         yield self._transform(self._source.get(int(i), copy=False), rng)
     return fill_batch(examples(), self._batch_size, with_mask=not self._drop)
 
 
-def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
-                shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
-                cache_dir: str | None = None, verify: Verify = "sha256", **example_options) -> grain.MapDataset:
+def map_dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True,
+                seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
+                drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
+                order: str = "host", global_batch_size: int | None = None,
+                **example_options) -> grain.MapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
 
   Args:
     path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
-    drop_remainder, cache_dir, verify, **example_options: as in `dataset`.
+    drop_remainder, cache_dir, verify, order, global_batch_size, **example_options: as in `dataset`.
 
   Returns:
     A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
@@ -145,7 +157,16 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bo
     ValueError: a bad batch size, shard, epoch count, verify level or example option.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
-  if batch_size < 1:
+  if order not in ("host", "global"):
+    raise ValueError(f"order must be 'host' or 'global', got {order!r}")
+  if global_batch_size is not None:
+    if order != "global":
+      raise ValueError(f"global_batch_size needs order='global' (order is {order!r})")
+    if global_batch_size < 1 or global_batch_size % shard_count:
+      raise ValueError(f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}: every "
+                       f"host takes an equal slice of each global step")
+    batch_size = global_batch_size // shard_count
+  if batch_size is None or batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
@@ -154,14 +175,15 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bo
   source = ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
   transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
   read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
-                    len(source) // shard_count, drop_remainder)
+                    len(source) // shard_count, drop_remainder, order)
   return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
 
 
-def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
+def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
-            verify: Verify = "sha256", **example_options) -> grain.IterDataset:
+            verify: Verify = "sha256", order: str = "host", global_batch_size: int | None = None,
+            **example_options) -> grain.IterDataset:
   """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
 
   Args:
@@ -179,6 +201,14 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     cache_dir: where gs:// shards are cached.
     verify: how local shards are proven against the manifest, "sha256" (default,
       once per shard per process), "size" or "none" (see docs/loaders.md).
+    order: "host" (each host's strided share, shuffled; the default) or "global"
+      (global step k takes the next batch_size × shard_count records of the
+      epoch's order over the whole split, host h its slice; random draws keyed
+      by the slot in the global batch: the batches of a step, and every
+      sample's patch, do not depend on the host count, so a saved state
+      resumes on any number of hosts with the same global batch).
+    global_batch_size: with order="global", the records per global step
+      instead of batch_size (which becomes global_batch_size / shard_count).
     **example_options: the fields of loaders.ExampleOptions (image_size,
       patch_size, patch, hu_window, normalize, max_nodes, max_edges).
 
@@ -187,12 +217,14 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     has get_state()/set_state() for resuming.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level or example option.
+    ValueError: a bad batch size, shard, epoch count, verify level, order or example option, or a
+      global batch the host count does not divide.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
-                   cache_dir=cache_dir, verify=verify, **example_options)
+                   cache_dir=cache_dir, verify=verify, order=order, global_batch_size=global_batch_size,
+                   **example_options)
   # More threads than cores only adds GIL contention for the Python parts of a batch.
   threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))

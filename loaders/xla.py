@@ -21,16 +21,17 @@ from loaders._device import DeviceLoader
 __all__ = ["DeviceLoader", "device_loader"]
 
 
-def device_loader(path: str, split: str = "train", *, batch_size: int, device=None, shuffle: bool = True,
+def device_loader(path: str, split: str = "train", *, batch_size: int | None = None, device=None, shuffle: bool = True,
                   seed: int = 0, shard_index: int | None = None, shard_count: int | None = None,
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
                   loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
-                  **example_options) -> DeviceLoader:
+                  order: str = "host", global_batch_size: int | None = None, **example_options) -> DeviceLoader:
   """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.
 
   Args:
-    path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify,
-      **example_options: as in loaders.grain.dataset.
+    path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify, order,
+      global_batch_size, **example_options: as in loaders.grain.dataset (order="global": a state
+      resumes on any number of hosts with the same global batch).
     device: the XLA device (default torch_xla.device()).
     shard_index, shard_count: this replica's share (default torch_xla.runtime's
       global_ordinal() and world_size()).
@@ -52,6 +53,7 @@ def device_loader(path: str, split: str = "train", *, batch_size: int, device=No
   shard_count = xr.world_size() if shard_count is None else shard_count
   ds = grain_loader.dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
                             shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
-                            drop_remainder=True, num_threads=num_threads, verify=verify, **example_options)
+                            drop_remainder=True, num_threads=num_threads, verify=verify, order=order,
+                            global_batch_size=global_batch_size, **example_options)
   return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
                       device_prefetch_size=device_prefetch_size)
