@@ -30,8 +30,7 @@ import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
-from loaders._order import SeedOrder
-from loaders._sampler import per_host_batch_size
+from loaders._order import SeedOrder, per_host_batch_size
 
 Fanouts = Sequence[int] | Mapping[str, Sequence[int]]
 
@@ -167,7 +166,7 @@ class HeteroNeighborSampler:
   host or in a global order that survives a change of host count (`order`, as NeighborSampler).
   """
 
-  def __init__(self, graph: Graph, fanouts: Fanouts = (15, 10, 5), batch_size: int = 1024,
+  def __init__(self, graph: Graph, fanouts: Fanouts = (15, 10, 5), batch_size: int | None = None,
                seed_type: str | None = None, seed: int = 0, shard_index: int = 0, shard_count: int = 1,
                split: str = "train", seed_nodes: np.ndarray | None = None, gather_features: bool = True,
                node_budget: Mapping[str, int] | None = None, feature_dtype=None, gather_threads: int = 1,
@@ -178,7 +177,7 @@ class HeteroNeighborSampler:
       graph: a heterogeneous graph (rel/<relation>/{indptr,indices} sections).
       fanouts: per hop, for every relation ([15, 10, 5]); or {relation: per hop} (full names or
         unambiguous middle names like "cites"; relations left out are not sampled).
-      batch_size: seeds per batch.
+      batch_size: seeds per batch (default 1024, or global_batch_size / shard_count).
       seed_type: the seeds' node type (default: the only type with a split, e.g. "paper").
       seed, shard_index, shard_count: as NeighborSampler.
       split: "train", "valid" or "test" of the seed type's split.
@@ -197,7 +196,7 @@ class HeteroNeighborSampler:
     relations = relations_of(graph)
     if not relations:
       raise ValueError(f"{graph.path} has no heterogeneous relations (rel/<relation>/indptr) to sample from")
-    batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
+    batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size, default=1024)
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= shard_index < shard_count:

@@ -1,4 +1,4 @@
-"""Which seeds each batch of a neighbour sampler holds: per host, or one global order that survives a change of host count.
+"""Which seeds a sampler's batch holds: per host, or one global order that survives a change of host count.
 
 Two orders, both a pure function of (seed, epoch) and the batch index:
 
@@ -29,6 +29,45 @@ import threading
 import numpy as np
 
 ORDERS = ("host", "global")
+
+
+def per_host_batch_size(batch_size: int | None, shard_count: int, order: str, global_batch_size: int | None,
+                        default: int | None = None) -> int:
+  """The items per batch on one host: `batch_size`, or `global_batch_size` / `shard_count` (order "global").
+
+  Args:
+    batch_size: the per-host batch the caller gave (None: not given).
+    shard_count: the number of hosts.
+    order: "host" or "global".
+    global_batch_size: the global batch the caller gave (None: not given).
+    default: the per-host batch when neither is given (None: one is required).
+
+  Returns:
+    The per-host batch size.
+
+  Raises:
+    ValueError: an unknown order; global_batch_size without order="global", not divisible by
+      shard_count, or disagreeing with a batch_size also given; no batch size at all; one below 1.
+  """
+  if order not in ORDERS:
+    raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+  if global_batch_size is not None:
+    if shard_count < 1:
+      raise ValueError(f"shard_count must be >= 1, got {shard_count}")
+    if order != "global":
+      raise ValueError(f"global_batch_size needs order='global' (order is {order!r})")
+    if global_batch_size < 1 or global_batch_size % shard_count:
+      raise ValueError(f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}: "
+                       f"every host takes an equal slice of each global step")
+    if batch_size is not None and batch_size * shard_count != global_batch_size:
+      raise ValueError(f"batch_size {batch_size} and global_batch_size {global_batch_size} disagree on "
+                       f"{shard_count} hosts ({global_batch_size} / {shard_count} = "
+                       f"{global_batch_size // shard_count}): give one of them")
+    return global_batch_size // shard_count
+  batch_size = default if batch_size is None else batch_size
+  if batch_size is None or batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  return batch_size
 
 
 class SeedOrder:

@@ -22,7 +22,7 @@ import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
-from loaders._order import SeedOrder
+from loaders._order import SeedOrder, per_host_batch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,22 +66,6 @@ def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget
   return Budgets(tuple(frontier), edges, nodes)
 
 
-def per_host_batch_size(batch_size: int, shard_count: int, order: str, global_batch_size: int | None) -> int:
-  """The seeds per batch on one host: `batch_size`, or `global_batch_size` / `shard_count` (order "global").
-
-  Raises:
-    ValueError: global_batch_size without order="global", or not divisible by shard_count.
-  """
-  if global_batch_size is None:
-    return batch_size
-  if order != "global":
-    raise ValueError(f"global_batch_size needs order='global' (order is {order!r})")
-  if global_batch_size < 1 or global_batch_size % shard_count:
-    raise ValueError(f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}: every "
-                     f"host takes an equal slice of each global step")
-  return global_batch_size // shard_count
-
-
 class NeighborSampler:
   """Fixed-fanout uniform neighbour sampling over the seed nodes of a split.
 
@@ -108,7 +92,7 @@ class NeighborSampler:
   refers to it.
   """
 
-  def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int = 1024,
+  def __init__(self, graph: Graph, fanouts: Sequence[int] = (15, 10, 5), batch_size: int | None = None,
                seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
                seed_nodes: np.ndarray | None = None, gather_features: bool = True,
                node_budget: int | None = None, feature_dtype=None, gather_threads: int = 1,
@@ -118,7 +102,7 @@ class NeighborSampler:
     Args:
       graph: a graph with a homogeneous CSR.
       fanouts: neighbours sampled per frontier node at each hop.
-      batch_size: seeds per batch.
+      batch_size: seeds per batch (default 1024, or global_batch_size / shard_count).
       seed: fixes the seed order of every epoch and every draw.
       shard_index, shard_count: this replica's disjoint share of the seeds.
       split: the graph's split whose ids are the seeds ("train", "valid", "test").
@@ -144,7 +128,7 @@ class NeighborSampler:
 
     if not fanouts or any(int(k) < 1 for k in fanouts):
       raise ValueError(f"fanouts must be positive integers, got {list(fanouts)}")
-    batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
+    batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size, default=1024)
     if graph.indptr is None:
       raise ValueError(f"{graph.path} has no homogeneous CSR (indptr/indices) to sample from")
     self.graph = graph

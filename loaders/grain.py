@@ -24,6 +24,7 @@ import numpy as np
 
 from formats.integrity import Verify
 from formats.transforms import element_rng
+from loaders._order import per_host_batch_size
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
@@ -157,17 +158,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     ValueError: a bad batch size, shard, epoch count, verify level or example option.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
-  if order not in ("host", "global"):
-    raise ValueError(f"order must be 'host' or 'global', got {order!r}")
-  if global_batch_size is not None:
-    if order != "global":
-      raise ValueError(f"global_batch_size needs order='global' (order is {order!r})")
-    if global_batch_size < 1 or global_batch_size % shard_count:
-      raise ValueError(f"global_batch_size {global_batch_size} is not divisible by shard_count {shard_count}: every "
-                       f"host takes an equal slice of each global step")
-    batch_size = global_batch_size // shard_count
-  if batch_size is None or batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
   if num_epochs < 1:

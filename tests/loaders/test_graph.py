@@ -85,7 +85,9 @@ def test_load_over_gcs_downloads_and_checks_sections_once(graph_output, graph, g
 
 
 def _sampler(graph, **kw):
-  kw = {"fanouts": [4, 3], "batch_size": 16, "seed": 3, **kw}
+  kw = {"fanouts": [4, 3], "seed": 3, **kw}
+  if "global_batch_size" not in kw:
+    kw.setdefault("batch_size", 16)
   return lg.NeighborSampler(graph, **kw)
 
 
@@ -453,3 +455,10 @@ def test_global_batch_errors_and_the_host_order_stays_the_default(graph):
     _sampler(graph, order="elastic")
   host = _sampler(graph, shard_index=1, shard_count=3)
   assert host.order == "host" and host.per_shard == 50 and len(host) == 4  # as before: every 3rd seed from 1 on
+
+
+def test_a_batch_size_that_disagrees_with_the_global_batch_is_refused(graph):
+  with pytest.raises(ValueError, match="batch_size 8 and global_batch_size 24 disagree on 2 hosts"):
+    _sampler(graph, order="global", global_batch_size=24, shard_count=2, batch_size=8)
+  assert _sampler(graph, order="global", global_batch_size=24, shard_count=2, batch_size=12).batch_size == 12
+  assert lg.NeighborSampler(graph).batch_size == 1024

@@ -36,7 +36,9 @@ def mag(mag_path):
 
 
 def _sampler(mag, **kw):
-  kw = {"fanouts": [4, 3], "batch_size": 32, "seed": 1, **kw}
+  kw = {"fanouts": [4, 3], "seed": 1, **kw}
+  if "global_batch_size" not in kw:
+    kw.setdefault("batch_size", 32)
   return lg.HeteroNeighborSampler(mag, **kw)
 
 

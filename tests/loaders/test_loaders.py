@@ -293,3 +293,5 @@ def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(outputs, key,
   assert len(np.unique(first_epoch)) == len(first_epoch) == steps_per_epoch * global_batch
   with pytest.raises(ValueError, match="global_batch_size 8 is not divisible by shard_count 3"):
     grain_loader.dataset(outputs[key], order="global", global_batch_size=8, shard_count=3, **options)
+  with pytest.raises(ValueError, match="batch_size 2 and global_batch_size 8 disagree on 2 hosts"):
+    grain_loader.dataset(outputs[key], order="global", global_batch_size=8, batch_size=2, shard_count=2, **options)
