@@ -30,6 +30,8 @@ import threading
 
 import numpy as np
 
+from loaders._host import local_processes
+
 try:
   from loaders import _kernel
 except ModuleNotFoundError as e:  # numba is the `graph` extra
@@ -62,17 +64,6 @@ def available_memory() -> int:
   except OSError:
     pass
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def local_processes() -> int:
-  """Processes on this host that may each copy the graph: torch_xla's PJRT_LOCAL_PROCESS_COUNT, torchrun's
-  LOCAL_WORLD_SIZE, else 1."""
-  for name in ("PJRT_LOCAL_PROCESS_COUNT", "LOCAL_WORLD_SIZE"):
-    try:
-      return max(1, int(os.environ[name]))
-    except (KeyError, ValueError):
-      continue
-  return 1
 
 
 def keep_in_memory(nbytes: int, in_memory: bool | None) -> bool:

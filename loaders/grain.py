@@ -17,15 +17,19 @@ processes; ArrayRecord reads and JPEG decodes release the GIL.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 
 import grain
 import numpy as np
 
-from formats.integrity import Verify
+from formats import files
+from formats.integrity import Verify, verify_level
+from formats.output import DEFAULT_CACHE_ROOT, open_output
 from formats.transforms import element_rng
 from loaders._order import per_host_batch_size
 from loaders._shards import ShardedRecords
+from loaders._stream import ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
 __all__ = ["data_source", "dataset", "map_dataset", "operations"]
@@ -140,22 +144,59 @@ class _ReadBatch:
     return fill_batch(examples(), self._batch_size, with_mask=not self._drop)
 
 
+def _fill_records(transform, batch_size: int, with_mask: bool, seed: int):
+  """fill(source, indices, position, first_slot): records `indices` of `source` → one batch, each example copied once."""
+  needs_rng = getattr(transform, "needs_rng", True)
+
+  def fill(source, indices, position: int, first_slot: int) -> dict:
+    def examples():
+      for j, i in enumerate(indices):
+        rng = element_rng(seed, position, first_slot + j) if needs_rng else None
+        yield transform(source.get(int(i), copy=False), rng)
+    return fill_batch(examples(), batch_size, with_mask)
+  return fill
+
+
+def _check_fits(output, split: str, cache_dir: str | None, cache_limit_bytes: int | None) -> None:
+  """Random access to a gs:// split copies all of it: refuse early (not after hours) when it cannot fit."""
+  if not files.is_gcs(output.path):
+    return
+  total = sum(s.num_bytes for s in output.shards(split))
+  if cache_limit_bytes is not None and total > cache_limit_bytes:
+    where = f"cache_limit_bytes={cache_limit_bytes:,}"
+  else:
+    root = cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "shards")
+    missing = sum(s.num_bytes for s in output.shards(split)
+                  if not os.path.exists(files.cache_path(output.shard_path(s), s.sha256, root) + ".verified"))
+    existing = root
+    while not os.path.exists(existing):
+      existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    if missing <= free:
+      return
+    where = f"the {free:,} bytes free in {root}"
+  raise ValueError(f"{output.path} split {split!r} holds {total:,} bytes, more than {where}: random access needs "
+                   f"all of it on local disk; pass window_shards=N to stream it in windows of N shards through a "
+                   f"cache bounded by cache_limit_bytes (see docs/loaders.md)")
+
+
 def map_dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True,
                 seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
                 drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
-                order: str = "host", global_batch_size: int | None = None,
-                **example_options) -> grain.MapDataset:
+                order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
+                cache_limit_bytes: int | None = None, **example_options) -> grain.MapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
 
   Args:
     path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
-    drop_remainder, cache_dir, verify, order, global_batch_size, **example_options: as in `dataset`.
+    drop_remainder, cache_dir, verify, order, global_batch_size, window_shards,
+    cache_limit_bytes, **example_options: as in `dataset`.
 
   Returns:
     A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level or example option.
+    ValueError: a bad batch size, shard, epoch count, verify level, window, cache limit or example option.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
   batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
@@ -163,6 +204,20 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
   if num_epochs < 1:
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
+  if cache_limit_bytes is not None and cache_limit_bytes < 1:
+    raise ValueError(f"cache_limit_bytes must be >= 1, got {cache_limit_bytes}")
+  verify_level(verify)
+  if window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
+    output = open_output(path)
+    counts = [s.num_records for s in output.shards(split)]
+    windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
+                          shard_count=shard_count, order=order, drop_remainder=drop_remainder)
+    transform = example_transform(output.kind, output.features, ExampleOptions(**example_options))
+    stream = ShardStream(output, split, windows, windows.batches_per_epoch * num_epochs, cache_dir=cache_dir,
+                         cache_limit_bytes=cache_limit_bytes, verify=verify)
+    read = StreamedBatches(stream, _fill_records(transform, batch_size, not drop_remainder, seed))
+    return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
+  _check_fits(open_output(path), split, cache_dir, cache_limit_bytes)
   source = ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
   transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
   read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
@@ -174,6 +229,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
             verify: Verify = "sha256", order: str = "host", global_batch_size: int | None = None,
+            window_shards: int | None = None, cache_limit_bytes: int | None = None,
             **example_options) -> grain.IterDataset:
   """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
 
@@ -200,6 +256,18 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       resumes on any number of hosts with the same global batch).
     global_batch_size: with order="global", the records per global step
       instead of batch_size (which becomes global_batch_size / shard_count).
+    window_shards: read the split in windows of this many shards instead of
+      at random: each epoch a seeded permutation of the shards, cut into
+      windows, records shuffled within their window. A gs:// split is then
+      streamed: shards are fetched ahead of need (parallel ranged reads, the
+      SHA-256 checked as they arrive), kept in a private cache bounded by
+      `cache_limit_bytes` and deleted after use; a local output is read in the
+      same order from its files. None (default): random access over the
+      whole split (a gs:// split is first copied whole into `cache_dir`).
+    cache_limit_bytes: the most local disk the streamed shards may take
+      (default: half the free space of the cache's disk, divided among the
+      host's loader processes); with window_shards=None, a gs:// split larger
+      than this is refused with advice instead of filling the disk.
     **example_options: the fields of loaders.ExampleOptions (image_size,
       patch_size, patch, hu_window, normalize, max_nodes, max_edges).
 
@@ -208,14 +276,15 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
     has get_state()/set_state() for resuming.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level, order or example option, or a
-      global batch the host count does not divide.
+    ValueError: a bad batch size, shard, epoch count, verify level, order, window, cache limit or example
+      option, a global batch the host count does not divide, or a gs:// split that cannot fit on local disk
+      for random access.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
                    cache_dir=cache_dir, verify=verify, order=order, global_batch_size=global_batch_size,
-                   **example_options)
+                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, **example_options)
   # More threads than cores only adds GIL contention for the Python parts of a batch.
   threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))

@@ -1,0 +1,561 @@
+"""Reading a split in windows of shards: a bounded local cache over gs://, and the order that allows it.
+
+    order = WindowOrder(counts, window_shards=4, batch_size=64, seed=0, ...)
+    stream = ShardStream(output, split, order, cache_limit_bytes=8 << 30)
+    with stream.batch(position) as indices:       # the position's shards are local and pinned
+      ... stream.raw(i) for i in indices ...
+
+Random access over a whole split needs the whole split on local disk. When the
+split is larger than the disk, the loaders read it in *windows*: each epoch
+a seeded permutation of the shards is cut into windows of `window_shards`
+shards, and the records of one window are shuffled among themselves
+(`WindowOrder`, a pure function of (seed, epoch), so a saved position resumes
+exactly). Only the shards of the windows being read and of the next ones
+need to be local: `ShardStream` fetches them ahead of need (parallel ranged
+reads through formats.gcs_download, the manifest's SHA-256 checked while the
+bytes arrive, transient errors retried), keeps them in a private folder whose
+size never exceeds `cache_limit_bytes`, and deletes each shard once no batch
+still to be read needs it. A local output is read in the same order straight
+from its files: the batches of a streamed gs:// output equal those of its
+local copy.
+
+Who fetches what: shards are fetched in the order the batches need them,
+starting from the lowest batch position being read, as far ahead as the limit
+allows; a batch waits only for its own shards. Readers pin the shards of
+their batch, so a shard is never deleted under a reader (its space is freed
+when it is deleted: every reader of it is closed first).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+import weakref
+
+import numpy as np
+
+from formats import adapters, files
+from formats.errors import CorruptRecordError
+from formats.gcs_download import DownloadOptions, download, remote_object
+from formats.integrity import Verify, check_local_file
+from formats.output import DEFAULT_CACHE_ROOT, Output
+from loaders._host import local_processes
+
+__all__ = ["DEFAULT_CACHE_FRACTION", "ShardStream", "WindowOrder", "default_cache_limit"]
+
+logger = logging.getLogger(__name__)
+
+# By default a streaming loader's cache may take this fraction of the free space of its disk, shared
+# between the loader processes of the host (PJRT_LOCAL_PROCESS_COUNT / LOCAL_WORLD_SIZE).
+DEFAULT_CACHE_FRACTION = 0.5
+_FILE_OVERHEAD = 4096  # bytes counted per cached shard beyond its size: the download's stamp and lock files
+_SHARD_TAG, _WINDOW_TAG = 0x5748, 0x5749  # keys of the shard and window permutations (apart from other draws)
+_SHARD_ATTEMPTS = 3  # downloads of one shard (each retrying its ranges) before a reader sees the error
+
+
+def default_cache_limit(cache_dir: str) -> int:
+  """DEFAULT_CACHE_FRACTION of the free space on `cache_dir`'s disk, divided among the host's loader processes."""
+  existing = os.path.abspath(cache_dir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  return int(shutil.disk_usage(existing).free * DEFAULT_CACHE_FRACTION) // local_processes()
+
+
+class WindowOrder:
+  """Which records each batch position holds when a split is read in windows of shards.
+
+  Epoch e: the shards (all of them with order="global"; with order="host"
+  shard s belongs to host s mod shard_count) in a permutation drawn from
+  (seed, e), cut into windows of `window_shards`; each window's records in a
+  permutation drawn from (seed, e, window). The epoch's stream is the windows
+  one after the other. order="global": global step k takes stream records
+  [k·G, (k+1)·G), G = batch_size × shard_count, and host h the slice
+  [k·G + h·B, k·G + (h+1)·B): the batches of a step do not depend on the host
+  count. order="host": host h's batch k is records [k·B, (k+1)·B) of its own
+  stream; every host gets the same number of batches (the smallest host's
+  share; the rest of the larger shares is dropped each epoch).
+
+  Attributes:
+    batches_per_epoch: batches each host reads per epoch.
+    num_shards: the shards this host reads.
+    first_slot: the slot of this host's first example in the global batch (keys random draws).
+  """
+
+  def __init__(self, counts, window_shards: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+               shard_index: int = 0, shard_count: int = 1, order: str = "host", drop_remainder: bool = True):
+    if window_shards < 1:
+      raise ValueError(f"window_shards must be >= 1, got {window_shards}")
+    self.counts = np.asarray(counts, np.int64)
+    self.starts = np.concatenate([[0], np.cumsum(self.counts)])
+    self.window, self.batch_size, self.seed, self.shuffle = window_shards, batch_size, seed, shuffle
+    self.shard_index, self.shard_count, self.global_order = shard_index, shard_count, order == "global"
+    if self.global_order:
+      self._mine = np.arange(len(self.counts))
+      per_epoch, step = int(self.counts.sum()), batch_size * shard_count
+    else:
+      self._mine = np.arange(shard_index, len(self.counts), shard_count)
+      shares = [int(self.counts[h::shard_count].sum()) for h in range(shard_count)]
+      per_epoch, step = (min(shares) if drop_remainder else max(shares)), batch_size
+    self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
+    self.first_slot = shard_index * batch_size if self.global_order else 0
+    self.num_shards = len(self._mine)
+    self._epochs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    self._lock = threading.Lock()
+
+  def shards_of_epoch(self, epoch: int) -> np.ndarray:
+    """This host's shards in the order epoch `epoch` reads them."""
+    if not self.shuffle:
+      return self._mine
+    return self._mine[np.random.default_rng([self.seed, epoch, _SHARD_TAG]).permutation(len(self._mine))]
+
+  def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shards in order, each window's first stream position (+ the end), the record stream) of an epoch."""
+    with self._lock:
+      cached = self._epochs.get(epoch)
+      if cached is not None:
+        return cached
+    shards = self.shards_of_epoch(epoch)
+    parts, bounds = [], [0]
+    for w in range(0, len(shards), self.window):
+      recs = np.concatenate([np.arange(self.starts[s], self.starts[s + 1]) for s in shards[w:w + self.window]])
+      if self.shuffle:
+        recs = recs[np.random.default_rng([self.seed, epoch, w // self.window, _WINDOW_TAG]).permutation(len(recs))]
+      parts.append(recs)
+      bounds.append(bounds[-1] + len(recs))
+    out = (shards, np.asarray(bounds, np.int64), np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    with self._lock:
+      self._epochs = {e: v for e, v in self._epochs.items() if e >= epoch - 1}
+      self._epochs[epoch] = out
+    return out
+
+  def _span(self, position: int) -> tuple[int, int, int]:
+    """(epoch, first stream position, stop) of this host's records of batch `position`."""
+    epoch, k = divmod(position, self.batches_per_epoch)
+    if self.global_order:
+      start = k * self.batch_size * self.shard_count + self.shard_index * self.batch_size
+    else:
+      start = k * self.batch_size
+    return epoch, start, start + self.batch_size
+
+  def indices(self, position: int) -> np.ndarray:
+    """The split record indices of this host's batch `position` (fewer at a padded epoch end)."""
+    epoch, start, stop = self._span(position)
+    return self._epoch(epoch)[2][start:stop]
+
+  def shards(self, position: int) -> list[int]:
+    """The shards batch `position` reads from (every shard of the windows its records come from)."""
+    epoch, start, stop = self._span(position)
+    shards, bounds, stream = self._epoch(epoch)
+    stop = min(stop, len(stream))
+    if stop <= start:
+      return []
+    first = bisect.bisect_right(bounds, start) - 1
+    last = bisect.bisect_right(bounds, stop - 1) - 1
+    return [int(s) for s in shards[first * self.window:(last + 1) * self.window]]
+
+  def shards_from(self, position: int, num_positions: int):
+    """Shards in the order batches `position`, `position`+1, ... (up to `num_positions`) first need them.
+
+    Yields whole windows from the one holding `position`'s first record; a shard
+    may come again (a later epoch).
+    """
+    if position >= num_positions:
+      return
+    epoch, start, _ = self._span(position)
+    last_epoch = (num_positions - 1) // self.batches_per_epoch
+    shards, bounds, _ = self._epoch(epoch)
+    w = max(0, bisect.bisect_right(bounds, start) - 1)
+    for e in range(epoch, last_epoch + 1):
+      if e != epoch:
+        shards, bounds, _ = self._epoch(e)
+        w = 0
+      for s in shards[w * self.window:]:
+        yield int(s)
+
+
+class _Entry:
+  """One shard of the stream: where it is, who reads it, what became of its download."""
+
+  def __init__(self, k: int, reserved: int):
+    self.k, self.reserved = k, reserved
+    self.path: str | None = None  # set once the verified file is local
+    self.pins = 0
+    self.error: BaseException | None = None
+    self.fetching = False
+    self.readers: list = []  # idle random-access readers (one per reading thread at most)
+
+
+class ShardStream:
+  """The shards of one split, made local in windows: fetched ahead, bounded on disk, deleted after use.
+
+  For a gs:// output the shards go to a private folder under `cache_dir`
+  (removed by close(), at exit, or by the next stream that finds its process
+  gone); a local output's shards are read where they are (checked at the
+  `verify` level once per process), in the same order.
+
+  Attributes:
+    peak_bytes: the most bytes the folder held (counted as each shard's size
+      plus _FILE_OVERHEAD, reserved before its download starts).
+    bytes_fetched: bytes downloaded so far.
+  """
+
+  def __init__(self, output: Output, split: str, order: WindowOrder, num_positions: int, *,
+               cache_dir: str | None = None, cache_limit_bytes: int | None = None, verify: Verify = "sha256",
+               streams: int = 4, chunk_bytes: int = 8 << 20):
+    self.output, self.split, self.order = output, split, order
+    self._infos = output.shards(split)
+    self._adapter = output.adapter
+    self._num_positions = num_positions
+    self._remote = files.is_gcs(output.path)
+    self._verify = verify
+    self._options = DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=False)
+    self._sizes = [s.num_bytes + _FILE_OVERHEAD for s in self._infos]
+    root = os.path.join(cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "stream"))
+    self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
+    if self._remote:
+      window = sorted(self._sizes, reverse=True)[:order.window]
+      need = 2 * sum(window)
+      if self.limit < need:
+        raise ValueError(
+            f"cache_limit_bytes={self.limit:,} cannot hold two windows of {order.window} shard(s) of {output.path} "
+            f"split {split!r} ({need:,} bytes: the window read and the next one fetched); raise cache_limit_bytes "
+            f"or lower window_shards")
+    self.peak_bytes = 0
+    self.bytes_fetched = 0
+    self._cond = threading.Condition()
+    self._entries: dict[int, _Entry] = {}
+    self._in_flight: dict[int, int] = {}  # position -> readers of it
+    self._next = 0  # one past the highest position started
+    self._closed = False
+    self._fetcher: threading.Thread | None = None
+    self._folder = None
+    if self._remote:
+      os.makedirs(root, exist_ok=True)
+      _remove_stale(root)
+      self._folder = os.path.join(root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
+      os.makedirs(self._folder)
+      self._finalizer = weakref.finalize(self, shutil.rmtree, self._folder, True)
+
+  # ------------------------------------------------------------------ readers
+
+  @contextlib.contextmanager
+  def batch(self, position: int):
+    """Makes batch `position`'s shards local and pins them while the block runs; yields its record indices.
+
+    Raises:
+      CorruptRecordError: a shard differs from the manifest.
+      ConnectionError, SourceChangedError: a shard could not be fetched.
+    """
+    shards = self.order.shards(position)
+    if not self._remote:  # a local shard is checked once (outside the lock: hashing takes a while)
+      for k in shards:
+        if k not in self._entries:
+          self._local_entry(k)
+    with self._cond:
+      self._in_flight[position] = self._in_flight.get(position, 0) + 1
+      self._next = max(self._next, position + 1)
+      self._start_fetcher()
+      self._cond.notify_all()
+      try:
+        while True:
+          if self._closed:
+            raise RuntimeError("the stream was closed")
+          entries = [self._entry(k) for k in shards]
+          failed = next((e for e in entries if e.error is not None), None)
+          if failed is not None:
+            error = failed.error
+            failed.error = None  # the next reader of it tries again
+            self._forget(failed)
+            raise error
+          if all(e.path is not None for e in entries):
+            break
+          self._cond.wait(1.0)
+        for e in entries:
+          e.pins += 1
+      except BaseException:
+        self._leave(position)
+        raise
+    try:
+      yield self.order.indices(position)
+    finally:
+      with self._cond:
+        for e in entries:
+          e.pins -= 1
+        self._leave(position)
+
+  def raw(self, index: int) -> bytes:
+    """The bytes of record `index` of the split, whose shard a running `batch` block has pinned.
+
+    Raises:
+      CorruptRecordError: the record is damaged; the message names the shard and the record.
+    """
+    k = int(np.searchsorted(self.order.starts, index, side="right")) - 1
+    if not 0 <= k < len(self._infos):
+      raise IndexError(f"record {index} outside [0, {int(self.order.starts[-1])})")
+    local = index - int(self.order.starts[k])
+    with self._cond:
+      e = self._entries.get(k)
+      if e is None or e.path is None or e.pins == 0:
+        raise RuntimeError(f"record {index}: its shard {self._infos[k].path} is not pinned by a batch")
+      reader = e.readers.pop() if e.readers else None
+    try:
+      if reader is None:
+        reader = self._adapter.open_random(e.path)
+        if len(reader) != self._infos[k].num_records:
+          n = len(reader)
+          reader.close()
+          raise CorruptRecordError(f"{self.where_shard(k)}: {n} records, the manifest says "
+                                   f"{self._infos[k].num_records}")
+      try:
+        return reader.read(local)
+      except CorruptRecordError:
+        raise
+      except Exception as err:  # the C++ reader's own error: name the shard and the record
+        raise CorruptRecordError(f"{self.where_shard(k)}: record {local}: {type(err).__name__}: {err}") from None
+    finally:
+      if reader is not None:
+        with self._cond:
+          e.readers.append(reader)
+
+  def get(self, index: int, copy: bool = True) -> dict:
+    """Record `index` decoded (as ShardedRecords.get), plus its `record_index`; its shard must be pinned.
+
+    Raises:
+      CorruptRecordError: the record is damaged or does not parse against the schema.
+    """
+    data = self.raw(index)
+    try:
+      return {**self.features.decode(data, copy=copy), "record_index": np.int64(index)}
+    except ValueError as e:
+      raise CorruptRecordError(f"{self.where(index)}: {e}") from None
+
+  @property
+  def features(self):
+    """The records' schema."""
+    return self.output.features
+
+  @property
+  def kind(self) -> str:
+    """The output's record kind."""
+    return self.output.kind
+
+  def __len__(self) -> int:
+    return int(self.order.starts[-1])
+
+  def where(self, index: int) -> str:
+    """"<shard path>: record <k>" of split record `index` (names a bad record)."""
+    k = int(np.searchsorted(self.order.starts, index, side="right")) - 1
+    return f"{self.where_shard(k)}: record {index - int(self.order.starts[k])}"
+
+  def where_shard(self, k: int) -> str:
+    return self.output.shard_path(self._infos[k])
+
+  def close(self) -> None:
+    """Stops fetching, closes every reader and deletes the private folder. Closing twice is fine."""
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+    if self._fetcher is not None and self._fetcher is not threading.current_thread():
+      self._fetcher.join()
+    with self._cond:
+      for e in self._entries.values():
+        for r in e.readers:
+          r.close()
+        e.readers.clear()
+      self._entries.clear()
+    if self._folder is not None:
+      self._finalizer()
+
+  # ------------------------------------------------------------------ bookkeeping (self._cond held)
+
+  def _entry(self, k: int) -> _Entry:
+    e = self._entries.get(k)
+    return e if e is not None else _Entry(k, self._sizes[k])  # not fetched yet: the reader waits
+
+  def _local_entry(self, k: int) -> None:
+    info = self._infos[k]
+    path = self.output.shard_path(info)
+    check_local_file(path, info.num_bytes, info.sha256, self._verify, locate=self._adapter.locate_damage)
+    e = _Entry(k, 0)
+    e.path = path
+    with self._cond:
+      self._entries.setdefault(k, e)
+
+  def _forget(self, e: _Entry) -> None:
+    if self._entries.get(e.k) is e:
+      del self._entries[e.k]
+
+  def _leave(self, position: int) -> None:
+    n = self._in_flight.pop(position) - 1
+    if n:
+      self._in_flight[position] = n
+    self._cond.notify_all()
+
+  def _low(self) -> int:
+    """The lowest batch position still to be read: the least in flight, else the next one."""
+    return min(self._in_flight) if self._in_flight else self._next
+
+  def _cached_bytes(self) -> int:
+    return sum(e.reserved for e in self._entries.values() if e.reserved)
+
+  # ------------------------------------------------------------------ the fetcher
+
+  def _start_fetcher(self) -> None:
+    if self._remote and self._fetcher is None:
+      self._fetcher = threading.Thread(target=ShardStream._fetch_loop, args=(weakref.ref(self),),
+                                       name="shard-stream", daemon=True)
+      self._fetcher.start()
+
+  def _plan(self, low: int) -> tuple[list[int], int]:
+    """The shards to keep: those batches `low`, `low`+1, ... need first, as many as the limit holds.
+
+    Returns (the shards, how many of them batch `low` itself needs).
+    """
+    first = self.order.shards(low) if low < self._num_positions else []
+    wanted, seen, total = [], set(), 0
+    for k in itertools.chain(first, self.order.shards_from(low, self._num_positions)):
+      if len(seen) == self.order.num_shards:  # every shard this host reads is already kept
+        break
+      if k in seen:
+        continue
+      if total + self._sizes[k] > self.limit:
+        if len(wanted) < len(set(first)):
+          raise ValueError(f"cache_limit_bytes={self.limit:,} cannot hold the shards batch {low} reads "
+                           f"({sum(self._sizes[j] for j in set(first)):,} bytes); raise cache_limit_bytes or "
+                           f"lower window_shards")
+        break
+      wanted.append(k)
+      seen.add(k)
+      total += self._sizes[k]
+    return wanted, len(set(first))
+
+  def _next_fetch(self) -> int | None:
+    """Evicts what the plan drops; the next shard to download, or None (self._cond held)."""
+    low = self._low()
+    try:
+      wanted, _ = self._plan(low)
+    except ValueError as e:  # one batch needs more than the limit: tell its readers
+      for k in self.order.shards(low):
+        self._entries.setdefault(k, _Entry(k, 0)).error = e
+      return None
+    keep = set(wanted)
+    for k, e in list(self._entries.items()):  # no batch still to be read needs it soon: delete it
+      if k not in keep and e.pins == 0 and e.path is not None:
+        self._evict(e)
+    if any(e.fetching for e in self._entries.values()):
+      return None  # one shard at a time (its ranges in parallel): the earliest need is served first
+    for k in wanted:
+      e = self._entries.get(k)
+      if e is None:
+        return k if self._cached_bytes() + self._sizes[k] <= self.limit else None
+    return None
+
+  @staticmethod
+  def _fetch_loop(ref: weakref.ref) -> None:
+    """The fetcher thread: holds the stream only weakly, so a stream nobody uses is collected and it ends."""
+    while True:
+      stream = ref()
+      if stream is None:
+        return
+      if not stream._fetch_one():
+        return
+      del stream
+
+  def _fetch_one(self) -> bool:
+    """Evicts, then downloads one shard or waits a little; False once closed."""
+    with self._cond:
+      if self._closed:
+        return False
+      k = self._next_fetch()
+      if k is None:
+        self._cond.wait(0.5)
+        return True
+      e = self._entries[k] = _Entry(k, self._sizes[k])
+      e.fetching = True
+      self.peak_bytes = max(self.peak_bytes, self._cached_bytes())
+    try:
+      path, error = self._download(k), None
+    except BaseException as err:  # noqa: BLE001 - handed to the readers of this shard
+      path, error = None, err
+    with self._cond:
+      e.fetching = False
+      if error is None:
+        e.path = path
+      else:  # its files go; the entry stays only to carry the error to the next reader of the shard
+        self._evict(e)
+        e.reserved, e.error = 0, error
+        self._entries[k] = e
+      self._cond.notify_all()
+    return True
+
+  def _download(self, k: int) -> str:
+    info = self._infos[k]
+    src = self.output.shard_path(info)
+    dest = os.path.join(self._folder, f"{k:06d}-{os.path.basename(info.path)}")
+    for attempt in range(1, _SHARD_ATTEMPTS + 1):
+      try:
+        obj = remote_object(src)
+        if obj.size != info.num_bytes:
+          raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
+        stats = download(obj, dest, info.sha256, options=self._options)
+        self.bytes_fetched += stats.bytes_fetched
+        return dest
+      except FileNotFoundError:
+        raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
+      except ConnectionError as err:  # the ranges' own retries are spent; the partial download is resumed
+        if attempt == _SHARD_ATTEMPTS:
+          raise
+        logger.warning("%s: %s; trying again (%d/%d)", src, err, attempt + 1, _SHARD_ATTEMPTS)
+        time.sleep(min(2.0 ** attempt, 30.0))
+    raise AssertionError("unreachable")
+
+  def _evict(self, e: _Entry) -> None:
+    """Closes the shard's readers and deletes its files (self._cond held, the shard unpinned)."""
+    for r in e.readers:
+      r.close()
+    e.readers.clear()
+    if self._remote and self._folder is not None:
+      dest = os.path.join(self._folder, f"{e.k:06d}-{os.path.basename(self._infos[e.k].path)}")
+      for suffix in ("", ".fetched", ".lock", ".partial", ".partial.json"):
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(dest + suffix)
+    self._forget(e)
+
+
+def _remove_stale(root: str) -> None:
+  """Deletes the private folders of streams whose process is gone (killed before it could clean up)."""
+  for name in os.listdir(root):
+    pid = name.split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+      continue
+    try:
+      os.kill(int(pid), 0)
+    except ProcessLookupError:
+      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    except PermissionError:
+      pass
+
+
+class StreamedBatches:
+  """Batch position → one batch of examples, read from a ShardStream in its WindowOrder (grain's map function).
+
+  Random draws (patch positions) use element_rng(seed, position, slot), the
+  slot counted in the global batch with order="global", as the random-access
+  reader does.
+  """
+
+  def __init__(self, stream: ShardStream, fill):
+    """`fill(source, indices, position, first_slot)` reads records `indices` of `source` into one batch."""
+    self.stream, self._fill = stream, fill
+    self.batches_per_epoch = stream.order.batches_per_epoch
+
+  def __call__(self, position: int, _=None) -> dict:
+    with self.stream.batch(position) as indices:
+      return self._fill(self.stream, indices, position, self.stream.order.first_slot)

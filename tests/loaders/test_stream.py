@@ -1,0 +1,261 @@
+"""Reading a split in windows of shards (loaders._stream): the order, and gs:// streaming through a bounded cache."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grain
+import numpy as np
+import pytest
+
+import make_sample_images
+from formats import load_manifest
+from loaders import CorruptRecordError, grain as grain_loader
+from loaders._stream import WindowOrder, _remove_stale
+from pipelines import image_folder
+from tests.conftest import upload_tree
+
+COUNTS = [5, 7, 3, 9, 4, 6, 8, 2, 7]
+
+
+def _stream_shards(order: WindowOrder, epoch: int) -> list[int]:
+  """The shard of each record of the epoch's stream, in stream order."""
+  _, _, stream = order._epoch(epoch)
+  return [int(np.searchsorted(order.starts, i, side="right")) - 1 for i in stream]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_window_order_reads_windows_one_after_the_other(shuffle):
+  order = WindowOrder(COUNTS, 3, 4, seed=7, shuffle=shuffle)
+  n = sum(COUNTS)
+  assert order.batches_per_epoch == n // 4
+  for epoch in (0, 1):
+    shards = [int(s) for s in order.shards_of_epoch(epoch)]
+    assert sorted(shards) == list(range(len(COUNTS)))
+    of = _stream_shards(order, epoch)
+    windows = [set(shards[w:w + 3]) for w in range(0, len(shards), 3)]
+    bounds = np.cumsum([0] + [sum(COUNTS[s] for s in w) for w in windows])
+    for w, window in enumerate(windows):  # window w's records, all of them, then window w+1's
+      assert set(of[bounds[w]:bounds[w + 1]]) == window
+    got = np.concatenate([order.indices(epoch * order.batches_per_epoch + k) for k in range(order.batches_per_epoch)])
+    assert len(np.unique(got)) == len(got) == order.batches_per_epoch * 4
+    for k in range(order.batches_per_epoch):  # each batch's records lie in the shards it reports
+      p = epoch * order.batches_per_epoch + k
+      recs = order.indices(p)
+      assert {int(np.searchsorted(order.starts, i, side="right")) - 1 for i in recs} <= set(order.shards(p))
+  e0, e1 = order.indices(0), order.indices(order.batches_per_epoch)
+  assert (not np.array_equal(e0, e1)) == shuffle  # reshuffled each epoch
+  again = WindowOrder(COUNTS, 3, 4, seed=7, shuffle=shuffle)
+  assert all(np.array_equal(order.indices(p), again.indices(p)) for p in range(2 * order.batches_per_epoch))
+  other = WindowOrder(COUNTS, 3, 4, seed=8, shuffle=shuffle)
+  assert shuffle == any(not np.array_equal(order.indices(p), other.indices(p)) for p in range(order.batches_per_epoch))
+
+
+def test_window_order_hosts():
+  """order="host": host h reads only shards s with s % n == h, every host the same number of batches;
+  order="global": the hosts' slices of a step are the single host's batch of that step."""
+  n = 3
+  hosts = [WindowOrder(COUNTS, 2, 2, seed=1, shard_index=h, shard_count=n) for h in range(n)]
+  smallest = min(sum(COUNTS[h::n]) for h in range(n))
+  assert {o.batches_per_epoch for o in hosts} == {smallest // 2}
+  seen = []
+  for h, o in enumerate(hosts):
+    recs = np.concatenate([o.indices(k) for k in range(o.batches_per_epoch)])
+    assert {int(np.searchsorted(o.starts, i, side="right")) - 1 for i in recs} <= set(range(h, len(COUNTS), n))
+    seen.append(set(recs.tolist()))
+  assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])
+  single = WindowOrder(COUNTS, 2, 8, seed=1, order="global")
+  for count in (2, 4, 8):
+    parts = [WindowOrder(COUNTS, 2, 8 // count, seed=1, order="global", shard_index=h, shard_count=count)
+             for h in range(count)]
+    assert {p.batches_per_epoch for p in parts} == {single.batches_per_epoch}
+    for step in range(2 * single.batches_per_epoch):
+      assert np.array_equal(np.concatenate([p.indices(step) for p in parts]), single.indices(step))
+  with pytest.raises(ValueError, match="window_shards must be >= 1"):
+    WindowOrder(COUNTS, 0, 2)
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+  """120 raw 16x16 images in 12 shards (10 records, 128 KiB each)."""
+  base = tmp_path_factory.mktemp("stream")
+  make_sample_images.make_folder(str(base / "images"), ["a", "b", "c"], 40, None, (64, 48), 0, seed=3)
+  out = str(base / "raw")
+  image_folder.run([f"--input={base / 'images'}", f"--output={out}", "--num_shards=12", "--encoding=raw",
+                    "--image_size=16,16"])
+  return out
+
+
+def _batches(ds) -> list[dict]:
+  return list(iter(ds))
+
+
+def _equal(a: list[dict], b: list[dict]) -> bool:
+  return len(a) == len(b) and all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+                                  for x, y in zip(a, b))
+
+
+class _DiskWatch:
+  """Polls a folder's disk use (allocated blocks, and apparent sizes) in a thread; keeps the peaks."""
+
+  def __init__(self, folder: str):
+    self.folder, self.peak_blocks, self.peak_apparent, self.samples = folder, 0, 0, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self):
+    while not self._stop.is_set():
+      blocks = apparent = 0
+      for d, _, names in os.walk(self.folder):
+        for name in names:
+          try:
+            st = os.stat(os.path.join(d, name))
+          except FileNotFoundError:
+            continue
+          blocks += st.st_blocks * 512
+          apparent += st.st_size
+      self.peak_blocks, self.peak_apparent = max(self.peak_blocks, blocks), max(self.peak_apparent, apparent)
+      self.samples += 1
+      time.sleep(0.002)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+
+
+def test_local_window_order_is_complete_and_resumes(many_shards):
+  ds = grain_loader.dataset(many_shards, batch_size=8, window_shards=3, num_epochs=2, seed=1)
+  full = _batches(ds)
+  assert len(full) == 2 * (120 // 8)
+  for epoch in (full[:15], full[15:]):
+    ids = np.concatenate([b["record_index"] for b in epoch])
+    assert sorted(ids.tolist()) == list(range(120))
+  it = iter(ds)
+  head = [next(it) for _ in range(11)]
+  state = json.loads(json.dumps(it.get_state()))
+  it2 = iter(grain_loader.dataset(many_shards, batch_size=8, window_shards=3, num_epochs=2, seed=1))
+  it2.set_state(state)
+  assert _equal(head + list(it2), full)
+
+
+@pytest.mark.gcs
+def test_streamed_gcs_equals_local_and_never_exceeds_the_limit(many_shards, gcs_emulator, tmp_path):
+  """A split of 12 shards (1.6 MB) streamed through a cache of 5 shards: the batches of the local output in
+  the same window order, the disk never above the limit, every shard fetched again each epoch, and the
+  private folder gone once the loader is."""
+  gs = f"gs://{gcs_emulator}/stream/raw"
+  upload_tree(many_shards, gs)
+  shard_bytes = load_manifest(many_shards).splits["train"].shards[0].num_bytes
+  limit = 5 * (shard_bytes + 4096)
+  kw = dict(batch_size=8, window_shards=2, num_epochs=2, seed=3, num_threads=4, prefetch_buffer_size=4)
+  local = _batches(grain_loader.dataset(many_shards, **kw))
+  cache = tmp_path / "cache"
+  ds = grain_loader.map_dataset(gs, cache_dir=str(cache), cache_limit_bytes=limit, **{
+      k: v for k, v in kw.items() if k not in ("num_threads", "prefetch_buffer_size")})
+  with _DiskWatch(str(cache)) as watch:
+    remote = _batches(ds.to_iter_dataset(grain.ReadOptions(num_threads=4, prefetch_buffer_size=4)))
+  assert _equal(remote, local)
+  assert watch.samples > 10 and 0 < watch.peak_apparent <= limit and watch.peak_blocks <= limit
+  del ds, remote
+  gc.collect()
+  time.sleep(1.5)  # the fetcher thread notices the stream is gone
+  assert not [f for _, _, fs in os.walk(cache) for f in fs], "the private folder outlived the loader"
+
+
+@pytest.mark.gcs
+def test_streamed_stats_and_limits(many_shards, gcs_emulator, tmp_path):
+  from formats.output import open_output
+  from loaders._stream import ShardStream
+
+  gs = f"gs://{gcs_emulator}/stream/raw_stats"
+  upload_tree(many_shards, gs)
+  output = open_output(gs)
+  info = output.shards("train")
+  order = WindowOrder([s.num_records for s in info], 2, 8, seed=0)
+  limit = 5 * (info[0].num_bytes + 4096)
+  stream = ShardStream(output, "train", order, 2 * order.batches_per_epoch, cache_dir=str(tmp_path / "c"),
+                       cache_limit_bytes=limit)
+  for p in range(2 * order.batches_per_epoch):
+    with stream.batch(p) as indices:
+      assert len({stream.raw(int(i)) for i in indices}) == len(indices)
+  assert stream.peak_bytes <= limit
+  total = sum(s.num_bytes for s in info)
+  assert stream.bytes_fetched >= 2 * total - limit  # a cache smaller than the split: every epoch fetches again
+  stream.close()
+  assert not os.listdir(tmp_path / "c")
+  with pytest.raises(ValueError, match=r"cannot hold two windows of 3 shard\(s\).*raise cache_limit_bytes or "
+                                       r"lower window_shards"):
+    grain_loader.dataset(gs, batch_size=8, window_shards=3, cache_limit_bytes=limit, cache_dir=str(tmp_path / "c"))
+  with pytest.raises(ValueError, match="random access needs all of it on local disk; pass window_shards=N"):
+    grain_loader.dataset(gs, batch_size=8, cache_limit_bytes=limit, cache_dir=str(tmp_path / "c"))
+  with pytest.raises(ValueError, match="cache_limit_bytes must be >= 1"):
+    grain_loader.dataset(gs, batch_size=8, window_shards=1, cache_limit_bytes=0)
+
+
+@pytest.mark.gcs
+def test_faults_change_nothing_in_the_batches(many_shards, gcs_faults, tmp_path):
+  """503s and dropped connections on the shards' reads: retried, and the batches are those of a clean run."""
+  gs = f"gs://{gcs_faults.bucket}/stream/raw_faults"
+  upload_tree(many_shards, gs)
+  kw = dict(batch_size=8, window_shards=2, num_epochs=1, seed=5, num_threads=2,
+            cache_limit_bytes=6 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 4096))
+  clean = _batches(grain_loader.dataset(gs, cache_dir=str(tmp_path / "clean"), **kw))
+  for shard in [s.path for s in load_manifest(many_shards).splits["train"].shards[2::3]]:
+    gcs_faults.add_fault(f"raw_faults/{shard}", status=503, times=2)
+    gcs_faults.add_fault(f"raw_faults/{shard}", mode="drop", times=1)
+  before = gcs_faults.requests_seen("raw_faults")
+  faulty = _batches(grain_loader.dataset(gs, cache_dir=str(tmp_path / "faulty"), **kw))
+  assert _equal(faulty, clean)
+  assert not gcs_faults._faults, "a fault was never hit: the test did not exercise the retries"
+  assert gcs_faults.requests_seen("raw_faults") > before
+
+
+@pytest.mark.gcs
+def test_a_changed_shard_is_named(many_shards, gcs_emulator, tmp_path):
+  """A shard whose bytes differ from the manifest (same size) is refused while it streams, naming it."""
+  from formats import files
+
+  gs = f"gs://{gcs_emulator}/stream/raw_changed"
+  upload_tree(many_shards, gs)
+  shard = load_manifest(many_shards).splits["train"].shards[4].path
+  data = bytearray(files.read_bytes(f"{gs}/{shard}"))
+  data[200] ^= 0xFF
+  files.write_bytes(f"{gs}/{shard}", bytes(data))
+  ds = grain_loader.dataset(gs, batch_size=8, window_shards=2, seed=0, cache_dir=str(tmp_path / "c"),
+                            cache_limit_bytes=1 << 22, num_threads=1)
+  with pytest.raises(CorruptRecordError, match=rf"{shard}: sha256 .* differs from the manifest"):
+    _batches(ds)
+
+
+def test_stale_private_folders_are_removed(tmp_path):
+  p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  dead = tmp_path / f"{p.stdout.strip()}-abcdef"
+  dead.mkdir()
+  (dead / "000001-train.array_record").write_bytes(b"x" * 10)
+  alive = tmp_path / f"{os.getpid()}-123456"
+  alive.mkdir()
+  _remove_stale(str(tmp_path))
+  assert not dead.exists() and alive.exists()
+
+
+def test_global_window_order_resumes_across_4_then_2_then_8_hosts(many_shards):
+  from tests.loaders.test_loaders import _global_steps
+
+  def make(h, hosts):
+    return grain_loader.dataset(many_shards, order="global", global_batch_size=8, shard_index=h, shard_count=hosts,
+                                num_epochs=2, seed=4, num_threads=1, window_shards=3)
+
+  single = _batches(make(0, 1))
+  total = len(single)
+  got = _global_steps(make, [(4, 3), (2, total // 2 - 3), (8, total - total // 2)])
+  assert _equal(got, single)
