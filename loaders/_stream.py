@@ -41,7 +41,7 @@ import weakref
 
 import numpy as np
 
-from formats import adapters, files
+from formats import files
 from formats.errors import CorruptRecordError
 from formats.gcs_download import DownloadOptions, download, remote_object
 from formats.integrity import Verify, check_local_file
@@ -317,7 +317,7 @@ class ShardStream:
         return reader.read(local)
       except CorruptRecordError:
         raise
-      except Exception as err:  # the C++ reader's own error: name the shard and the record
+      except Exception as err:  # noqa: BLE001 - the C++ reader's own error: name the shard and the record
         raise CorruptRecordError(f"{self.where_shard(k)}: record {local}: {type(err).__name__}: {err}") from None
     finally:
       if reader is not None:

@@ -25,13 +25,16 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
                   seed: int = 0, shard_index: int | None = None, shard_count: int | None = None,
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
                   loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
-                  order: str = "host", global_batch_size: int | None = None, **example_options) -> DeviceLoader:
+                  order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
+                  cache_limit_bytes: int | None = None, cache_dir: str | None = None,
+                  **example_options) -> DeviceLoader:
   """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.
 
   Args:
     path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify, order,
-      global_batch_size, **example_options: as in loaders.grain.dataset (order="global": a state
-      resumes on any number of hosts with the same global batch).
+      global_batch_size, window_shards, cache_limit_bytes, cache_dir, **example_options: as in
+      loaders.grain.dataset (order="global": a state resumes on any number of hosts with the same
+      global batch; window_shards: stream a gs:// split through a bounded cache).
     device: the XLA device (default torch_xla.device()).
     shard_index, shard_count: this replica's share (default torch_xla.runtime's
       global_ordinal() and world_size()).
@@ -54,6 +57,7 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
   ds = grain_loader.dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
                             shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
                             drop_remainder=True, num_threads=num_threads, verify=verify, order=order,
-                            global_batch_size=global_batch_size, **example_options)
+                            global_batch_size=global_batch_size, window_shards=window_shards,
+                            cache_limit_bytes=cache_limit_bytes, cache_dir=cache_dir, **example_options)
   return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
                       device_prefetch_size=device_prefetch_size)

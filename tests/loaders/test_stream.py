@@ -11,12 +11,13 @@ import threading
 import time
 
 import grain
+import make_sample_images
 import numpy as np
 import pytest
 
-import make_sample_images
 from formats import load_manifest
-from loaders import CorruptRecordError, grain as grain_loader
+from loaders import CorruptRecordError
+from loaders import grain as grain_loader
 from loaders._stream import WindowOrder, _remove_stale
 from pipelines import image_folder
 from tests.conftest import upload_tree
@@ -157,7 +158,7 @@ def test_streamed_gcs_equals_local_and_never_exceeds_the_limit(many_shards, gcs_
   upload_tree(many_shards, gs)
   shard_bytes = load_manifest(many_shards).splits["train"].shards[0].num_bytes
   limit = 5 * (shard_bytes + 4096)
-  kw = dict(batch_size=8, window_shards=2, num_epochs=2, seed=3, num_threads=4, prefetch_buffer_size=4)
+  kw = {"batch_size": 8, "window_shards": 2, "num_epochs": 2, "seed": 3, "num_threads": 4, "prefetch_buffer_size": 4}
   local = _batches(grain_loader.dataset(many_shards, **kw))
   cache = tmp_path / "cache"
   ds = grain_loader.map_dataset(gs, cache_dir=str(cache), cache_limit_bytes=limit, **{
@@ -207,8 +208,8 @@ def test_faults_change_nothing_in_the_batches(many_shards, gcs_faults, tmp_path)
   """503s and dropped connections on the shards' reads: retried, and the batches are those of a clean run."""
   gs = f"gs://{gcs_faults.bucket}/stream/raw_faults"
   upload_tree(many_shards, gs)
-  kw = dict(batch_size=8, window_shards=2, num_epochs=1, seed=5, num_threads=2,
-            cache_limit_bytes=6 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 4096))
+  kw = {"batch_size": 8, "window_shards": 2, "num_epochs": 1, "seed": 5, "num_threads": 2,
+        "cache_limit_bytes": 6 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 4096)}
   clean = _batches(grain_loader.dataset(gs, cache_dir=str(tmp_path / "clean"), **kw))
   for shard in [s.path for s in load_manifest(many_shards).splits["train"].shards[2::3]]:
     gcs_faults.add_fault(f"raw_faults/{shard}", status=503, times=2)
@@ -238,7 +239,7 @@ def test_a_changed_shard_is_named(many_shards, gcs_emulator, tmp_path):
 
 
 def test_stale_private_folders_are_removed(tmp_path):
-  p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
   dead = tmp_path / f"{p.stdout.strip()}-abcdef"
   dead.mkdir()
   (dead / "000001-train.array_record").write_bytes(b"x" * 10)
@@ -259,3 +260,42 @@ def test_global_window_order_resumes_across_4_then_2_then_8_hosts(many_shards):
   total = len(single)
   got = _global_steps(make, [(4, 3), (2, total // 2 - 3), (8, total - total // 2)])
   assert _equal(got, single)
+
+
+_XLA_STREAM = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from loaders import xla
+assert "tensorflow" not in sys.modules
+kw = dict(batch_size=8, seed=2, num_threads=2, window_shards=2, cache_limit_bytes=int(sys.argv[3]),
+          cache_dir=sys.argv[4], num_epochs=2)
+ids, devices = [], set()
+for batch in xla.device_loader(sys.argv[2], **kw):
+  devices.add(str(batch["image"].device))
+  ids.append(batch["record_index"].cpu().tolist())
+first = xla.device_loader(sys.argv[2], **kw)
+it = iter(first)
+head = [next(it)["record_index"].cpu().tolist() for _ in range(5)]
+resumed = [b["record_index"].cpu().tolist() for b in xla.device_loader(sys.argv[2], state=first.get_state(), **kw)]
+print(json.dumps({"ids": ids, "devices": sorted(devices), "head": head, "resumed": resumed}))
+"""
+
+
+@pytest.mark.gcs
+def test_xla_device_loader_streams_from_gcs(many_shards, gcs_emulator, tmp_path):
+  """torch_xla on an XLA CPU device, streaming a gs:// split through a cache of 5 shards: the batches of the
+  local window order, and a state saved mid-epoch resumes exactly."""
+  from tests.conftest import REPO
+
+  gs = f"gs://{gcs_emulator}/stream/raw_xla"
+  upload_tree(many_shards, gs)
+  limit = 5 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 4096)
+  want = [b["record_index"].tolist() for b in _batches(grain_loader.dataset(
+      many_shards, batch_size=8, seed=2, window_shards=2, num_epochs=2))]
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_STREAM, REPO, gs, str(limit), str(tmp_path / "cache")],
+                     capture_output=True, text=True, env=env, timeout=600, check=False)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["ids"] == want and all(d.startswith("xla") for d in got["devices"])
+  assert got["head"] + got["resumed"] == want
