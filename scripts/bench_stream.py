@@ -1,0 +1,197 @@
+"""Benchmarks streaming a gs:// split through a bounded cache against reading the same shards from local disk.
+
+    python scripts/bench_stream.py [--work=bench_work] [--num_images=2000] [--kinds=jpeg,raw]
+        [--num_shards=16] [--window_shards=2] [--cache_fraction=0.4] [--rounds=3] [--json=out.json]
+
+The 224x224 ArrayRecord shards of scripts/bench_loaders.py's image folder are
+converted again into `--num_shards` shards (cached under --work) and uploaded
+to gcp-storage-emulator on loopback. In one run, alternating over `--rounds`
+rounds, one epoch of loaders.grain batches (batch 64) is timed three ways: (L)
+the local shards in the window order (`window_shards`), (S) the gs:// copy in
+the same order, streamed through a cache limited to `--cache_fraction` of the
+split, and (R) the local shards at random (today's default). Each (S) round
+starts from an empty cache; a thread polls the cache folder's disk use every
+few milliseconds. Prints the medians, (S)/(L) against the target (>= 0.8), and
+the peak disk use against the limit. The emulator is a Python server sharing
+this machine's cores with the loader; a real bucket serves from elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+import json
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import bench_graph_download  # noqa: E402
+import bench_image_folder  # noqa: E402
+from formats import files, load_manifest  # noqa: E402
+from loaders import grain as grain_loader  # noqa: E402
+from pipelines import image_folder  # noqa: E402
+
+STREAM_TARGET = 0.8  # (S) at least this fraction of (L)'s images/s
+BATCH = 64
+
+
+def ensure_shards(work: str, root: str, encoding: str, num_shards: int) -> str:
+  """The cached `num_shards`-shard ArrayRecord output of `root` at 224x224."""
+  out = os.path.join(work, "loaders", f"{os.path.basename(root)}_{encoding}_224x224_{num_shards}shards")
+  if not os.path.exists(out + ".done"):
+    image_folder.run([f"--input={root}", f"--output={out}", "--format=array_record", f"--encoding={encoding}",
+                      "--image_size=224,224", f"--num_shards={num_shards}", "--overwrite=true",
+                      "--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"])
+    open(out + ".done", "w").close()
+  return out
+
+
+class DiskWatch:
+  """Polls a folder's disk use (allocated blocks) in a thread and keeps the peak."""
+
+  def __init__(self, folder: str):
+    self.folder, self.peak = folder, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      used = 0
+      for d, _, names in os.walk(self.folder):
+        for name in names:
+          try:
+            used += os.stat(os.path.join(d, name)).st_blocks * 512
+          except FileNotFoundError:
+            pass
+      self.peak = max(self.peak, used)
+      time.sleep(0.005)
+
+  def __enter__(self) -> DiskWatch:
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+
+
+def one_epoch(path: str, num_threads: int, **kw) -> int:
+  """Images in one epoch of loaders.grain batches."""
+  n = 0
+  for batch in grain_loader.dataset(path, batch_size=BATCH, seed=0, num_epochs=1, num_threads=num_threads,
+                                    image_size=(224, 224), **kw):
+    if batch["image"].shape != (BATCH, 224, 224, 3):
+      raise RuntimeError(f"batch of shape {batch['image'].shape}")
+    n += batch["image"].shape[0]
+  return n
+
+
+def run(work: str = "bench_work", num_images: int = 2000, kinds: Sequence[str] = ("jpeg", "raw"),
+        num_shards: int = 16, window_shards: int = 2, cache_fraction: float = 0.4, rounds: int = 3,
+        num_threads: int = 16) -> dict:
+  """Times (L), (S) and (R) for each shard kind; returns the per-round seconds, medians and ratios."""
+  work = os.path.abspath(work)
+  root, _ = bench_image_folder.ensure_images(work, num_images)
+  report: dict = {"num_images": num_images, "num_shards": num_shards, "window_shards": window_shards,
+                  "cache_fraction": cache_fraction, "rounds": rounds, "kinds": {}}
+  with bench_graph_download.emulator() as bucket:
+    for kind in kinds:
+      local = ensure_shards(work, root, kind, num_shards)
+      manifest = load_manifest(local)
+      split_bytes = sum(s.num_bytes for s in manifest.splits["train"].shards)
+      limit = int(split_bytes * cache_fraction)
+      gs = f"gs://{bucket}/stream/{kind}"
+      for d, _, names in os.walk(local):
+        for name in names:
+          rel = os.path.relpath(os.path.join(d, name), local)
+          files.gcs_blob(files.join(gs, rel)).upload_from_filename(os.path.join(d, name))
+      cache = os.path.join(work, "bench_stream_cache")
+      peaks: list[int] = []
+
+      def streamed() -> int:
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache)
+        with DiskWatch(cache) as watch:
+          n = one_epoch(gs, num_threads, window_shards=window_shards, cache_dir=cache, cache_limit_bytes=limit)  # noqa: B023
+        peaks.append(watch.peak)
+        return n
+
+      variants: dict[str, Callable[[], int]] = {
+          "(L) local, window order": lambda: one_epoch(local, num_threads, window_shards=window_shards),  # noqa: B023
+          "(S) gs:// streamed, bounded cache": streamed,
+          "(R) local, random access": lambda: one_epoch(local, num_threads),  # noqa: B023
+      }
+      seconds: dict[str, list[float]] = {k: [] for k in variants}
+      counts: dict[str, set[int]] = {k: set() for k in variants}
+      for r in range(rounds):
+        names = list(variants)
+        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order every round
+        for name in names:
+          t = time.perf_counter()
+          counts[name].add(variants[name]())
+          seconds[name].append(time.perf_counter() - t)
+      shutil.rmtree(cache, ignore_errors=True)
+      images = {k: v.pop() for k, v in counts.items()}
+      median = {k: statistics.median(v) for k, v in seconds.items()}
+      ips = {k: images[k] / median[k] for k in variants}
+      per_round = [images["(S) gs:// streamed, bounded cache"] / s / (images["(L) local, window order"] / l)
+                   for s, l in zip(seconds["(S) gs:// streamed, bounded cache"], seconds["(L) local, window order"])]
+      report["kinds"][kind] = {
+          "split_bytes": split_bytes, "cache_limit_bytes": limit, "peak_disk_bytes": max(peaks),
+          "seconds": seconds, "images": images, "median_images_per_s": ips,
+          "stream_vs_local": ips["(S) gs:// streamed, bounded cache"] / ips["(L) local, window order"],
+          "stream_vs_local_per_round": per_round,
+      }
+  return report
+
+
+def print_report(report: dict) -> None:
+  print(f"\nstreaming ({report['num_shards']} shards, window_shards={report['window_shards']}, cache "
+        f"{report['cache_fraction']:.0%} of the split, {report['rounds']} alternated rounds, medians)")
+  for kind, r in report["kinds"].items():
+    print(f"  {kind} shards: split {r['split_bytes'] / 1e6:.0f} MB, cache limit {r['cache_limit_bytes'] / 1e6:.0f} MB")
+    for name, v in r["median_images_per_s"].items():
+      rounds = ", ".join(f"{r['images'][name] / s:.0f}" for s in r["seconds"][name])
+      print(f"    {name:<36} {v:8.0f} images/s  (rounds: {rounds})")
+    ok = r["stream_vs_local"] >= STREAM_TARGET
+    print(f"  {'PASS' if ok else 'MISS'}  {kind}: (S) >= {STREAM_TARGET:.0%} of (L) (ratio {r['stream_vs_local']:.2f}; "
+          f"per round {', '.join(f'{x:.2f}' for x in r['stream_vs_local_per_round'])})")
+    ok = r["peak_disk_bytes"] <= r["cache_limit_bytes"]
+    print(f"  {'PASS' if ok else 'MISS'}  {kind}: peak disk {r['peak_disk_bytes'] / 1e6:.1f} MB <= limit "
+          f"{r['cache_limit_bytes'] / 1e6:.1f} MB")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--work", default="bench_work")
+  ap.add_argument("--num_images", type=int, default=2000)
+  ap.add_argument("--kinds", default="jpeg,raw")
+  ap.add_argument("--num_shards", type=int, default=16)
+  ap.add_argument("--window_shards", type=int, default=2)
+  ap.add_argument("--cache_fraction", type=float, default=0.4)
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--num_threads", type=int, default=16)
+  ap.add_argument("--json", default=None)
+  a = ap.parse_args(argv)
+  kinds = [k for k in a.kinds.split(",") if k]
+  if not kinds or set(kinds) - {"jpeg", "raw"}:
+    ap.error(f"--kinds takes jpeg and/or raw, got {a.kinds!r}")
+  if a.rounds < 1 or a.num_shards < 2 or a.window_shards < 1 or not 0 < a.cache_fraction < 1:
+    ap.error("--rounds and --window_shards must be >= 1, --num_shards >= 2, 0 < --cache_fraction < 1")
+  report = run(a.work, a.num_images, kinds, a.num_shards, a.window_shards, a.cache_fraction, a.rounds, a.num_threads)
+  print_report(report)
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(report, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
