@@ -234,6 +234,7 @@ class ShardStream:
     self._in_flight: dict[int, int] = {}  # position -> readers of it
     self._next = 0  # one past the highest position started
     self._closed = False
+    self._fatal: BaseException | None = None
     self._fetcher: threading.Thread | None = None
     self._folder = None
     if self._remote:
@@ -267,6 +268,8 @@ class ShardStream:
         while True:
           if self._closed:
             raise RuntimeError("the stream was closed")
+          if self._fatal is not None:
+            raise RuntimeError(f"the shard fetcher stopped: {type(self._fatal).__name__}: {self._fatal}")
           entries = [self._entry(k) for k in shards]
           failed = next((e for e in entries if e.error is not None), None)
           if failed is not None:
@@ -464,7 +467,13 @@ class ShardStream:
       stream = ref()
       if stream is None:
         return
-      if not stream._fetch_one():
+      try:
+        if not stream._fetch_one():
+          return
+      except BaseException as e:  # noqa: BLE001 - a bug here must not leave readers waiting forever
+        with stream._cond:
+          stream._fatal = e
+          stream._cond.notify_all()
         return
       del stream
 

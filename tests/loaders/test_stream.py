@@ -299,3 +299,19 @@ def test_xla_device_loader_streams_from_gcs(many_shards, gcs_emulator, tmp_path)
   got = json.loads(r.stdout.strip().splitlines()[-1])
   assert got["ids"] == want and all(d.startswith("xla") for d in got["devices"])
   assert got["head"] + got["resumed"] == want
+
+
+@pytest.mark.gcs
+def test_a_fetcher_failure_reaches_the_reader_instead_of_a_hang(many_shards, gcs_emulator, tmp_path, monkeypatch):
+  from loaders._stream import ShardStream
+
+  gs = f"gs://{gcs_emulator}/stream/raw_fatal"
+  upload_tree(many_shards, gs)
+
+  def broken(self):
+    raise KeyError("a bug in the plan")
+  monkeypatch.setattr(ShardStream, "_next_fetch", broken)
+  ds = grain_loader.dataset(gs, batch_size=8, window_shards=2, cache_dir=str(tmp_path / "c"),
+                            cache_limit_bytes=1 << 22, num_threads=1)
+  with pytest.raises(RuntimeError, match="the shard fetcher stopped: KeyError: 'a bug in the plan'"):
+    _batches(ds)
