@@ -55,7 +55,11 @@ logger = logging.getLogger(__name__)
 # By default a streaming loader's cache may take this fraction of the free space of its disk, shared
 # between the loader processes of the host (PJRT_LOCAL_PROCESS_COUNT / LOCAL_WORLD_SIZE).
 DEFAULT_CACHE_FRACTION = 0.5
-_FILE_OVERHEAD = 4096  # bytes counted per cached shard beyond its size: the download's stamp and lock files
+_BLOCK = 4096
+# Disk counted per cached shard beyond its size rounded up to a block: a block each for the download's stamp
+# (.fetched), its sidecar (.partial.json) and the sidecar's replacement being written (.partial.json.tmp); the
+# lock file is empty. One more block is counted for the private folder itself.
+_FILE_OVERHEAD = 3 * _BLOCK
 _SHARD_TAG, _WINDOW_TAG = 0x5748, 0x5749  # keys of the shard and window permutations (apart from other draws)
 _SHARD_ATTEMPTS = 3  # downloads of one shard (each retrying its ranges) before a reader sees the error
 
@@ -115,21 +119,27 @@ class WindowOrder:
       return self._mine
     return self._mine[np.random.default_rng([self.seed, epoch, _SHARD_TAG]).permutation(len(self._mine))]
 
+  def _windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(this host's shards in the epoch's order, each window's first stream position and the end): cheap."""
+    shards = self.shards_of_epoch(epoch)
+    sizes = [int(self.counts[shards[w:w + self.window]].sum()) for w in range(0, len(shards), self.window)]
+    return shards, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
   def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(shards in order, each window's first stream position (+ the end), the record stream) of an epoch."""
+    """(shards, window bounds, the record stream) of an epoch; the last two epochs are kept."""
     with self._lock:
       cached = self._epochs.get(epoch)
       if cached is not None:
         return cached
-    shards = self.shards_of_epoch(epoch)
-    parts, bounds = [], [0]
-    for w in range(0, len(shards), self.window):
-      recs = np.concatenate([np.arange(self.starts[s], self.starts[s + 1]) for s in shards[w:w + self.window]])
+    shards, bounds = self._windows(epoch)
+    parts = []
+    for w in range(len(bounds) - 1):
+      recs = np.concatenate([np.arange(self.starts[s], self.starts[s + 1])
+                             for s in shards[w * self.window:(w + 1) * self.window]])
       if self.shuffle:
-        recs = recs[np.random.default_rng([self.seed, epoch, w // self.window, _WINDOW_TAG]).permutation(len(recs))]
+        recs = recs[np.random.default_rng([self.seed, epoch, w, _WINDOW_TAG]).permutation(len(recs))]
       parts.append(recs)
-      bounds.append(bounds[-1] + len(recs))
-    out = (shards, np.asarray(bounds, np.int64), np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    out = (shards, bounds, np.concatenate(parts) if parts else np.zeros(0, np.int64))
     with self._lock:
       self._epochs = {e: v for e, v in self._epochs.items() if e >= epoch - 1}
       self._epochs[epoch] = out
@@ -152,8 +162,8 @@ class WindowOrder:
   def shards(self, position: int) -> list[int]:
     """The shards batch `position` reads from (every shard of the windows its records come from)."""
     epoch, start, stop = self._span(position)
-    shards, bounds, stream = self._epoch(epoch)
-    stop = min(stop, len(stream))
+    shards, bounds = self._windows(epoch)
+    stop = min(stop, int(bounds[-1]))
     if stop <= start:
       return []
     first = bisect.bisect_right(bounds, start) - 1
@@ -170,11 +180,11 @@ class WindowOrder:
       return
     epoch, start, _ = self._span(position)
     last_epoch = (num_positions - 1) // self.batches_per_epoch
-    shards, bounds, _ = self._epoch(epoch)
+    shards, bounds = self._windows(epoch)
     w = max(0, bisect.bisect_right(bounds, start) - 1)
     for e in range(epoch, last_epoch + 1):
       if e != epoch:
-        shards, bounds, _ = self._epoch(e)
+        shards, bounds = self._windows(e)
         w = 0
       for s in shards[w * self.window:]:
         yield int(s)
@@ -202,7 +212,8 @@ class ShardStream:
 
   Attributes:
     peak_bytes: the most bytes the folder held (counted as each shard's size
-      plus _FILE_OVERHEAD, reserved before its download starts).
+      rounded up to a 4 KiB block plus _FILE_OVERHEAD, reserved before its
+      download starts, and a block for the folder).
     bytes_fetched: bytes downloaded so far.
   """
 
@@ -216,12 +227,12 @@ class ShardStream:
     self._remote = files.is_gcs(output.path)
     self._verify = verify
     self._options = DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=False)
-    self._sizes = [s.num_bytes + _FILE_OVERHEAD for s in self._infos]
+    self._sizes = [-(-s.num_bytes // _BLOCK) * _BLOCK + _FILE_OVERHEAD for s in self._infos]
     root = os.path.join(cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "stream"))
     self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
     if self._remote:
       window = sorted(self._sizes, reverse=True)[:order.window]
-      need = 2 * sum(window)
+      need = _BLOCK + 2 * sum(window)
       if self.limit < need:
         raise ValueError(
             f"cache_limit_bytes={self.limit:,} cannot hold two windows of {order.window} shard(s) of {output.path} "
@@ -406,7 +417,7 @@ class ShardStream:
     return min(self._in_flight) if self._in_flight else self._next
 
   def _cached_bytes(self) -> int:
-    return sum(e.reserved for e in self._entries.values() if e.reserved)
+    return _BLOCK + sum(e.reserved for e in self._entries.values() if e.reserved)  # the folder, and each shard
 
   # ------------------------------------------------------------------ the fetcher
 
@@ -422,7 +433,7 @@ class ShardStream:
     Returns (the shards, how many of them batch `low` itself needs).
     """
     first = self.order.shards(low) if low < self._num_positions else []
-    wanted, seen, total = [], set(), 0
+    wanted, seen, total = [], set(), _BLOCK
     for k in itertools.chain(first, self.order.shards_from(low, self._num_positions)):
       if len(seen) == self.order.num_shards:  # every shard this host reads is already kept
         break

@@ -113,8 +113,8 @@ class _DiskWatch:
   def _run(self):
     while not self._stop.is_set():
       blocks = apparent = 0
-      for d, _, names in os.walk(self.folder):
-        for name in names:
+      for d, dirs, names in os.walk(self.folder):
+        for name in names + dirs:
           try:
             st = os.stat(os.path.join(d, name))
           except FileNotFoundError:
@@ -157,7 +157,7 @@ def test_streamed_gcs_equals_local_and_never_exceeds_the_limit(many_shards, gcs_
   gs = f"gs://{gcs_emulator}/stream/raw"
   upload_tree(many_shards, gs)
   shard_bytes = load_manifest(many_shards).splits["train"].shards[0].num_bytes
-  limit = 5 * (shard_bytes + 4096)
+  limit = 4096 + 5 * (shard_bytes + 3 * 4096)
   kw = {"batch_size": 8, "window_shards": 2, "num_epochs": 2, "seed": 3, "num_threads": 4, "prefetch_buffer_size": 4}
   local = _batches(grain_loader.dataset(many_shards, **kw))
   cache = tmp_path / "cache"
@@ -183,7 +183,7 @@ def test_streamed_stats_and_limits(many_shards, gcs_emulator, tmp_path):
   output = open_output(gs)
   info = output.shards("train")
   order = WindowOrder([s.num_records for s in info], 2, 8, seed=0)
-  limit = 5 * (info[0].num_bytes + 4096)
+  limit = 4096 + 5 * (info[0].num_bytes + 3 * 4096)
   stream = ShardStream(output, "train", order, 2 * order.batches_per_epoch, cache_dir=str(tmp_path / "c"),
                        cache_limit_bytes=limit)
   for p in range(2 * order.batches_per_epoch):
@@ -209,7 +209,7 @@ def test_faults_change_nothing_in_the_batches(many_shards, gcs_faults, tmp_path)
   gs = f"gs://{gcs_faults.bucket}/stream/raw_faults"
   upload_tree(many_shards, gs)
   kw = {"batch_size": 8, "window_shards": 2, "num_epochs": 1, "seed": 5, "num_threads": 2,
-        "cache_limit_bytes": 6 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 4096)}
+        "cache_limit_bytes": 4096 + 6 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 3 * 4096)}
   clean = _batches(grain_loader.dataset(gs, cache_dir=str(tmp_path / "clean"), **kw))
   for shard in [s.path for s in load_manifest(many_shards).splits["train"].shards[2::3]]:
     gcs_faults.add_fault(f"raw_faults/{shard}", status=503, times=2)
@@ -289,7 +289,7 @@ def test_xla_device_loader_streams_from_gcs(many_shards, gcs_emulator, tmp_path)
 
   gs = f"gs://{gcs_emulator}/stream/raw_xla"
   upload_tree(many_shards, gs)
-  limit = 5 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 4096)
+  limit = 4096 + 5 * (load_manifest(many_shards).splits["train"].shards[0].num_bytes + 3 * 4096)
   want = [b["record_index"].tolist() for b in _batches(grain_loader.dataset(
       many_shards, batch_size=8, seed=2, window_shards=2, num_epochs=2))]
   env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
