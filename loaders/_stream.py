@@ -29,6 +29,7 @@ when it is deleted: every reader of it is closed first).
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import itertools
 import logging
@@ -61,6 +62,7 @@ _BLOCK = 4096
 # lock file is empty. One more block is counted for the private folder itself.
 _FILE_OVERHEAD = 3 * _BLOCK
 _SHARD_TAG, _WINDOW_TAG = 0x5748, 0x5749  # keys of the shard and window permutations (apart from other draws)
+_OPEN_SHARDS = 16  # shards whose readers stay open (at least 4 windows' worth)
 _SHARD_ATTEMPTS = 3  # downloads of one shard (each retrying its ranges) before a reader sees the error
 
 
@@ -242,6 +244,7 @@ class ShardStream:
     self.bytes_fetched = 0
     self._cond = threading.Condition()
     self._entries: dict[int, _Entry] = {}
+    self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()  # shards by last read
     self._in_flight: dict[int, int] = {}  # position -> readers of it
     self._next = 0  # one past the highest position started
     self._closed = False
@@ -302,6 +305,9 @@ class ShardStream:
       with self._cond:
         for e in entries:
           e.pins -= 1
+          self._recent[e.k] = None
+          self._recent.move_to_end(e.k)
+        self._close_idle_readers()
         self._leave(position)
 
   def raw(self, index: int) -> bytes:
@@ -401,6 +407,21 @@ class ShardStream:
     e.path = path
     with self._cond:
       self._entries.setdefault(k, e)
+
+  def _close_idle_readers(self) -> None:
+    """Keeps readers open for the most recently read shards only, so that open files stay bounded whatever
+    the split's shard count (a local output's shards are never evicted) (self._cond held)."""
+    keep = max(_OPEN_SHARDS, 4 * self.order.window)
+    while len(self._recent) > keep:
+      k, _ = self._recent.popitem(last=False)
+      e = self._entries.get(k)
+      if e is not None and e.pins:
+        self._recent[k] = None  # still read: it stays open; try the next oldest later
+        break
+      if e is not None:
+        for r in e.readers:
+          r.close()
+        e.readers.clear()
 
   def _forget(self, e: _Entry) -> None:
     if self._entries.get(e.k) is e:

@@ -315,3 +315,27 @@ def test_a_fetcher_failure_reaches_the_reader_instead_of_a_hang(many_shards, gcs
                             cache_limit_bytes=1 << 22, num_threads=1)
   with pytest.raises(RuntimeError, match="the shard fetcher stopped: KeyError: 'a bug in the plan'"):
     _batches(ds)
+
+
+def test_open_files_stay_bounded_whatever_the_shard_count(many_shards, monkeypatch):
+  """A local output is never evicted: only the readers of the most recently read shards stay open."""
+  from loaders import _stream
+
+  monkeypatch.setattr(_stream, "_OPEN_SHARDS", 2)
+
+  def open_shards() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+      try:
+        n += os.readlink(f"/proc/self/fd/{fd}").startswith(many_shards)
+      except OSError:
+        pass
+    return n
+
+  before = open_shards()
+  peak = 0
+  for batch in grain_loader.dataset(many_shards, batch_size=8, window_shards=1, num_epochs=2, seed=0,
+                                    num_threads=2, prefetch_buffer_size=2):
+    peak = max(peak, open_shards() - before)
+    assert batch["image"].shape == (8, 16, 16, 3)
+  assert 1 <= peak <= 4 * 2  # 4 windows of 1 shard, each with at most 2 readers (one per thread)
