@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -44,7 +45,7 @@ import numpy as np
 
 from formats import files
 from formats.errors import CorruptRecordError
-from formats.gcs_download import DownloadOptions, download, remote_object
+from formats.gcs_download import DownloadOptions, download, read_range, remote_object
 from formats.integrity import Verify, check_local_file
 from formats.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
@@ -568,6 +569,239 @@ class ShardStream:
         with contextlib.suppress(FileNotFoundError):
           os.remove(dest + suffix)
     self._forget(e)
+
+
+class RecordStream:
+  """This host's records of a gs:// ArrayRecord split, each fetched by one ranged read of its chunk.
+
+  With order="global" every host's batches come from every shard of a
+  window; fetching whole shards would make each host read the whole split.
+  Here a host reads only its own records: each shard's tail once
+  (formats.arrayrecord_index.record_ranges: 1 or 2 ranged reads, ~128 KiB,
+  its hashes checked), then one ranged read per record, `streams` at a time,
+  for the batches from the lowest one being read up to `ahead` batches on
+  (and no more than `cache_limit_bytes` of chunks held). Each chunk is
+  verified by array_record's C++ reader (its riegeli hashes) through a sparse
+  file holding only the shard's tail (VerifiedRecordReader), and freed after
+  the read. The manifest's SHA-256 covers whole shards and cannot be checked
+  record by record: each shard's object is pinned to the generation first
+  seen, its size and record count are checked against the manifest, and
+  every byte read is covered by a chunk hash.
+
+  Same interface and batches as ShardStream (the order is the WindowOrder's).
+  """
+
+  def __init__(self, output: Output, split: str, order: WindowOrder, num_positions: int, *,
+               cache_dir: str | None = None, cache_limit_bytes: int | None = None, streams: int = 8,
+               ahead: int = 16):
+    if output.file_format != "array_record":
+      raise ValueError(f"{output.path}: ranged reads of single records need ArrayRecord shards (their footer "
+                       f"indexes the records), not {output.file_format}")
+    self.output, self.split, self.order = output, split, order
+    self._infos = output.shards(split)
+    self._num_positions, self._ahead = num_positions, ahead
+    self._options = DownloadOptions(progress=False)
+    root = os.path.join(cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "stream"))
+    self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
+    os.makedirs(root, exist_ok=True)
+    _remove_stale(root)
+    self._folder = os.path.join(root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    os.makedirs(self._folder)
+    self._finalizer = weakref.finalize(self, shutil.rmtree, self._folder, True)
+    self.peak_bytes = 0  # chunk bytes held in memory at once
+    self.bytes_fetched = 0
+    self.requests = 0
+    self._cond = threading.Condition()
+    self._pool = concurrent.futures.ThreadPoolExecutor(streams, thread_name_prefix="record-stream")
+    self._shards: dict[int, tuple] = {}  # k -> (RemoteObject, RecordIndex)
+    self._shard_locks = collections.defaultdict(threading.Lock)
+    self._readers: collections.OrderedDict[int, object] = collections.OrderedDict()  # k -> VerifiedRecordReader
+    self._started: dict[int, dict[int, concurrent.futures.Future]] = {}  # position -> record -> its chunk
+    self._held = 0
+    self._in_flight: dict[int, int] = {}
+    self._next = 0
+    self._closed = False
+    self._fatal: BaseException | None = None
+    self._fetcher: threading.Thread | None = None
+    self._tls = threading.local()
+
+  features = ShardStream.features
+  kind = ShardStream.kind
+  get = ShardStream.get
+  __len__ = ShardStream.__len__
+
+  def where(self, index: int) -> str:
+    """"<shard path>: record <k>" of split record `index`."""
+    k = int(np.searchsorted(self.order.starts, index, side="right")) - 1
+    return f"{self.output.shard_path(self._infos[k])}: record {index - int(self.order.starts[k])}"
+
+  def _locate(self, index: int) -> tuple[int, int]:
+    k = int(np.searchsorted(self.order.starts, index, side="right")) - 1
+    if not 0 <= k < len(self._infos):
+      raise IndexError(f"record {index} outside [0, {int(self.order.starts[-1])})")
+    return k, index - int(self.order.starts[k])
+
+  def _shard(self, k: int):
+    """(the pinned object, the record index) of shard k: its tail read once."""
+    from formats.arrayrecord_index import record_ranges
+
+    got = self._shards.get(k)
+    if got is not None:
+      return got
+    with self._shard_locks[k]:
+      got = self._shards.get(k)
+      if got is None:
+        info = self._infos[k]
+        src = self.output.shard_path(info)
+        try:
+          obj = remote_object(src)
+        except FileNotFoundError:
+          raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
+        if obj.size != info.num_bytes:
+          raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
+
+        def read(a: int, b: int) -> bytes:
+          self.requests += 1
+          return read_range(obj, a, b, self._options)
+        index = record_ranges(read, obj.size, name=src, scratch_dir=self._folder)
+        if len(index) != info.num_records:
+          raise CorruptRecordError(f"{src}: {len(index)} records, the manifest says {info.num_records}")
+        got = self._shards[k] = (obj, index)
+    return got
+
+  def _fetch_record(self, index: int) -> bytes:
+    k, local = self._locate(index)
+    obj, ri = self._shard(k)
+    start, stop = ri.byte_range(local)
+    self.requests += 1
+    data = read_range(obj, start, stop, self._options)
+    with self._cond:
+      self.bytes_fetched += len(data)
+    return data
+
+  def _start(self, position: int) -> None:
+    """Submits the chunk reads of batch `position` (self._cond held)."""
+    indices = self.order.indices(position)
+    self._started[position] = {int(i): self._pool.submit(self._fetch_record, int(i)) for i in indices}
+    self._held += self._estimate(indices)
+    self.peak_bytes = max(self.peak_bytes, self._held)
+
+  def _estimate(self, indices) -> int:
+    """Bytes the chunks of `indices` take (the manifest's mean record size per shard)."""
+    total = 0
+    for i in indices:
+      info = self._infos[int(np.searchsorted(self.order.starts, int(i), side="right")) - 1]
+      total += -(-info.num_bytes // max(1, info.num_records))
+    return total
+
+  @contextlib.contextmanager
+  def batch(self, position: int):
+    """Waits for batch `position`'s chunks (fetching them now if the prefetcher has not); yields its indices."""
+    with self._cond:
+      self._in_flight[position] = self._in_flight.get(position, 0) + 1
+      self._next = max(self._next, position + 1)
+      if self._fetcher is None:
+        self._fetcher = threading.Thread(target=RecordStream._prefetch_loop, args=(weakref.ref(self),),
+                                         name="record-stream", daemon=True)
+        self._fetcher.start()
+      if position not in self._started:
+        self._start(position)
+      futures = self._started[position]
+      self._cond.notify_all()
+    try:
+      concurrent.futures.wait(list(futures.values()))
+      yield self.order.indices(position)
+    finally:
+      with self._cond:
+        self._leave(position)
+
+  def raw(self, index: int) -> bytes:
+    """Record `index`, from the chunk its batch fetched, verified by the C++ reader.
+
+    Raises:
+      CorruptRecordError: the chunk fails its hashes; the message names the shard, record and bytes.
+      ConnectionError, SourceChangedError: the chunk could not be read.
+    """
+    from formats.arrayrecord_index import VerifiedRecordReader
+
+    k, local = self._locate(index)
+    future = self._chunk_of(index)
+    data = future.result()
+    _, ri = self._shard(k)
+    with self._cond:
+      reader = self._readers.get(k)
+      if reader is None:
+        reader = self._readers[k] = VerifiedRecordReader(ri, self._handed, scratch_dir=self._folder)
+        while len(self._readers) > max(_OPEN_SHARDS, 4 * self.order.window):
+          _, old = self._readers.popitem(last=False)
+          old.close()
+      self._readers.move_to_end(k)
+    self._tls.data = data  # what self._handed gives the reader, in this thread
+    try:
+      return reader.read(local)
+    finally:
+      self._tls.data = None
+
+  def _handed(self, start: int, stop: int) -> bytes:
+    """The `fetch` of the VerifiedRecordReaders: the chunk this thread's raw() fetched ahead."""
+    data = self._tls.data
+    if data is None:
+      raise RuntimeError(f"bytes [{start}, {stop}) asked for outside raw()")
+    return data
+
+  def _chunk_of(self, index: int) -> concurrent.futures.Future:
+    with self._cond:
+      for p in sorted(self._in_flight):
+        f = self._started.get(p, {}).get(index)
+        if f is not None:
+          return f
+    raise RuntimeError(f"record {index} is not in a batch being read")
+
+  def _leave(self, position: int) -> None:
+    n = self._in_flight.pop(position) - 1
+    if n:
+      self._in_flight[position] = n
+    elif position in self._started:
+      self._held -= self._estimate(list(self._started.pop(position)))
+    self._cond.notify_all()
+
+  @staticmethod
+  def _prefetch_loop(ref: weakref.ref) -> None:
+    while True:
+      stream = ref()
+      if stream is None:
+        return
+      try:
+        with stream._cond:
+          if stream._closed:
+            return
+          low = min(stream._in_flight) if stream._in_flight else stream._next
+          for p in list(stream._started):  # batches read and gone, or skipped over
+            if p < low and p not in stream._in_flight:
+              stream._held -= stream._estimate(list(stream._started.pop(p)))
+          for p in range(low, min(low + stream._ahead, stream._num_positions)):
+            if p not in stream._started:
+              if stream._held + stream._estimate(stream.order.indices(p)) > stream.limit and stream._started:
+                break
+              stream._start(p)
+          stream._cond.wait(0.5)
+      except BaseException as e:  # noqa: BLE001 - a bug here must not leave readers waiting forever
+        with stream._cond:
+          stream._fatal = e
+          stream._cond.notify_all()
+        return
+      del stream
+
+  def close(self) -> None:
+    """Stops prefetching, closes the readers and deletes the private folder. Closing twice is fine."""
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+      readers, self._readers = list(self._readers.values()), collections.OrderedDict()
+    self._pool.shutdown(wait=True, cancel_futures=True)
+    for r in readers:
+      r.close()
+    self._finalizer()
 
 
 def _remove_stale(root: str) -> None:

@@ -29,10 +29,12 @@ from formats.output import DEFAULT_CACHE_ROOT, open_output
 from formats.transforms import element_rng
 from loaders._order import per_host_batch_size
 from loaders._shards import ShardedRecords
-from loaders._stream import ShardStream, StreamedBatches, WindowOrder
+from loaders._stream import RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
-__all__ = ["data_source", "dataset", "map_dataset", "operations"]
+__all__ = ["FETCH_MODES", "data_source", "dataset", "map_dataset", "operations"]
+
+FETCH_MODES = ("auto", "shards", "records")  # how a streamed gs:// split is fetched (see `dataset`)
 
 
 def data_source(path: str, split: str = "train", cache_dir: str | None = None,
@@ -184,13 +186,13 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
                 seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
                 drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
                 order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
-                cache_limit_bytes: int | None = None, **example_options) -> grain.MapDataset:
+                cache_limit_bytes: int | None = None, fetch: str = "auto", **example_options) -> grain.MapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
 
   Args:
     path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
     drop_remainder, cache_dir, verify, order, global_batch_size, window_shards,
-    cache_limit_bytes, **example_options: as in `dataset`.
+    cache_limit_bytes, fetch, **example_options: as in `dataset`.
 
   Returns:
     A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
@@ -207,14 +209,24 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
   if cache_limit_bytes is not None and cache_limit_bytes < 1:
     raise ValueError(f"cache_limit_bytes must be >= 1, got {cache_limit_bytes}")
   verify_level(verify)
+  if fetch not in FETCH_MODES:
+    raise ValueError(f"fetch must be one of {FETCH_MODES}, got {fetch!r}")
   if window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
     output = open_output(path)
     counts = [s.num_records for s in output.shards(split)]
     windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
                           shard_count=shard_count, order=order, drop_remainder=drop_remainder)
     transform = example_transform(output.kind, output.features, ExampleOptions(**example_options))
-    stream = ShardStream(output, split, windows, windows.batches_per_epoch * num_epochs, cache_dir=cache_dir,
-                         cache_limit_bytes=cache_limit_bytes, verify=verify)
+    positions = windows.batches_per_epoch * num_epochs
+    if fetch == "auto":  # each host reads only its own records: whole shards with the host order, else ranges
+      fetch = ("records" if order == "global" and shard_count > 1 and output.file_format == "array_record"
+               else "shards")
+    if fetch == "records" and files.is_gcs(path):
+      stream = RecordStream(output, split, windows, positions, cache_dir=cache_dir,
+                            cache_limit_bytes=cache_limit_bytes)
+    else:
+      stream = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
+                           cache_limit_bytes=cache_limit_bytes, verify=verify)
     read = StreamedBatches(stream, _fill_records(transform, batch_size, not drop_remainder, seed))
     return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
   _check_fits(open_output(path), split, cache_dir, cache_limit_bytes)
@@ -229,7 +241,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
             verify: Verify = "sha256", order: str = "host", global_batch_size: int | None = None,
-            window_shards: int | None = None, cache_limit_bytes: int | None = None,
+            window_shards: int | None = None, cache_limit_bytes: int | None = None, fetch: str = "auto",
             **example_options) -> grain.IterDataset:
   """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
 
@@ -268,6 +280,13 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       (default: half the free space of the cache's disk, divided among the
       host's loader processes); with window_shards=None, a gs:// split larger
       than this is refused with advice instead of filling the disk.
+    fetch: how a streamed gs:// split is fetched: "shards" (whole shards of
+      the windows), "records" (ArrayRecord only: this host's records, one
+      ranged read each, verified by their chunk hashes; at most
+      cache_limit_bytes held in memory, ahead of 16 batches), or "auto"
+      (default): "records" with order="global" on several hosts (every host
+      reads every window), else "shards". Either way every host reads about
+      its share: one pass over the data in all.
     **example_options: the fields of loaders.ExampleOptions (image_size,
       patch_size, patch, hu_window, normalize, max_nodes, max_edges).
 
@@ -284,7 +303,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
                    cache_dir=cache_dir, verify=verify, order=order, global_batch_size=global_batch_size,
-                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, **example_options)
+                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, fetch=fetch,
+                   **example_options)
   # More threads than cores only adds GIL contention for the Python parts of a batch.
   threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))

@@ -249,14 +249,22 @@ def test_stale_private_folders_are_removed(tmp_path):
   assert not dead.exists() and alive.exists()
 
 
-def test_global_window_order_resumes_across_4_then_2_then_8_hosts(many_shards):
+@pytest.mark.parametrize("where", ["local", pytest.param("gcs", marks=pytest.mark.gcs)])
+def test_global_window_order_resumes_across_4_then_2_then_8_hosts(many_shards, where, request, tmp_path):
+  """Every global step of a run on 4, then 2, then 8 hosts (each resuming from the state the last saved) is the
+  step of one uninterrupted host reading the local output; on gs:// each host fetches its own records."""
   from tests.loaders.test_loaders import _global_steps
 
-  def make(h, hosts):
-    return grain_loader.dataset(many_shards, order="global", global_batch_size=8, shard_index=h, shard_count=hosts,
-                                num_epochs=2, seed=4, num_threads=1, window_shards=3)
+  path = many_shards
+  if where == "gcs":
+    path = f"gs://{request.getfixturevalue('gcs_emulator')}/stream/raw_elastic"
+    upload_tree(many_shards, path)
 
-  single = _batches(make(0, 1))
+  def make(h, hosts, path=path):
+    return grain_loader.dataset(path, order="global", global_batch_size=8, shard_index=h, shard_count=hosts,
+                                num_epochs=2, seed=4, num_threads=1, window_shards=3, cache_dir=str(tmp_path))
+
+  single = _batches(make(0, 1, many_shards))
   total = len(single)
   got = _global_steps(make, [(4, 3), (2, total // 2 - 3), (8, total - total // 2)])
   assert _equal(got, single)
@@ -339,3 +347,65 @@ def test_open_files_stay_bounded_whatever_the_shard_count(many_shards, monkeypat
     peak = max(peak, open_shards() - before)
     assert batch["image"].shape == (8, 16, 16, 3)
   assert 1 <= peak <= 4 * 2  # 4 windows of 1 shard, each with at most 2 readers (one per thread)
+
+
+@pytest.mark.gcs
+def test_records_fetch_reads_each_hosts_share_only(many_shards, gcs_faults, tmp_path):
+  """order="global" on 3 hosts fetches each host's own records by ranged reads (fetch="auto"): the batches of
+  the local output, all hosts together about one pass over the split (not three), every chunk verified;
+  503s and dropped connections change nothing."""
+  from formats.output import open_output
+  from loaders._stream import RecordStream
+
+  gs = f"gs://{gcs_faults.bucket}/stream/raw_records"
+  upload_tree(many_shards, gs)
+  kw = {"batch_size": 4, "window_shards": 3, "num_epochs": 2, "seed": 6, "order": "global", "shard_count": 3,
+        "num_threads": 2}
+  for h in range(3):
+    local = _batches(grain_loader.dataset(many_shards, shard_index=h, **kw))
+    remote = _batches(grain_loader.dataset(gs, shard_index=h, cache_dir=str(tmp_path / "c"), **kw))
+    assert _equal(remote, local) and len(local) == 2 * (120 // 12)
+  info = load_manifest(many_shards).splits["train"].shards
+  fetched = 0
+  gcs_faults.add_fault("raw_records/gen-", status=503, times=4)  # the shards' objects, not the manifest
+  gcs_faults.add_fault("raw_records/gen-", mode="drop", times=2)
+  for h in range(3):
+    order = WindowOrder([s.num_records for s in info], 3, 4, seed=6, order="global", shard_index=h, shard_count=3)
+    stream = RecordStream(open_output(gs), "train", order, order.batches_per_epoch, cache_dir=str(tmp_path / "r"))
+    want = [order.indices(p) for p in range(order.batches_per_epoch)]
+    for p, indices in enumerate(want):
+      with stream.batch(p) as got:
+        assert np.array_equal(got, indices)
+        for i in got:
+          assert stream.raw(int(i)) == _local_record(many_shards, int(i))
+    fetched += stream.bytes_fetched
+    touched = {int(np.searchsorted(order.starts, i, side="right")) - 1 for i in np.concatenate(want)}
+    assert stream.requests == order.batches_per_epoch * 4 + len(touched)  # a read per record, a tail per shard
+    stream.close()
+  assert not gcs_faults._faults, "the faults were never hit"
+  records_bytes = sum(s.num_bytes for s in info)
+  assert fetched < 0.2 * records_bytes  # 120 records of ~800 B in 1.6 MB of shards: only the chunks asked for
+
+
+def _local_record(output: str, index: int) -> bytes:
+  from loaders import ShardedRecords
+
+  return ShardedRecords(output).raw(index)
+
+
+@pytest.mark.gcs
+def test_records_fetch_names_a_damaged_chunk(many_shards, gcs_emulator, tmp_path):
+  from formats import files
+
+  gs = f"gs://{gcs_emulator}/stream/raw_records_bad"
+  upload_tree(many_shards, gs)
+  shard = load_manifest(many_shards).splits["train"].shards[7].path
+  data = bytearray(files.read_bytes(f"{gs}/{shard}"))
+  data[3000] ^= 0x01  # inside a record's chunk, far from the tail
+  files.write_bytes(f"{gs}/{shard}", bytes(data))
+  ds = grain_loader.dataset(gs, batch_size=4, window_shards=2, seed=0, cache_dir=str(tmp_path / "c"),
+                            order="global", shard_count=2, num_threads=1)
+  with pytest.raises(CorruptRecordError, match=rf"{shard}: record \d+ \(chunk bytes \[\d+, \d+\)\)"):
+    _batches(ds)
+  with pytest.raises(ValueError, match="fetch must be one of"):
+    grain_loader.dataset(gs, batch_size=4, window_shards=2, fetch="ranges")
