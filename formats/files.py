@@ -51,15 +51,26 @@ def _split_gcs(path: str) -> tuple[str, str]:
   return bucket, name
 
 
+# Connections kept open per host by the process's client: parallel ranged reads (formats.gcs_download, the
+# loaders' record streams) run up to this many requests at once without reconnecting (requests keeps 10).
+HTTP_POOL_SIZE = 64
+
+
 @functools.lru_cache(maxsize=1)
 def _gcs_client():
   from google.cloud import storage  # the one heavy import, only for gs:// paths
+  import requests.adapters
 
   if os.environ.get("STORAGE_EMULATOR_HOST"):
     from google.auth.credentials import AnonymousCredentials
 
-    return storage.Client(project="emulator", credentials=AnonymousCredentials())
-  return storage.Client()
+    client = storage.Client(project="emulator", credentials=AnonymousCredentials())
+  else:
+    client = storage.Client()
+  adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=HTTP_POOL_SIZE)
+  for scheme in ("https://", "http://"):
+    client._http.mount(scheme, adapter)  # the client's requests session (AuthorizedSession)
+  return client
 
 
 def _blob(path: str):

@@ -592,7 +592,7 @@ class RecordStream:
   """
 
   def __init__(self, output: Output, split: str, order: WindowOrder, num_positions: int, *,
-               cache_dir: str | None = None, cache_limit_bytes: int | None = None, streams: int = 8,
+               cache_dir: str | None = None, cache_limit_bytes: int | None = None, streams: int = 32,
                ahead: int = 16):
     if output.file_format != "array_record":
       raise ValueError(f"{output.path}: ranged reads of single records need ArrayRecord shards (their footer "

@@ -6,10 +6,12 @@
 The 224x224 ArrayRecord shards of scripts/bench_loaders.py's image folder are
 converted again into `--num_shards` shards (cached under --work) and uploaded
 to gcp-storage-emulator on loopback. In one run, alternating over `--rounds`
-rounds, one epoch of loaders.grain batches (batch 64) is timed three ways: (L)
+rounds, one epoch of loaders.grain batches (batch 64) is timed five ways: (L)
 the local shards in the window order (`window_shards`), (S) the gs:// copy in
 the same order, streamed through a cache limited to `--cache_fraction` of the
-split, and (R) the local shards at random (today's default). Each (S) round
+split, (R) the local shards at random (today's default), and host 0 of 2 in
+the global window order from (Lg) the local shards and (Sg) gs:// by ranged
+reads of its own records (fetch="records"). Each (S) round
 starts from an empty cache; a thread polls the cache folder's disk use every
 few milliseconds. Prints the medians, (S)/(L) against the target (>= 0.8), and
 the peak disk use against the limit. The emulator is a Python server sharing
@@ -104,52 +106,61 @@ def run(work: str = "bench_work", num_images: int = 2000, kinds: Sequence[str] =
   with bench_graph_download.emulator() as bucket:
     for kind in kinds:
       local = ensure_shards(work, root, kind, num_shards)
-      manifest = load_manifest(local)
-      split_bytes = sum(s.num_bytes for s in manifest.splits["train"].shards)
-      limit = int(split_bytes * cache_fraction)
-      gs = f"gs://{bucket}/stream/{kind}"
-      for d, _, names in os.walk(local):
-        for name in names:
-          rel = os.path.relpath(os.path.join(d, name), local)
-          files.gcs_blob(files.join(gs, rel)).upload_from_filename(os.path.join(d, name))
-      cache = os.path.join(work, "bench_stream_cache")
-      peaks: list[int] = []
-
-      def streamed() -> int:
-        shutil.rmtree(cache, ignore_errors=True)
-        os.makedirs(cache)
-        with DiskWatch(cache) as watch:
-          n = one_epoch(gs, num_threads, window_shards=window_shards, cache_dir=cache, cache_limit_bytes=limit)  # noqa: B023
-        peaks.append(watch.peak)
-        return n
-
-      variants: dict[str, Callable[[], int]] = {
-          "(L) local, window order": lambda: one_epoch(local, num_threads, window_shards=window_shards),  # noqa: B023
-          "(S) gs:// streamed, bounded cache": streamed,
-          "(R) local, random access": lambda: one_epoch(local, num_threads),  # noqa: B023
-      }
-      seconds: dict[str, list[float]] = {k: [] for k in variants}
-      counts: dict[str, set[int]] = {k: set() for k in variants}
-      for r in range(rounds):
-        names = list(variants)
-        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order every round
-        for name in names:
-          t = time.perf_counter()
-          counts[name].add(variants[name]())
-          seconds[name].append(time.perf_counter() - t)
-      shutil.rmtree(cache, ignore_errors=True)
-      images = {k: v.pop() for k, v in counts.items()}
-      median = {k: statistics.median(v) for k, v in seconds.items()}
-      ips = {k: images[k] / median[k] for k in variants}
-      per_round = [images["(S) gs:// streamed, bounded cache"] / s / (images["(L) local, window order"] / l)
-                   for s, l in zip(seconds["(S) gs:// streamed, bounded cache"], seconds["(L) local, window order"])]
-      report["kinds"][kind] = {
-          "split_bytes": split_bytes, "cache_limit_bytes": limit, "peak_disk_bytes": max(peaks),
-          "seconds": seconds, "images": images, "median_images_per_s": ips,
-          "stream_vs_local": ips["(S) gs:// streamed, bounded cache"] / ips["(L) local, window order"],
-          "stream_vs_local_per_round": per_round,
-      }
+      report["kinds"][kind] = _run_kind(local, f"gs://{bucket}/stream/{kind}", os.path.join(work, "bench_stream_cache"),
+                                        window_shards, cache_fraction, rounds, num_threads)
   return report
+
+
+def _run_kind(local: str, gs: str, cache: str, window_shards: int, cache_fraction: float, rounds: int,
+              num_threads: int) -> dict:
+  """Uploads one output and times its variants, alternated over `rounds` rounds."""
+  manifest = load_manifest(local)
+  split_bytes = sum(s.num_bytes for s in manifest.splits["train"].shards)
+  limit = int(split_bytes * cache_fraction)
+  for d, _, names in os.walk(local):
+    for name in names:
+      rel = os.path.relpath(os.path.join(d, name), local)
+      files.gcs_blob(files.join(gs, rel)).upload_from_filename(os.path.join(d, name))
+  peaks: list[int] = []
+
+  def streamed() -> int:
+    shutil.rmtree(cache, ignore_errors=True)
+    os.makedirs(cache)
+    with DiskWatch(cache) as watch:
+      n = one_epoch(gs, num_threads, window_shards=window_shards, cache_dir=cache, cache_limit_bytes=limit)
+    peaks.append(watch.peak)
+    return n
+
+  variants: dict[str, Callable[[], int]] = {
+      "(L) local, window order": lambda: one_epoch(local, num_threads, window_shards=window_shards),
+      "(S) gs:// streamed, bounded cache": streamed,
+      "(R) local, random access": lambda: one_epoch(local, num_threads),
+      "(Lg) local, global order, host 0 of 2": lambda: one_epoch(
+          local, num_threads, window_shards=window_shards, order="global", shard_count=2),
+      "(Sg) gs:// records, global, host 0 of 2": lambda: one_epoch(
+          gs, num_threads, window_shards=window_shards, order="global", shard_count=2, cache_dir=cache),
+  }
+  seconds: dict[str, list[float]] = {k: [] for k in variants}
+  counts: dict[str, set[int]] = {k: set() for k in variants}
+  for r in range(rounds):
+    names = list(variants)
+    names = names[r % len(names):] + names[:r % len(names)]  # rotate the order every round
+    for name in names:
+      t = time.perf_counter()
+      counts[name].add(variants[name]())
+      seconds[name].append(time.perf_counter() - t)
+  shutil.rmtree(cache, ignore_errors=True)
+  images = {k: v.pop() for k, v in counts.items()}
+  median = {k: statistics.median(v) for k, v in seconds.items()}
+  ips = {k: images[k] / median[k] for k in variants}
+  s_name, l_name = "(S) gs:// streamed, bounded cache", "(L) local, window order"
+  per_round = [images[s_name] / s / (images[l_name] / l) for s, l in zip(seconds[s_name], seconds[l_name])]
+  return {
+      "split_bytes": split_bytes, "cache_limit_bytes": limit, "peak_disk_bytes": max(peaks),
+      "seconds": seconds, "images": images, "median_images_per_s": ips,
+      "stream_vs_local": ips[s_name] / ips[l_name], "stream_vs_local_per_round": per_round,
+      "records_vs_local": ips["(Sg) gs:// records, global, host 0 of 2"] / ips["(Lg) local, global order, host 0 of 2"],
+  }
 
 
 def print_report(report: dict) -> None:
@@ -163,6 +174,7 @@ def print_report(report: dict) -> None:
     ok = r["stream_vs_local"] >= STREAM_TARGET
     print(f"  {'PASS' if ok else 'MISS'}  {kind}: (S) >= {STREAM_TARGET:.0%} of (L) (ratio {r['stream_vs_local']:.2f}; "
           f"per round {', '.join(f'{x:.2f}' for x in r['stream_vs_local_per_round'])})")
+    print(f"  info  {kind}: (Sg) ranged reads of one host's records = {r['records_vs_local']:.2f}x (Lg)")
     ok = r["peak_disk_bytes"] <= r["cache_limit_bytes"]
     print(f"  {'PASS' if ok else 'MISS'}  {kind}: peak disk {r['peak_disk_bytes'] / 1e6:.1f} MB <= limit "
           f"{r['cache_limit_bytes'] / 1e6:.1f} MB")
