@@ -64,6 +64,8 @@ class FileAdapter(abc.ABC):
   """
 
   name: ClassVar[str]  # as in manifest.json's "format" and in the shard names
+  # Whether threads may share one `open_random` reader of a file (else each thread opens its own).
+  shared_reads: ClassVar[bool] = False
 
   @property
   def suffix(self) -> str:
@@ -162,6 +164,7 @@ class TFRecordAdapter(FileAdapter):
   """TFRecord (formats.tfrecord): CRC-framed records, read by index through an offset index."""
 
   name = "tfrecord"
+  shared_reads = True  # os.pread on one descriptor; the index is built once per file
 
   def write_file(self, path: str, payloads: Iterable[bytes]) -> int:
     """See FileAdapter.write_file."""

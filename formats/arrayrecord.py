@@ -18,7 +18,10 @@ from array_record.python import array_record_module
 from formats.errors import CorruptRecordError
 
 WRITER_OPTIONS = "group_size:1,uncompressed"
-RANDOM_ACCESS_READER_OPTIONS = "readahead_buffer_size:0"
+# Reads of single records by index: nothing read ahead (the next record wanted is anywhere) and no
+# thread pool of array_record's own (callers read from their own threads, each with its own reader:
+# formats.output.SplitRecords), so a read is one pread, its chunk's hash check and one copy.
+RANDOM_ACCESS_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
 
 def write_file(path: str, records: Iterable[bytes]) -> int:
@@ -97,12 +100,17 @@ def num_records(path: str) -> int:
 class RandomAccessReader:
   """Random access to the records of a local ArrayRecord file (array_record's reader, GIL released).
 
+  Threads that read one file at the same time each open their own reader
+  (formats.output.SplitRecords does), so that none waits on another's read.
+  Closed when garbage-collected.
+
   Args:
     path: a local file.
   """
 
   def __init__(self, path: str):
     self.path = path
+    self._reader = None
     self._reader = open_reader(path)
     self._n = self._reader.num_records()
 
@@ -135,4 +143,7 @@ class RandomAccessReader:
     return self
 
   def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __del__(self):
     self.close()

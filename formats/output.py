@@ -15,12 +15,15 @@ with its size and SHA-256) is written down once. Paths are local or gs://.
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Callable, Iterator, Mapping
 import dataclasses
 import os
+import resource
 import sys
 import threading
 from typing import TextIO
+import weakref
 
 from formats import adapters, files, kinds
 from formats.errors import CorruptRecordError, NotAnOutputError
@@ -247,11 +250,49 @@ class Output:
     return verify(self.path, self.manifest, out)
 
 
+class _ThreadReaders:
+  """One thread's open readers of one split: shard number -> reader, least recently used first.
+
+  Held by the thread (a threading.local of the SplitRecords) and closed when
+  it is dropped: when the thread ends, or the SplitRecords is closed or collected.
+  """
+
+  __slots__ = ("readers", "generation", "__weakref__")
+
+  def __init__(self, generation: int):
+    self.readers: collections.OrderedDict[int, adapters.RandomAccessFile] = collections.OrderedDict()
+    self.generation = generation
+
+  def close(self) -> None:
+    readers, self.readers = self.readers, collections.OrderedDict()
+    for reader in readers.values():
+      reader.close()
+
+  def __del__(self):
+    self.close()
+
+
+def _open_files_budget() -> int:
+  """How many readers a split may hold open at once: half of this process's file descriptor limit."""
+  try:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+  except (OSError, ValueError):
+    return 512
+  return 1 << 20 if soft == resource.RLIM_INFINITY else max(16, soft // 2)
+
+
 class SplitRecords:
   """The records of one split of an output, addressed 0..len-1 across its shards in order.
 
-  Readers are opened lazily, one per shard, and shared between threads; a
-  shard whose record count differs from the manifest is refused when opened.
+  Readers are opened lazily; a shard whose record count differs from the
+  manifest is refused when opened. A format whose reader threads may share
+  (`FileAdapter.shared_reads`: TFRecord's os.pread) has one reader per shard.
+  Otherwise (ArrayRecord) every thread reads through its own reader of each
+  shard it touches, so that no thread waits on another's read: a thread's
+  readers are closed when the thread ends, and its least recently used ones
+  when the threads together would hold more than half the process's file
+  descriptor limit. `close()` (or garbage collection) closes every reader;
+  it must not race reads in flight, and a later read opens readers again.
   """
 
   def __init__(self, output: Output, split: str, cache_dir: str | None = None, verify: Verify = "sha256"):
@@ -264,7 +305,11 @@ class SplitRecords:
     self._starts = [0]
     for s in self._infos:
       self._starts.append(self._starts[-1] + s.num_records)
-    self._open: dict[int, adapters.RandomAccessFile] = {}
+    self._open: dict[int, adapters.RandomAccessFile] = {}  # shared_reads formats: one reader per shard
+    self._local = threading.local()  # otherwise: .readers, this thread's _ThreadReaders
+    self._threads: weakref.WeakSet[_ThreadReaders] = weakref.WeakSet()
+    self._generation = 0  # bumped by close(): older _ThreadReaders are closed
+    self._budget = _open_files_budget()
     self._lock = threading.Lock()
 
   def __len__(self) -> int:
@@ -287,8 +332,31 @@ class SplitRecords:
     k = bisect.bisect_right(self._starts, index) - 1
     return k, index - self._starts[k]
 
+  def where(self, index: int) -> str:
+    """"<shard path>: record <k>", which names record `index` of the split in error messages.
+
+    Args:
+      index: 0 <= index < len(self).
+
+    Returns:
+      The local path of its shard and its record number there.
+
+    Raises:
+      IndexError: `index` is outside the split.
+    """
+    k, local = self.locate(index)
+    return f"{self.paths[k]}: record {local}"
+
+  def _open_reader(self, k: int) -> adapters.RandomAccessFile:
+    reader = self._adapter.open_random(self.paths[k])
+    if len(reader) != self._infos[k].num_records:
+      reader.close()
+      raise CorruptRecordError(f"{self.paths[k]}: {len(reader)} records, the manifest says "
+                               f"{self._infos[k].num_records}")
+    return reader
+
   def shard(self, k: int) -> adapters.RandomAccessFile:
-    """The open reader of shard `k`.
+    """The open reader of shard `k` for the calling thread (shared by all threads when the format allows).
 
     Args:
       k: the shard's number in the split.
@@ -299,15 +367,25 @@ class SplitRecords:
     Raises:
       CorruptRecordError: its record count differs from the manifest, or its framing is damaged.
     """
-    with self._lock:
-      if k not in self._open:
-        reader = self._adapter.open_random(self.paths[k])
-        if len(reader) != self._infos[k].num_records:
-          reader.close()
-          raise CorruptRecordError(f"{self.paths[k]}: {len(reader)} records, the manifest says "
-                                   f"{self._infos[k].num_records}")
-        self._open[k] = reader
-      return self._open[k]
+    if self._adapter.shared_reads:
+      with self._lock:
+        if k not in self._open:
+          self._open[k] = self._open_reader(k)
+        return self._open[k]
+    mine = getattr(self._local, "readers", None)
+    if mine is None or mine.generation != self._generation:
+      with self._lock:
+        mine = self._local.readers = _ThreadReaders(self._generation)
+        self._threads.add(mine)
+    reader = mine.readers.get(k)
+    if reader is not None:
+      mine.readers.move_to_end(k)
+      return reader
+    reader = mine.readers[k] = self._open_reader(k)
+    keep = max(2, self._budget // max(1, len(self._threads)))
+    while len(mine.readers) > keep:  # this thread's least recently used; others trim their own
+      mine.readers.popitem(last=False)[1].close()
+    return reader
 
   def read(self, index: int) -> bytes:
     """The bytes of record `index` of the split.
@@ -326,11 +404,20 @@ class SplitRecords:
     return self.shard(k).read(local)
 
   def close(self) -> None:
-    """Closes every open reader."""
+    """Closes every open reader, every thread's included (not while reads are in flight)."""
     with self._lock:
+      self._generation += 1
+      threads = list(self._threads)
+      self._threads = weakref.WeakSet()
       for reader in self._open.values():
         reader.close()
       self._open.clear()
+    for mine in threads:
+      mine.close()
+
+  def __del__(self):
+    if hasattr(self, "_lock"):
+      self.close()
 
   def __repr__(self) -> str:
     return f"SplitRecords({self.output.path!r}, split={self.split!r}, records={len(self)})"

@@ -5,6 +5,8 @@ manifest, every shard made local and proven at the `verify` level: "sha256",
 the default, "size" or "none"; a gs:// shard is downloaded once into a cache)
 and serves record i as decoded numpy values plus its `record_index`. A
 damaged record raises `CorruptRecordError` naming the shard and the record.
+ArrayRecord shards are read by each thread through its own readers
+(formats.output.SplitRecords).
 """
 
 from __future__ import annotations
@@ -74,13 +76,30 @@ class ShardedRecords:
       CorruptRecordError: the record is damaged; the message names the shard and the record.
     """
     k, local = self._records.locate(index)
-    shard = self._records.shard(k)
     try:
-      return shard.read(local)
+      return self._records.shard(k).read(local)  # this thread's reader of the shard
     except CorruptRecordError:
       raise
     except Exception as e:  # the C++ reader's own error: name the shard and record
       raise CorruptRecordError(f"{self._records.paths[k]}: record {local}: {type(e).__name__}: {e}") from None
+
+  def where(self, index: int) -> str:
+    """"<shard path>: record <k>": where record `index` lies, as error messages name it.
+
+    Args:
+      index: the record's position in the split, 0 <= index < len(self).
+
+    Returns:
+      The local path of its shard and its record number there.
+
+    Raises:
+      IndexError: `index` is outside the split.
+    """
+    return self._records.where(index)
+
+  def close(self) -> None:
+    """Closes every open reader (every thread's); a later read opens them again. Collection closes them too."""
+    self._records.close()
 
   def __getitem__(self, index: int) -> dict:
     return self.get(index)
@@ -103,8 +122,7 @@ class ShardedRecords:
     try:
       return {**self.features.decode(data, copy=copy), "record_index": np.int64(index)}
     except ValueError as e:
-      k, local = self._records.locate(index)
-      raise CorruptRecordError(f"{self._records.paths[k]}: record {local}: {e}") from None
+      raise CorruptRecordError(f"{self.where(index)}: {e}") from None
 
   def __repr__(self) -> str:
     return f"ShardedRecords({self.path!r}, split={self.split!r}, records={len(self)})"

@@ -198,7 +198,9 @@ def example_transform(kind: str, features: Features, options: ExampleOptions) ->
 
   Returns:
     transform(record, rng=None) → dict of arrays (`record_index` kept when the
-    record has it); its `needs_rng` attribute says whether it draws from `rng`.
+    record has it); its `needs_rng` attribute says whether it draws from `rng`,
+    its `kind` and `options` what it was made for (loaders._batch.BatchFiller
+    applies the same transform in place).
 
   Raises:
     ValueError: no transform reads records of `kind`, or the schema needs an
@@ -217,6 +219,7 @@ def example_transform(kind: str, features: Features, options: ExampleOptions) ->
       out["record_index"] = np.int64(rec["record_index"])
     return out
   transform.needs_rng = kind == "volume" and options.patch == "random"  # only random patches draw
+  transform.kind, transform.options = kind, options
   return transform
 
 

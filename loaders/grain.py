@@ -27,6 +27,7 @@ from formats import files
 from formats.integrity import Verify, verify_level
 from formats.output import DEFAULT_CACHE_ROOT, open_output
 from formats.transforms import element_rng
+from loaders._batch import BatchFiller
 from loaders._order import per_host_batch_size
 from loaders._shards import ShardedRecords
 from loaders._stream import RecordStream, ShardStream, StreamedBatches, WindowOrder
@@ -101,10 +102,18 @@ class _ReadBatch:
   pure function of (seed, shard, position): grain's iterator state (the next
   position) is all a resume needs. Random draws (patch positions) use
   formats.transforms.element_rng(seed, position, slot), as loaders.tfdata does.
+
+  A batch is filled by loaders._batch.BatchFiller (each record's features
+  found in place and written once into the batch); fast=False (or FAST =
+  False before construction) keeps the decode-transform-copy path, which
+  gives the same batches more slowly (for benchmarks and tests).
   """
 
+  FAST = True  # the default of `fast`
+
   def __init__(self, source: ShardedRecords, transform, batch_size: int, seed: int, shuffle: bool,
-               shard_index: int, shard_count: int, per_shard: int, drop_remainder: bool, order: str = "host"):
+               shard_index: int, shard_count: int, per_shard: int, drop_remainder: bool, order: str = "host",
+               fast: bool | None = None):
     self._source, self._transform = source, transform
     self._batch_size, self._seed, self._shuffle = batch_size, seed, shuffle
     self._shard_index, self._shard_count, self._per_shard = shard_index, shard_count, per_shard
@@ -115,6 +124,10 @@ class _ReadBatch:
     self._orders: dict[int, np.ndarray] = {}
     self._lock = threading.Lock()
     self._needs_rng = getattr(transform, "needs_rng", True)
+    options = getattr(transform, "options", None)  # a transform of loaders.example_transform: the filler applies it
+    use_filler = (self.FAST if fast is None else fast) and options is not None
+    self._fill = (BatchFiller(source, options, batch_size, with_mask=not drop_remainder)
+                  if use_filler and getattr(transform, "kind", None) == source.kind else None)
 
   def _order(self, epoch: int) -> np.ndarray:
     with self._lock:
@@ -138,6 +151,8 @@ class _ReadBatch:
     else:
       start, first_slot = k * self._batch_size, 0
     indices = self._order(epoch)[start:start + self._batch_size]
+    if self._fill is not None:
+      return self._fill(indices, lambda j: element_rng(self._seed, position, first_slot + j))
 
     def examples():
       for j, i in enumerate(indices):

@@ -1,36 +1,51 @@
-"""Benchmarks the loaders (grain, torch_xla) against a torch DataLoader over the image folder.
+"""Benchmarks the loaders (grain, torch_xla) against today's record path, a read ceiling and a torch DataLoader.
 
     python scripts/bench_loaders.py [--work=bench_work] [--num_images=2000]
-        [--batch_size=64] [--num_threads=16] [--num_workers=2] [--xla=raw,jpeg]
-        [--repeats=1] [--json=results.json]
+        [--batch_size=64] [--num_threads=16] [--num_workers=2] [--raw_epochs=5]
+        [--xla=raw,jpeg] [--rounds=3] [--json=results.json]
 
 On the cached folder of ~500x375 JPEGs that scripts/bench_image_folder.py
 generates, converts (once, cached under --work) ArrayRecord shards at 224x224,
-JPEG-encoded and raw, then times one shuffled pass of uint8 [64, 224, 224, 3]
-batches from: (a) loaders.grain over both shard kinds, (b) loaders.xla on the
-XLA CPU device (a subprocess: torch_xla never shares a process with
-TensorFlow), (c) the baseline users have now, a torch DataLoader over the
-folder (PIL, 2 workers), and (d) the bare record reads of the raw shards (the
-I/O ceiling). Page caches are warmed first. Prints a table and the targets;
-exits 0 whether they are met or not (this is a report), non-zero only on errors.
+JPEG-encoded and raw, then times shuffled passes of uint8 [64, 224, 224, 3]
+batches from:
+
+  (a) loaders.grain over both shard kinds: the record path (loaders._batch:
+      features found in place, each example written once into the batch), and
+      today's loader, the decode-transform-copy path (loaders.grain._ReadBatch
+      FAST=False), with the same dataset arguments;
+  (b) loaders.xla on the XLA CPU device (a subprocess: torch_xla never shares
+      a process with TensorFlow);
+  (c) the baseline users have now, a torch DataLoader over the folder (PIL,
+      --num_workers workers), in a fresh subprocess each time (its workers
+      fork: never from a process with grain's threads);
+  (d) the bare record reads of the raw shards (ShardedRecords.raw, one thread);
+  (e) the read ceiling of the raw shards: as many threads as grain's (two on a
+      2-CPU machine), each reading through its own readers and copying each
+      record's pixel bytes once into a preallocated batch, nothing decoded.
+
+Every variant runs once per round, in an order rotated each round, for
+--rounds rounds; each reports its median images/s. Raw passes are repeated
+--raw_epochs times so that each timing lasts long enough. Page caches are
+warmed first. Prints a table (medians and every round) and PASS/MISS for the
+targets with their ratios; exits 0 whether they are met or not (this is a
+report), non-zero only on errors.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-import dataclasses
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 from PIL import Image as PILImage
-import torch
-import torch.utils.data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -38,29 +53,26 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import bench_image_folder  # noqa: E402
 from formats import load_manifest  # noqa: E402
+from formats.example import FeatureFinder  # noqa: E402
 from loaders import ShardedRecords, grain as grain_loader  # noqa: E402
-from pipelines import image_folder  # noqa: E402
 
 SPLIT = "train"
+SPEEDUP_TARGET = 2.0  # (a) raw shards: the record path at least this times today's loader
+CEILING_TARGET = 0.70  # (a) raw shards: at least this fraction of the read ceiling (e)
 JPEG_TARGET = 5.0  # (a) JPEG shards: at least this times the DataLoader's images/s
 RAW_TARGET = 20.0  # (a) raw shards: at least this times the DataLoader's images/s
-CEILING_TARGET = 0.70  # (a) raw shards: at least this fraction of the bare reads' images/s
-XLA_TIMEOUT_S = 900
+CHILD_TIMEOUT_S = 900
 
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-  variant: str
-  seconds: float  # best of the repeats
-  images: int
-
-  @property
-  def images_per_s(self) -> float:
-    return self.images / self.seconds
+NEW_RAW, OLD_RAW = "(a) grain, raw shards", "(a) grain, raw shards, today's loader"
+NEW_JPEG, OLD_JPEG = "(a) grain, JPEG shards", "(a) grain, JPEG shards, today's loader"
+DATALOADER, BARE = "(c) torch DataLoader, folder", "(d) bare reads, raw shards, 1 thread"
+CEILING = "(e) read ceiling, raw shards, grain's threads"
 
 
 def ensure_shards(work: str, root: str, encoding: str, size: tuple[int, int]) -> str:
   """The cached ArrayRecord output of `image_folder` for `root` (converted on first use)."""
+  from pipelines import image_folder  # Beam, at the edge: only when shards are missing (not in every child)
+
   out = os.path.join(work, "loaders", f"{os.path.basename(root)}_{encoding}_{size[0]}x{size[1]}")
   done = out + ".done"
   if not os.path.exists(done):
@@ -102,50 +114,29 @@ def shard_files(out: str) -> list[str]:
   return sorted(os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs)
 
 
-class FolderDataset(torch.utils.data.Dataset):
-  """The usual torchvision-free baseline: PIL open, RGB, resize the shorter side, center crop."""
-
-  def __init__(self, root: str, size: tuple[int, int]):
-    self.items = list_images(root)
-    self.size = size
-
-  def __len__(self) -> int:
-    return len(self.items)
-
-  def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-    path, label = self.items[i]
-    h, w = self.size
-    with PILImage.open(path) as im:
-      im = im.convert("RGB")
-    scale = max(h / im.height, w / im.width)
-    rw, rh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
-    im = im.resize((rw, rh), PILImage.Resampling.BILINEAR)
-    left, top = (rw - w) // 2, (rh - h) // 2
-    im = im.crop((left, top, left + w, top + h))
-    return torch.from_numpy(np.array(im, dtype=np.uint8)), label  # a writable copy, as torchvision makes
-
-
 def check_batch(variant: str, image, batch_size: int, size: tuple[int, int]) -> None:
   shape, dtype = tuple(image.shape), str(image.dtype).replace("torch.", "")
   if shape != (batch_size, *size, 3) or dtype != "uint8":
     raise RuntimeError(f"{variant}: batch of {dtype} {shape}, expected uint8 {(batch_size, *size, 3)}")
 
 
-def time_dataloader(root: str, a: argparse.Namespace, size: tuple[int, int]) -> int:
-  """(c): one shuffled pass of torch's DataLoader over the folder; returns the images yielded."""
-  loader = torch.utils.data.DataLoader(FolderDataset(root, size), batch_size=a.batch_size, shuffle=True,
-                                       num_workers=a.num_workers, drop_last=True)
-  n = 0
-  for image, _ in loader:
-    check_batch("DataLoader", image, a.batch_size, size)
-    n += image.shape[0]
-  return n
+def threads_of(a: argparse.Namespace) -> int:
+  """grain's reading threads for --num_threads (loaders.grain.dataset caps them at the usable CPUs)."""
+  return max(1, min(a.num_threads, len(os.sched_getaffinity(0))))
 
 
-def time_grain(path: str, a: argparse.Namespace, size: tuple[int, int]) -> int:
-  """(a): one shuffled pass of loaders.grain; returns the images yielded."""
-  ds = grain_loader.dataset(path, SPLIT, batch_size=a.batch_size, image_size=size, num_threads=a.num_threads,
-                            num_epochs=1, shuffle=True, seed=0)
+# --------------------------------------------------------------------------- the variants: each returns images
+
+
+def time_grain(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int, epochs: int, fast: bool) -> int:
+  """(a): shuffled passes of loaders.grain, through the record path (fast) or today's loader."""
+  old = grain_loader._ReadBatch.FAST
+  grain_loader._ReadBatch.FAST = fast  # read when the dataset is built
+  try:
+    ds = grain_loader.dataset(path, SPLIT, batch_size=a.batch_size, image_size=size, num_threads=a.num_threads,
+                              num_epochs=epochs, shuffle=True, seed=seed)
+  finally:
+    grain_loader._ReadBatch.FAST = old
   n = 0
   for batch in ds:
     check_batch("grain", batch["image"], a.batch_size, size)
@@ -153,31 +144,105 @@ def time_grain(path: str, a: argparse.Namespace, size: tuple[int, int]) -> int:
   return n
 
 
-def time_bare_reads(path: str) -> int:
-  """(d): every record's bytes through ShardedRecords.raw, no decoding; returns the records read."""
-  source = ShardedRecords(path, SPLIT)
+def time_bare_reads(source: ShardedRecords, epochs: int) -> int:
+  """(d): every record's bytes through ShardedRecords.raw, one thread, no decoding."""
   num_bytes = 0
-  for i in range(len(source)):
-    num_bytes += len(source.raw(i))
+  for _ in range(epochs):
+    for i in range(len(source)):
+      num_bytes += len(source.raw(i))
   if num_bytes == 0:
-    raise RuntimeError(f"{path}: read no bytes")
-  return len(source)
+    raise RuntimeError("bare reads: read no bytes")
+  return epochs * len(source)
 
 
-def best_of(variant: str, repeats: int, fn: Callable[[], int]) -> Result:
-  """Runs `fn` `repeats` times; keeps the best time (all runs must yield as many images)."""
-  times, counts = [], set()
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    counts.add(fn())
-    times.append(time.perf_counter() - t0)
-  if len(counts) != 1:
-    raise RuntimeError(f"{variant}: the runs yielded different image counts {sorted(counts)}")
-  return Result(variant, min(times), counts.pop())
+def time_ceiling(source: ShardedRecords, a: argparse.Namespace, size: tuple[int, int], seed: int,
+                 epochs: int) -> int:
+  """(e): the shuffled records read by grain's number of threads, each through its own readers (ShardedRecords
+  gives every thread its own), each record's pixel bytes copied once into the thread's preallocated batch."""
+  nbytes = size[0] * size[1] * 3
+  first = source.raw(0)
+  (_, spans), = FeatureFinder(["image"])(first)
+  tail = len(first) - spans[0][1]  # the pixels end this far before the record's end (the label entry after them)
+  threads = threads_of(a)
+  orders = [np.random.default_rng([seed, e]).permutation(len(source)) for e in range(epochs)]
+  errors: list[BaseException] = []
+
+  def work(t: int) -> None:
+    batch = np.empty((a.batch_size, nbytes), np.uint8)
+    try:
+      j = 0
+      for order in orders:
+        for i in order[t::threads]:
+          data = source.raw(int(i))
+          batch[j] = np.frombuffer(data, np.uint8, nbytes, len(data) - tail - nbytes)
+          j = (j + 1) % a.batch_size
+    except BaseException as e:  # noqa: BLE001 - reported by the caller
+      errors.append(e)
+
+  workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+  for w in workers:
+    w.start()
+  for w in workers:
+    w.join()
+  if errors:
+    raise errors[0]
+  return epochs * len(source)
 
 
-def xla_child(path: str, batch_size: int, size: tuple[int, int], num_threads: int, repeats: int) -> dict:
-  """(b), in its own process: one pass of loaders.xla per repeat, each batch materialised on the device."""
+def run_child(args: Sequence[str], env: dict | None = None) -> dict:
+  """Runs this script with `args` in a fresh process; its last stdout line is a JSON report."""
+  cmd = [sys.executable, os.path.abspath(__file__), *args]
+  try:
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    raise RuntimeError(f"timed out after {CHILD_TIMEOUT_S}s") from None
+  lines = p.stdout.strip().splitlines()
+  if p.returncode != 0 or not lines:
+    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    raise RuntimeError(f"exit {p.returncode}: " + " | ".join(tail))
+  return json.loads(lines[-1])
+
+
+def dataloader_child(root: str, a: argparse.Namespace, size: tuple[int, int], seed: int) -> dict:
+  """(c), in its own process: one shuffled pass of torch's DataLoader over the folder (timed after imports)."""
+  import torch
+  import torch.utils.data
+
+  class FolderDataset(torch.utils.data.Dataset):
+    """The usual torchvision-free baseline: PIL open, RGB, resize the shorter side, center crop."""
+
+    def __init__(self, items: list[tuple[str, int]]):
+      self.items = items
+
+    def __len__(self) -> int:
+      return len(self.items)
+
+    def __getitem__(self, i: int):
+      path, label = self.items[i]
+      h, w = size
+      with PILImage.open(path) as im:
+        im = im.convert("RGB")
+      scale = max(h / im.height, w / im.width)
+      rw, rh = max(w, round(im.width * scale)), max(h, round(im.height * scale))
+      im = im.resize((rw, rh), PILImage.Resampling.BILINEAR)
+      left, top = (rw - w) // 2, (rh - h) // 2
+      im = im.crop((left, top, left + w, top + h))
+      return torch.from_numpy(np.array(im, dtype=np.uint8)), label  # a writable copy, as torchvision makes
+
+  torch.manual_seed(seed)
+  loader = torch.utils.data.DataLoader(FolderDataset(list_images(root)), batch_size=a.batch_size, shuffle=True,
+                                       num_workers=a.num_workers, drop_last=True)
+  t0 = time.perf_counter()
+  n = 0
+  for image, _ in loader:
+    check_batch("DataLoader", image, a.batch_size, size)
+    n += image.shape[0]
+  return {"seconds": time.perf_counter() - t0, "images": n}
+
+
+def xla_child(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int) -> dict:
+  """(b), in its own process: one pass of loaders.xla, each batch materialised on the device."""
+  import torch
   import torch_xla  # the edge: only this subprocess imports torch_xla
 
   from loaders import xla as xla_loader
@@ -188,39 +253,68 @@ def xla_child(path: str, batch_size: int, size: tuple[int, int], num_threads: in
     # A device computation reading the batch: it cannot run before the whole transfer has landed.
     return int(image[:, 0, 0, 0].to(torch.int32).sum().item())
 
-  touch(torch.zeros((batch_size, *size, 3), dtype=torch.uint8, device=device))  # compile it untimed
-  times, n = [], 0
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    n = 0
-    for batch in xla_loader.device_loader(path, SPLIT, batch_size=batch_size, image_size=size,
-                                          num_threads=num_threads, shuffle=True, seed=0, num_epochs=1):
-      image = batch["image"]
-      if image.device.type != "xla":
-        raise RuntimeError(f"batch on {image.device}, not an XLA device")
-      check_batch("xla", image, batch_size, size)
-      touch(image)
-      n += image.shape[0]
-    times.append(time.perf_counter() - t0)
-  return {"seconds": min(times), "images": n, "device": str(device)}
+  touch(torch.zeros((a.batch_size, *size, 3), dtype=torch.uint8, device=device))  # compile it untimed
+  t0 = time.perf_counter()
+  n = 0
+  for batch in xla_loader.device_loader(path, SPLIT, batch_size=a.batch_size, image_size=size,
+                                        num_threads=a.num_threads, shuffle=True, seed=seed, num_epochs=1):
+    image = batch["image"]
+    if image.device.type != "xla":
+      raise RuntimeError(f"batch on {image.device}, not an XLA device")
+    check_batch("xla", image, a.batch_size, size)
+    touch(image)
+    n += image.shape[0]
+  return {"seconds": time.perf_counter() - t0, "images": n, "device": str(device)}
 
 
-def time_xla(variant: str, path: str, a: argparse.Namespace) -> Result | str:
-  """(b) in a subprocess with PJRT_DEVICE=CPU; the Result, or the reason it failed."""
-  env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
-         "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-  cmd = [sys.executable, os.path.abspath(__file__), f"--_xla_child={path}", f"--batch_size={a.batch_size}",
-         f"--image_size={a.image_size}", f"--num_threads={a.num_threads}", f"--repeats={a.repeats}"]
-  try:
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=XLA_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    return f"timed out after {XLA_TIMEOUT_S}s"
-  lines = p.stdout.strip().splitlines()
-  if p.returncode != 0 or not lines:
-    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-    return f"exit {p.returncode}: " + " | ".join(tail)
-  report = json.loads(lines[-1])
-  return Result(variant, report["seconds"], report["images"])
+def child_args(a: argparse.Namespace, seed: int) -> list[str]:
+  return [f"--batch_size={a.batch_size}", f"--image_size={a.image_size}", f"--num_threads={a.num_threads}",
+          f"--num_workers={a.num_workers}", f"--_seed={seed}"]
+
+
+def timed(fn: Callable[[], int]) -> float:
+  """images/s of one call of `fn` (which returns the images it yielded)."""
+  t0 = time.perf_counter()
+  n = fn()
+  return n / (time.perf_counter() - t0)
+
+
+def from_child(result: dict) -> float:
+  return result["images"] / result["seconds"]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict[str, float], list[tuple]]:
+  """Prints the table and the targets; returns the medians and the checks (text, ratio, ok)."""
+  medians = {v: statistics.median(xs) for v, xs in per_round.items() if xs}
+  base = medians.get(DATALOADER)
+  print()
+  print(f"{'variant':<42} {'median img/s':>12} {'vs (c)':>7}   every round")
+  for v, xs in per_round.items():
+    if not xs:
+      continue
+    vs = f"{medians[v] / base:6.2f}x" if base else "      -"
+    print(f"{v:<42} {medians[v]:12.1f} {vs:>7}   {' '.join(f'{x:.1f}' for x in xs)}")
+  for f in failures:
+    print(f"FAILED {f}")
+  checks = []
+
+  def check(text: str, num: str, den: str, target: float) -> None:
+    if num in medians and den in medians:
+      ratio = medians[num] / medians[den]
+      checks.append((text, ratio, ratio >= target))
+
+  check(f"(a) raw: the record path >= {SPEEDUP_TARGET:g}x today's loader", NEW_RAW, OLD_RAW, SPEEDUP_TARGET)
+  check(f"(a) raw: the record path >= {CEILING_TARGET:.0%} of the read ceiling (e)", NEW_RAW, CEILING,
+        CEILING_TARGET)
+  check(f"(a) JPEG >= {JPEG_TARGET:g}x (c)", NEW_JPEG, DATALOADER, JPEG_TARGET)
+  check(f"(a) raw >= {RAW_TARGET:g}x (c)", NEW_RAW, DATALOADER, RAW_TARGET)
+  print()
+  for text, ratio, ok in checks:
+    print(f"{'PASS' if ok else 'MISS'}  {text} (ratio {ratio:.2f})")
+  return medians, checks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,22 +323,30 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--num_images", type=int, default=2000)
   ap.add_argument("--image_size", default="224,224")
   ap.add_argument("--batch_size", type=int, default=64)
-  ap.add_argument("--num_threads", type=int, default=16, help="grain's reader threads, (a) and (b)")
+  ap.add_argument("--num_threads", type=int, default=16, help="grain's reader threads (capped at the CPUs)")
   ap.add_argument("--num_workers", type=int, default=2, help="the DataLoader's worker processes, (c)")
+  ap.add_argument("--raw_epochs", type=int, default=5, help="passes per timing of the raw-shard variants")
   ap.add_argument("--xla", default="raw,jpeg", help="shard kinds for (b), comma-separated; empty: skip (b)")
-  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--rounds", type=int, default=3, help="rounds; every variant runs once per round")
   ap.add_argument("--json", default=None, help="also write the results here")
   ap.add_argument("--_xla_child", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--_dataloader_child", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
-  if a.repeats < 1 or a.num_images < 1 or a.batch_size < 1 or a.num_threads < 1 or a.num_workers < 0:
-    ap.error("--repeats, --num_images, --batch_size and --num_threads must be >= 1, --num_workers >= 0")
+  if a.rounds < 1 or a.num_images < 1 or a.batch_size < 1 or a.num_threads < 1 or a.raw_epochs < 1:
+    ap.error("--rounds, --num_images, --batch_size, --num_threads and --raw_epochs must be >= 1")
+  if a.num_workers < 0:
+    ap.error("--num_workers must be >= 0")
   xla_kinds = [k for k in a.xla.split(",") if k]
   if set(xla_kinds) - {"raw", "jpeg"}:
     ap.error(f"--xla takes raw and/or jpeg, got {a.xla!r}")
   size = tuple(int(v) for v in a.image_size.split(","))
 
   if a._xla_child:
-    print(json.dumps(xla_child(a._xla_child, a.batch_size, size, a.num_threads, a.repeats)), flush=True)
+    print(json.dumps(xla_child(a._xla_child, a, size, a._seed)), flush=True)
+    return 0
+  if a._dataloader_child:
+    print(json.dumps(dataloader_child(a._dataloader_child, a, size, a._seed)), flush=True)
     return 0
 
   logging.basicConfig(level=logging.WARNING)
@@ -256,57 +358,54 @@ def main(argv: Sequence[str] | None = None) -> int:
   shards = {kind: ensure_shards(work, root, kind, size) for kind in ("jpeg", "raw")}
   cached = warm([p for p, _ in list_images(root)] + [p for out in shards.values() for p in shard_files(out)])
   print(f"{n} images, image_size={a.image_size} batch_size={a.batch_size} num_threads={a.num_threads} "
-        f"num_workers={a.num_workers} repeats={a.repeats} cpus={os.cpu_count()} "
-        f"(page cache warmed: {cached / 1e6:.0f} MB)", flush=True)
+        f"(grain uses {threads_of(a)}) num_workers={a.num_workers} raw_epochs={a.raw_epochs} rounds={a.rounds} "
+        f"cpus={os.cpu_count()} (page cache warmed: {cached / 1e6:.0f} MB)", flush=True)
 
-  # The DataLoader forks its workers: run it before any grain thread pool exists.
-  base = best_of("(c) torch DataLoader, folder", a.repeats, lambda: time_dataloader(root, a, size))
-  results = [
-      best_of("(a) grain, JPEG shards", a.repeats, lambda: time_grain(shards["jpeg"], a, size)),
-      best_of("(a) grain, raw shards", a.repeats, lambda: time_grain(shards["raw"], a, size)),
-  ]
-  failures = []
+  raw_source = ShardedRecords(shards["raw"], SPLIT)
+  xla_env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
+             "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+  e = a.raw_epochs
+  variants: dict[str, Callable[[int], float]] = {
+      DATALOADER: lambda seed: from_child(run_child([f"--_dataloader_child={root}", *child_args(a, seed)])),
+      NEW_JPEG: lambda seed: timed(lambda: time_grain(shards["jpeg"], a, size, seed, 1, fast=True)),
+      OLD_JPEG: lambda seed: timed(lambda: time_grain(shards["jpeg"], a, size, seed, 1, fast=False)),
+      NEW_RAW: lambda seed: timed(lambda: time_grain(shards["raw"], a, size, seed, e, fast=True)),
+      OLD_RAW: lambda seed: timed(lambda: time_grain(shards["raw"], a, size, seed, e, fast=False)),
+      CEILING: lambda seed: timed(lambda: time_ceiling(raw_source, a, size, seed, e)),
+      BARE: lambda seed: timed(lambda: time_bare_reads(raw_source, e)),
+  }
   for kind in xla_kinds:
     label = f"(b) xla CPU device, {'JPEG' if kind == 'jpeg' else kind} shards"
-    r = time_xla(label, shards[kind], a)
-    if isinstance(r, Result):
-      results.append(r)
-    else:
-      failures.append(f"{label}: {r}")
-  ceiling = best_of("(d) bare reads, raw shards", a.repeats, lambda: time_bare_reads(shards["raw"]))
-  results += [base, ceiling]
-
-  print()
-  print(f"{'variant':<34} {'seconds':>8} {'images/s':>9} {'vs (c)':>7}")
-  for r in results:
-    print(f"{r.variant:<34} {r.seconds:8.2f} {r.images_per_s:9.1f} {r.images_per_s / base.images_per_s:6.2f}x")
-  for f in failures:
-    print(f"FAILED {f}")
-  jpeg, raw = results[0], results[1]
-  checks = [
-      (f"(a) JPEG >= {JPEG_TARGET:g}x (c)", jpeg.images_per_s / base.images_per_s,
-       jpeg.images_per_s >= JPEG_TARGET * base.images_per_s),
-      (f"(a) raw >= {RAW_TARGET:g}x (c)", raw.images_per_s / base.images_per_s,
-       raw.images_per_s >= RAW_TARGET * base.images_per_s),
-      (f"(a) raw >= {CEILING_TARGET:.0%} of (d)", raw.images_per_s / ceiling.images_per_s,
-       raw.images_per_s >= CEILING_TARGET * ceiling.images_per_s),
-  ]
-  print()
-  for text, ratio, ok in checks:
-    print(f"{'PASS' if ok else 'MISS'}  {text} (ratio {ratio:.2f})")
+    variants[label] = (lambda kind: lambda seed: from_child(
+        run_child([f"--_xla_child={shards[kind]}", *child_args(a, seed)], env=xla_env)))(kind)
+  names = list(variants)
+  per_round: dict[str, list[float]] = {v: [] for v in names}
+  failures: dict[str, str] = {}
+  for r in range(a.rounds):
+    order = names[r % len(names):] + names[:r % len(names)]  # rotated: no variant always runs first or last
+    for v in order:
+      if v in failures:
+        continue
+      try:
+        per_round[v].append(variants[v](r))
+      except RuntimeError as err:  # a child that failed (torch_xla missing, ...): reported, the rest goes on
+        failures[v] = str(err)
+      print(f"round {r + 1}/{a.rounds}: {v}: {per_round[v][-1]:.1f} images/s" if v not in failures
+            else f"round {r + 1}/{a.rounds}: {v}: FAILED", flush=True)
+  medians, checks = report(per_round, [f"{v}: {why}" for v, why in failures.items()])
 
   if a.json:
-    report = {
+    out = {
         "num_images": n, "image_size": a.image_size, "batch_size": a.batch_size, "num_threads": a.num_threads,
-        "num_workers": a.num_workers, "repeats": a.repeats, "cpus": os.cpu_count(),
-        "results": [{"variant": r.variant, "seconds": r.seconds, "images": r.images,
-                     "images_per_s": r.images_per_s, "ratio": r.images_per_s / base.images_per_s}
-                    for r in results],
+        "grain_threads": threads_of(a), "num_workers": a.num_workers, "raw_epochs": a.raw_epochs,
+        "rounds": a.rounds, "cpus": os.cpu_count(),
+        "results": [{"variant": v, "median_images_per_s": medians[v], "rounds_images_per_s": per_round[v]}
+                    for v in names if per_round[v]],
         "failures": failures,
         "checks": [{"check": t, "ratio": x, "pass": ok} for t, x, ok in checks],
     }
     with open(a.json, "w") as f:
-      json.dump(report, f, indent=2)
+      json.dump(out, f, indent=2)
   return 0
 
 

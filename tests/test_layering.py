@@ -27,8 +27,8 @@ FORBIDDEN = {
 # with weights_only=True when a data set has them.
 ALLOWED = {("pipelines.ogb_graphs.read", "torch")}
 # modules that run in the same process as torch_xla: never TensorFlow (both bundle LLVM)
-TORCH_XLA_PATH = ("loaders", "loaders.xla", "loaders.graph", "loaders.grain", "loaders._device", "loaders._graph_file",
-                  "loaders._sampler", "loaders._shards", "loaders._transforms")
+TORCH_XLA_PATH = ("loaders", "loaders.xla", "loaders.graph", "loaders.grain", "loaders._batch", "loaders._device",
+                  "loaders._graph_file", "loaders._sampler", "loaders._shards", "loaders._transforms")
 
 
 def _modules(package: str) -> list[str]:

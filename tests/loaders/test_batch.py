@@ -1,0 +1,532 @@
+"""loaders._batch.BatchFiller: bit for bit the batches of decode → transform → fill_batch, faster.
+
+Outputs of every record kind are written with `formats` alone (no Beam): raw
+and JPEG images (own size and fixed size, several modes), CT volumes,
+"tensors" records and graph-property records, in ArrayRecord and TFRecord.
+Each filled batch must equal, key by key (order, dtype, shape, bytes), what
+the old path gives; damaged records must raise CorruptRecordError naming the
+shard and the record; per-thread readers must all be closed.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from formats import arrayrecord, example, tfrecord
+from formats.errors import CorruptRecordError
+from formats.features import ClassLabel, Features, Image, Tensor, Text
+from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo, SplitInfo, sha256_file
+from formats.naming import ShardName
+from formats.transforms import element_rng
+from loaders import ExampleOptions, ShardedRecords, example_transform
+from loaders import grain as grain_loader
+from loaders._batch import BatchFiller
+from loaders._transforms import fill_batch  # the old path's batching: the reference
+from tests.conftest import REPO
+from tests.damage import flip_byte
+from tests.loaders import tensors_output
+
+CLASSES = ("cat", "dog", "yak")
+
+
+def write_output(path: str, features: Features, payloads: list[bytes], kind: str, file_format: str = "array_record",
+                 num_shards: int = 2) -> str:
+  """A complete output at `path`: split "train" holding `payloads` (serialized Examples) over `num_shards`."""
+  os.makedirs(path)
+  shards = []
+  per = -(-len(payloads) // num_shards)
+  for k in range(num_shards):
+    part = payloads[k * per:(k + 1) * per]
+    name = ShardName("things", "train", file_format, k, num_shards).filename
+    local = os.path.join(path, name)
+    if file_format == "tfrecord":
+      with open(local, "wb") as f:
+        tfrecord.write_records(f, part)
+    else:
+      arrayrecord.write_file(local, part)
+    shards.append(ShardInfo(name, len(part), os.path.getsize(local), sha256_file(local)))
+  manifest = Manifest(name="things", file_format=file_format, features=features,
+                      splits={"train": SplitInfo(tuple(shards))}, kind=kind)
+  with open(os.path.join(path, MANIFEST_FILENAME), "wb") as f:
+    f.write(manifest.dumps())
+  return path
+
+
+def _jpeg(rng, size, mode="RGB", fmt="JPEG") -> bytes:
+  h, w = size
+  pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+  pixels[: h // 2] //= 3  # some structure, so that resizing matters
+  im = PILImage.fromarray(pixels).convert(mode)
+  out = io.BytesIO()
+  im.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+  return out.getvalue()
+
+
+IMAGE_FEATURES = {"image": Image(), "label": ClassLabel(CLASSES), "file_name": Text()}
+
+
+def raw_images(rng, n, size=(12, 10)):
+  features = Features({"image": Tensor((*size, 3), "uint8"), "label": ClassLabel(CLASSES), "file_name": Text()})
+  return features, [features.encode({"image": rng.integers(0, 256, (*size, 3), dtype=np.uint8), "label": i % 3,
+                                     "file_name": f"c/{i}.png"}) for i in range(n)]
+
+
+def jpeg_images(rng, n, fixed=None):
+  features = Features({**IMAGE_FEATURES, "image": Image(shape=(*fixed, 3) if fixed else (None, None, 3))})
+  payloads = []
+  for i in range(n):
+    size = fixed or (int(rng.integers(8, 60)), int(rng.integers(8, 60)))
+    mode, fmt = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")][i % 5]
+    payloads.append(features.encode({"image": _jpeg(rng, size, mode, fmt), "label": i % 3, "file_name": f"{i}.x"}))
+  return features, payloads
+
+
+VOLUME_FEATURES = Features({
+    "volume": Tensor((None, None, None), "int16"), "spacing": Tensor((3,), "float32", encoding="none"),
+    "origin": Tensor((3,), "float32", encoding="none"), "direction": Tensor((3, 3), "float32", encoding="none"),
+    "num_slices": Tensor((), "int64", encoding="none"), "series_id": Text(), "patient_id": Text(), "sorted_by": Text(),
+})
+
+
+def volumes(rng, n):
+  payloads = []
+  for i in range(n):
+    shape = (int(rng.integers(2, 9)), int(rng.integers(6, 20)), int(rng.integers(6, 20)))
+    payloads.append(VOLUME_FEATURES.encode({
+        "volume": rng.integers(-1500, 3500, shape).astype(np.int16), "spacing": rng.random(3).astype(np.float32),
+        "origin": rng.random(3).astype(np.float32), "direction": np.eye(3, dtype=np.float32),
+        "num_slices": shape[0], "series_id": f"s{i}", "patient_id": "p", "sorted_by": "z"}))
+  return VOLUME_FEATURES, payloads
+
+
+GRAPH_FEATURES = Features({
+    "edge_index": Tensor((2, None), "int64"), "num_nodes": Tensor((), "int64", encoding="none"),
+    "label": Tensor((2,), "float32", encoding="none"), "node_feat": Tensor((None, 3), "int64"),
+    "edge_feat": Tensor((None, 2), "float32"),
+})
+
+
+def graph(rng, nodes, edges):
+  return {"edge_index": rng.integers(0, max(nodes, 1), (2, edges)), "num_nodes": nodes,
+          "label": np.array([rng.random(), np.nan], np.float32), "node_feat": rng.integers(-5, 5, (nodes, 3)),
+          "edge_feat": rng.normal(size=(edges, 2)).astype(np.float32)}
+
+
+def graphs(rng, n):
+  sizes = [(int(rng.integers(0, 12)), int(rng.integers(0, 20))) for _ in range(n)]
+  return GRAPH_FEATURES, [GRAPH_FEATURES.encode(graph(rng, *s)) for s in sizes]
+
+
+def tensors(rng, n):
+  del rng
+  return tensors_output.FEATURES, [
+      tensors_output.FEATURES.encode({f: tensors_output.record(i)[f] for f in tensors_output.FEATURES})
+      for i in range(n)]
+
+
+ODD_TENSORS = Features({
+    "be_values": Tensor((2,), ">i4", encoding="none"), "be_bytes": Tensor((2, 2), ">f8"), "half": Tensor((3,), "float16"),
+    "flag": Tensor((), "bool"), "small": Tensor((2,), "uint8", encoding="none"), "label": ClassLabel(CLASSES),
+})
+
+
+def odd_tensors(rng, n):
+  """Dtypes whose batch dtype is easy to get wrong: big-endian (values: as named; bytes: little-endian), half, bool."""
+  return ODD_TENSORS, [ODD_TENSORS.encode({
+      "be_values": rng.integers(-9, 9, 2).astype(">i4"), "be_bytes": rng.normal(size=(2, 2)).astype(">f8"),
+      "half": rng.normal(size=3).astype(np.float16), "flag": np.asarray(i % 2 == 1),
+      "small": rng.integers(0, 255, 2).astype(np.uint8), "label": i % 3}) for i in range(n)]
+
+
+# name: (records, kind, options)
+CASES = {
+    "raw": (raw_images, "image", {}),
+    "jpeg_resized": (jpeg_images, "image", {"image_size": (24, 20)}),
+    "jpeg_fixed": (lambda rng, n: jpeg_images(rng, n, fixed=(16, 12)), "image", {}),
+    "jpeg_fixed_resized": (lambda rng, n: jpeg_images(rng, n, fixed=(16, 12)), "image", {"image_size": (9, 13)}),
+    "ct_random": (volumes, "volume", {"patch_size": (4, 8, 16), "patch": "random"}),
+    "ct_center": (volumes, "volume", {"patch_size": (4, 8, 16), "patch": "center", "hu_window": (-200.0, 300.0)}),
+    "tensors": (tensors, "tensors", {}),
+    "odd_tensors": (odd_tensors, "tensors", {}),
+    "graph": (graphs, "graph", {"max_nodes": 12, "max_edges": 20}),
+}
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict[tuple[str, str], str]:
+  base = tmp_path_factory.mktemp("batch_outputs")
+  out = {}
+  for name, (make, kind, _) in CASES.items():
+    features, payloads = make(np.random.default_rng(len(name)), 23)
+    for fmt in ("array_record", "tfrecord"):
+      out[name, fmt] = write_output(str(base / f"{name}_{fmt}"), features, payloads, kind, fmt)
+  return out
+
+
+def old_path(source, options, indices, batch_size, with_mask, seed=5, position=3):
+  """What the loaders gave before the filler: decode, transform, fill_batch."""
+  transform = example_transform(source.kind, source.features, options)
+  rng = (lambda j: element_rng(seed, position, j)) if transform.needs_rng else (lambda j: None)
+  return fill_batch((transform(source.get(int(i), copy=False), rng(j)) for j, i in enumerate(indices)),
+                    batch_size, with_mask)
+
+
+def fast_path(source, options, indices, batch_size, with_mask, seed=5, position=3):
+  return BatchFiller(source, options, batch_size, with_mask)(indices, lambda j: element_rng(seed, position, j))
+
+
+def assert_same_batch(got: dict, want: dict) -> None:
+  assert list(got) == list(want)
+  for key in want:
+    assert (got[key].dtype, got[key].shape) == (want[key].dtype, want[key].shape), key
+    assert got[key].tobytes() == want[key].tobytes(), key  # bit for bit, NaN payloads included
+
+
+@pytest.mark.parametrize("fmt", ["array_record", "tfrecord"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_filler_equals_the_old_path(outputs, case, fmt):
+  source = ShardedRecords(outputs[case, fmt])
+  options = ExampleOptions(**CASES[case][2])
+  order = np.random.default_rng(0).permutation(len(source))
+  batches = [(order[:8], 8, False), (order[8:16], 8, True), (order[16:], 8, True), (order[16:], 8, False),
+             (order[:1], 1, True), (np.arange(len(source)), len(source), False)]
+  for indices, size, mask in batches:  # full, short (padded with zeros), one, the whole split
+    assert_same_batch(fast_path(source, options, indices, size, mask), old_path(source, options, indices, size, mask))
+
+
+def test_every_kind_takes_its_fast_path(outputs):
+  for case, (_, kind, options) in CASES.items():
+    fill = BatchFiller(ShardedRecords(outputs[case, "array_record"]), ExampleOptions(**options), 4, False)
+    assert (fill._plan is None) == (kind == "volume"), case  # volumes: decode, transform, copy
+
+
+def test_random_patches_follow_the_slot_generators(outputs):
+  source = ShardedRecords(outputs["ct_random", "array_record"])
+  options = ExampleOptions(patch_size=(2, 4, 4))
+  a = fast_path(source, options, np.arange(6), 6, False, seed=1)
+  b = fast_path(source, options, np.arange(6), 6, False, seed=2)
+  assert not np.array_equal(a["patch_start"], b["patch_start"])
+  assert_same_batch(a, old_path(source, options, np.arange(6), 6, False, seed=1))
+
+
+def test_threads_fill_the_same_batches(outputs):
+  source = ShardedRecords(outputs["raw", "array_record"])
+  options = ExampleOptions()
+  fill = BatchFiller(source, options, 4, True)
+  order = np.random.default_rng(1).permutation(len(source))
+  chunks = [order[k:k + 4] for k in range(0, len(order), 4)]
+  want = [old_path(source, options, c, 4, True) for c in chunks]
+  got: dict[tuple[int, int], dict] = {}
+  errors = []
+
+  def work(t):
+    try:
+      for _ in range(5):
+        for k in range(len(chunks))[t::2] if t < 2 else range(len(chunks)):
+          got[t, k] = fill(chunks[k], lambda j: None)
+    except Exception as e:  # noqa: BLE001 - reported below
+      errors.append(e)
+
+  threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors
+  for (t, k), batch in got.items():
+    assert_same_batch(batch, want[k])
+
+
+def test_grain_batches_are_the_same_with_and_without_the_filler(outputs, monkeypatch):
+  for case in ("raw", "jpeg_resized", "ct_random", "tensors", "graph"):
+    options = CASES[case][2]
+    runs = []
+    for fast in (True, False):
+      monkeypatch.setattr(grain_loader._ReadBatch, "FAST", fast)
+      ds = grain_loader.dataset(outputs[case, "array_record"], batch_size=5, drop_remainder=False, seed=2,
+                                num_epochs=2, num_threads=2, order="global", shard_count=1, **options)
+      runs.append(list(ds))
+    assert len(runs[0]) == len(runs[1]) == 2 * -(-23 // 5)
+    for got, want in zip(*runs):
+      assert_same_batch(got, want)
+
+
+# ---- damaged records ------------------------------------------------------------------------------
+
+
+def _shard_path(source: ShardedRecords, k: int = 0) -> str:
+  return source._records.paths[k]
+
+
+def test_where_names_the_shard_and_record(outputs):
+  source = ShardedRecords(outputs["raw", "array_record"])
+  assert source.where(0) == f"{_shard_path(source, 0)}: record 0"
+  assert source.where(13) == f"{_shard_path(source, 1)}: record 1"  # 12 records in shard 0
+  with pytest.raises(IndexError):
+    source.where(len(source))
+
+
+@pytest.mark.parametrize("fmt", ["array_record", "tfrecord"])
+def test_a_flipped_byte_in_a_shard_names_the_shard_and_record(outputs, tmp_path, fmt):
+  out = str(tmp_path / "broken")
+  shutil.copytree(outputs["raw", fmt], out)
+  source = ShardedRecords(out, verify="none")
+  shard = _shard_path(source, 1)
+  data = open(shard, "rb").read()
+  at = data.index(source.raw(len(source) - 1)[-200:])  # inside the last record's payload
+  flip_byte(shard, at + 50)
+  source = ShardedRecords(out, verify="none")
+  fill = BatchFiller(source, ExampleOptions(), 4, False)
+  fill(np.arange(4), lambda j: None)  # shard 0 is intact
+  last = len(source) - 1
+  with pytest.raises(CorruptRecordError, match=rf"^{shard}: record {last - 12}\b"):
+    fill([0, last], lambda j: None)
+
+
+def _one_bad_record(tmp_path, features, good: list[bytes], bad: bytes, kind="image", fmt="array_record"):
+  """An output whose record 3 (shard 0) is `bad`; its source and the message prefix that names it."""
+  payloads = list(good)
+  payloads[3] = bad
+  source = ShardedRecords(write_output(str(tmp_path / "out"), features, payloads, kind, fmt))
+  return source, f"{_shard_path(source, 0)}: record 3"
+
+
+def _fill_all(source, **options):
+  return BatchFiller(source, ExampleOptions(**options), len(source), False)(np.arange(len(source)), lambda j: None)
+
+
+def test_a_raw_image_of_the_wrong_length_is_named(tmp_path):
+  features, good = raw_images(np.random.default_rng(0), 8)
+  bad = features.encode({"image": b"\x01" * 359, "label": 0, "file_name": "x"})  # 12x10x3 is 360
+  source, where = _one_bad_record(tmp_path, features, good, bad)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: feature 'image': 359 bytes, not the 360"):
+    _fill_all(source)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: "):  # the old path refuses it too
+    source.get(3)
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda r: r[:len(r) // 2], "runs past the end"),  # truncated
+    (lambda r: r[:5] + b"\xff" + r[6:], ""),  # a length or tag changed
+    (lambda r: b"\x0a\x00", r"record lacks features \['file_name', 'image', 'label'\]"),
+])
+def test_a_record_that_does_not_parse_is_named(tmp_path, damage, why):
+  features, good = raw_images(np.random.default_rng(0), 8)
+  source, where = _one_bad_record(tmp_path, features, good, damage(good[3]))
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: .*{why}"):
+    _fill_all(source)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: "):
+    source.get(3)
+
+
+def test_reasons_name_the_feature_not_its_value(tmp_path):
+  features, good = raw_images(np.random.default_rng(0), 8)
+  secret = "patient-0042-\udcff".encode("utf-8", "surrogateescape")  # not UTF-8
+  bad = example.encode_example({"image": features["image"].encode_into("image", np.zeros((12, 10, 3), np.uint8))["image"],
+                                "label": example.int64_feature([1]), "file_name": example.bytes_feature(secret)})
+  source, where = _one_bad_record(tmp_path, features, good, bad)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: feature 'file_name': not UTF-8") as e:
+    _fill_all(source)
+  assert "patient" not in str(e.value)
+  with pytest.raises(CorruptRecordError):
+    source.get(3)  # the old path refused it as well
+
+
+def test_an_image_that_does_not_decode_is_named(tmp_path):
+  features, good = jpeg_images(np.random.default_rng(0), 8)
+  bad = features.encode({"image": b"\xff\xd8 not a jpeg", "label": 1, "file_name": "x"})
+  source, where = _one_bad_record(tmp_path, features, good, bad)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: feature 'image': does not decode as an image"):
+    _fill_all(source, image_size=(8, 8))
+
+
+def test_odd_but_readable_forms_read_as_before(tmp_path):
+  """A label in a FloatList, an image with two values: Features.decode reads them; so does the filler."""
+  features, good = raw_images(np.random.default_rng(0), 8)
+  pixels = np.arange(360, dtype=np.uint8).tobytes()
+  odd = example.encode_example({"image": example.bytes_feature([pixels, b"second"]),
+                                "label": example.float_feature([2.0]), "file_name": example.bytes_feature("x")})
+  payloads = list(good)
+  payloads[3] = odd
+  payloads[5] = example.encode_example({"image": example.bytes_feature(pixels), "label": example.int64_feature([2, 1]),
+                                        "file_name": example.bytes_feature("y")})
+  source = ShardedRecords(write_output(str(tmp_path / "odd"), features, payloads, "image"))
+  options = ExampleOptions()
+  assert_same_batch(_fill_all(source), old_path(source, options, np.arange(len(source)), len(source), False))
+  assert _fill_all(source)["label"][3] == 2 and _fill_all(source)["label"][5] == 2  # the first of two labels
+
+
+def test_a_tensor_in_another_list_reads_as_before(tmp_path):
+  """A bytes Tensor written as an Int64List: decode_from views the int64's bytes; so does the filler."""
+  features = Features({"v": Tensor((), "int64"), "w": Tensor((2,), "uint8"), "label": ClassLabel(CLASSES)})
+  payloads = [features.encode({"v": np.int64(i), "w": np.array([i, 2 * i], np.uint8), "label": i % 3})
+              for i in range(6)]
+  payloads[4] = example.encode_example({"v": example.int64_feature([-7]), "w": example.bytes_feature(b"\x01\x02"),
+                                        "label": example.int64_feature([1])})
+  source = ShardedRecords(write_output(str(tmp_path / "t"), features, payloads, "tensors"))
+  got = _fill_all(source)
+  assert_same_batch(got, old_path(source, ExampleOptions(), np.arange(6), 6, False))
+  assert got["v"].tolist() == [0, 1, 2, 3, -7, 5]
+
+
+def test_a_graph_over_its_budget_raises_the_transforms_error(tmp_path):
+  rng = np.random.default_rng(0)
+  payloads = [GRAPH_FEATURES.encode(graph(rng, 3, 4)) for _ in range(6)]
+  payloads[2] = GRAPH_FEATURES.encode(graph(rng, 5, 30))
+  source = ShardedRecords(write_output(str(tmp_path / "g"), GRAPH_FEATURES, payloads, "graph"))
+  options = {"max_nodes": 8, "max_edges": 10}
+  with pytest.raises(ValueError) as old:
+    old_path(source, ExampleOptions(**options), np.arange(6), 6, False)
+  with pytest.raises(ValueError) as new:
+    _fill_all(source, **options)
+  assert type(new.value) is type(old.value) and str(new.value) == str(old.value)
+  assert "exceeds max_nodes=8, max_edges=10" in str(new.value)
+
+
+# ---- readers ------------------------------------------------------------------------------------
+
+
+def _open_fds() -> int:
+  return len(os.listdir("/proc/self/fd"))
+
+
+def _read_all_from_threads(source, threads: int) -> None:
+  barrier = threading.Barrier(threads)
+
+  def work():
+    barrier.wait()
+    for i in range(len(source)):
+      source.raw(i)
+  ts = [threading.Thread(target=work) for _ in range(threads)]
+  for t in ts:
+    t.start()
+  for t in ts:
+    t.join()
+
+
+def test_each_thread_reads_through_its_own_readers(outputs):
+  source = ShardedRecords(outputs["raw", "array_record"])
+  records = source._records
+  mine = records.shard(0)
+  assert records.shard(0) is mine and records.shard(1) is not mine
+  other = []
+  t = threading.Thread(target=lambda: other.append(records.shard(0)))
+  t.start()
+  t.join()
+  assert other[0] is not mine
+  shared = ShardedRecords(outputs["raw", "tfrecord"])._records  # TFRecord: one os.pread reader for all threads
+  t = threading.Thread(target=lambda: other.append(shared.shard(0)))
+  t.start()
+  t.join()
+  assert other[1] is shared.shard(0)
+
+
+def test_readers_are_closed(outputs):
+  gc.collect()
+  before = _open_fds()
+  source = ShardedRecords(outputs["raw", "array_record"])
+  source.raw(0)
+  source.raw(len(source) - 1)
+  turns = [threading.Event() for _ in range(4)]
+
+  def long_lived():  # like grain's pool threads: alive when the source is closed, and reading after
+    source.raw(0)
+    turns[0].set()
+    turns[1].wait()
+    source.raw(len(source) - 1)
+    turns[2].set()
+    turns[3].wait()
+  t = threading.Thread(target=long_lived, daemon=True)
+  t.start()
+  try:
+    turns[0].wait()
+    assert _open_fds() == before + 3  # main thread: 2 shards; the other: 1
+    source.close()
+    assert _open_fds() == before
+    assert source.raw(1) == source.raw(1)  # reopened on demand
+    turns[1].set()
+    turns[2].wait()
+    assert _open_fds() == before + 2
+    source.close()  # the readers the other thread opened after the first close are closed too
+    assert _open_fds() == before
+  finally:
+    for turn in turns:
+      turn.set()
+    t.join()
+  source.raw(0)
+  del source
+  gc.collect()
+  assert _open_fds() == before
+
+
+def test_threads_that_end_take_their_readers_along(outputs):
+  gc.collect()
+  before = _open_fds()
+  source = ShardedRecords(outputs["raw", "array_record"])
+  for _ in range(30):  # many short-lived threads: the count of open files stays flat
+    _read_all_from_threads(source, 3)
+    assert _open_fds() <= before + 2 * 3
+  gc.collect()
+  assert _open_fds() == before  # every thread has ended: none of their readers is left
+  del source
+  gc.collect()
+  assert _open_fds() == before
+
+
+def test_a_thread_keeps_within_its_share_of_the_descriptor_limit(tmp_path, monkeypatch):
+  features, payloads = raw_images(np.random.default_rng(0), 12)
+  source = ShardedRecords(write_output(str(tmp_path / "four"), features, payloads, "image", num_shards=4))
+  records = source._records
+  monkeypatch.setattr(records, "_budget", 2)  # as if the process could open very few files
+  gc.collect()
+  before = _open_fds()
+  for i in range(len(source)):  # 4 shards, read in turn
+    source.raw(i)
+  assert _open_fds() == before + 2 and list(records._local.readers.readers) == [2, 3]  # the most recent two
+  source.raw(6)  # shard 2 again, then 0: shard 3 is the least recently used
+  source.raw(0)
+  assert _open_fds() == before + 2 and list(records._local.readers.readers) == [2, 0]
+  assert [source.raw(i) for i in range(len(source))] == payloads
+  source.close()
+  assert _open_fds() == before
+
+
+_XLA_GRAPHS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from loaders import grain, xla
+runs = []
+for fast in (True, False):
+  grain._ReadBatch.FAST = fast
+  loader = xla.device_loader(sys.argv[2], batch_size=8, max_nodes=12, max_edges=20, num_threads=2, seed=1,
+                             shard_index=0, shard_count=1)
+  runs.append([{k: v.cpu().numpy() for k, v in b.items()} for b in loader])
+same = all(list(a) == list(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+           for a, b in zip(*runs))
+print(json.dumps({"batches": [len(r) for r in runs], "same": same,
+                  "keys": {k: [list(v.shape), str(v.dtype)] for k, v in runs[0][0].items()}}))
+"""
+
+
+@pytest.mark.slow
+def test_xla_device_loader_reads_graph_records_through_the_filler(outputs):
+  """torch_xla's loader goes through grain: graph records, masks included, reach the device the same on both paths."""
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_GRAPHS, REPO, outputs["graph", "array_record"]], capture_output=True,
+                     text=True, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  assert got["batches"] == [23 // 8, 23 // 8] and got["same"]
+  assert got["keys"]["node_mask"] == [[8, 12], "bool"] and got["keys"]["edge_index"] == [[8, 2, 20], "int64"]
