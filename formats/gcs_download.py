@@ -50,7 +50,7 @@ from formats.errors import CorruptRecordError
 
 __all__ = [
     "DownloadOptions", "DownloadStats", "NotEnoughSpaceError", "RangeCheck", "RemoteObject", "SourceChangedError",
-    "download", "read_range", "remote_object",
+    "download", "is_transient", "read_range", "remote_object",
 ]
 
 logger = logging.getLogger(__name__)
@@ -226,9 +226,13 @@ def _transient_types() -> tuple[type[Exception], ...]:
           requests.exceptions.ChunkedEncodingError, ConnectionError, TimeoutError)
 
 
-def _transient(e: Exception) -> bool:
-  """Whether a failed read is worth another try (never a wrong answer: those are not retried)."""
+def is_transient(e: BaseException) -> bool:
+  """Whether a failed read is worth another try: HTTP 429/5xx, a dropped or timed-out connection, a short read
+  (never a wrong answer: those are not retried)."""
   return isinstance(e, _transient_types())
+
+
+_transient = is_transient
 
 
 def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCheck] = (),

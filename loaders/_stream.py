@@ -32,9 +32,11 @@ import bisect
 import collections
 import concurrent.futures
 import contextlib
+import fcntl
 import itertools
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -45,7 +47,7 @@ import numpy as np
 
 from formats import files
 from formats.errors import CorruptRecordError
-from formats.gcs_download import DownloadOptions, download, read_range, remote_object
+from formats.gcs_download import DownloadOptions, download, is_transient, read_range, remote_object
 from formats.integrity import Verify, check_local_file
 from formats.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
@@ -231,33 +233,37 @@ class ShardStream:
     self._verify = verify
     self._options = DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=False)
     self._sizes = [-(-s.num_bytes // _BLOCK) * _BLOCK + _FILE_OVERHEAD for s in self._infos]
-    root = os.path.join(cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "stream"))
+    root = os.path.join(cache_dir or DEFAULT_CACHE_ROOT, "stream")
     self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
     if self._remote:
-      window = sorted(self._sizes, reverse=True)[:order.window]
-      need = _BLOCK + 2 * sum(window)
-      if self.limit < need:
-        raise ValueError(
-            f"cache_limit_bytes={self.limit:,} cannot hold two windows of {order.window} shard(s) of {output.path} "
-            f"split {split!r} ({need:,} bytes: the window read and the next one fetched); raise cache_limit_bytes "
-            f"or lower window_shards")
+      self._check_limit(output.path, split)
     self.peak_bytes = 0
     self.bytes_fetched = 0
     self._cond = threading.Condition()
     self._entries: dict[int, _Entry] = {}
     self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()  # shards by last read
     self._in_flight: dict[int, int] = {}  # position -> readers of it
-    self._next = 0  # one past the highest position started
+    self._next = 0  # one past the position last asked for
     self._closed = False
     self._fatal: BaseException | None = None
     self._fetcher: threading.Thread | None = None
     self._folder = None
     if self._remote:
-      os.makedirs(root, exist_ok=True)
-      _remove_stale(root)
-      self._folder = os.path.join(root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
-      os.makedirs(self._folder)
-      self._finalizer = weakref.finalize(self, shutil.rmtree, self._folder, True)
+      self._folder, self._finalizer = _private_folder(self, root)
+
+  def _check_limit(self, path: str, split: str) -> None:
+    """Refuses a limit below what one batch may need plus the next window (a bound from the shard sizes)."""
+    order, w = self.order, self.order.window
+    mine = [int(k) for k in order.shards_of_epoch(0)]
+    largest = sum(sorted((self._sizes[k] for k in mine), reverse=True)[:w])
+    fewest = max(1, sum(sorted(int(order.counts[k]) for k in mine)[:len(mine) % w or w]))
+    spans = max(2, -(-order.batch_size // fewest) + 1)  # windows a batch's records may come from
+    need = _BLOCK + spans * largest
+    if self.limit < need:
+      raise ValueError(
+          f"cache_limit_bytes={self.limit:,} cannot hold {spans} windows of {w} shard(s) of {path} split {split!r} "
+          f"({need:,} bytes: the windows one batch of {order.batch_size} records may come from, and the next one "
+          f"fetched); raise cache_limit_bytes, or lower window_shards or batch_size")
 
   # ------------------------------------------------------------------ readers
 
@@ -276,7 +282,7 @@ class ShardStream:
           self._local_entry(k)
     with self._cond:
       self._in_flight[position] = self._in_flight.get(position, 0) + 1
-      self._next = max(self._next, position + 1)
+      self._next = position + 1  # the last asked for, not the highest: a new pass or a set_state goes back
       self._start_fetcher()
       self._cond.notify_all()
       try:
@@ -332,6 +338,7 @@ class ShardStream:
         if len(reader) != self._infos[k].num_records:
           n = len(reader)
           reader.close()
+          reader = None
           raise CorruptRecordError(f"{self.where_shard(k)}: {n} records, the manifest says "
                                    f"{self._infos[k].num_records}")
       try:
@@ -477,9 +484,11 @@ class ShardStream:
     low = self._low()
     try:
       wanted, _ = self._plan(low)
-    except ValueError as e:  # one batch needs more than the limit: tell its readers
+    except ValueError as e:  # one batch needs more than the limit: tell its waiting readers
       for k in self.order.shards(low):
-        self._entries.setdefault(k, _Entry(k, 0)).error = e
+        if k not in self._entries:
+          self._entries[k] = _Entry(k, 0)
+          self._entries[k].error = e
       return None
     keep = set(wanted)
     for k, e in list(self._entries.items()):  # no batch still to be read needs it soon: delete it
@@ -501,24 +510,28 @@ class ShardStream:
       if stream is None:
         return
       try:
-        if not stream._fetch_one():
-          return
+        step = stream._fetch_one()
       except BaseException as e:  # noqa: BLE001 - a bug here must not leave readers waiting forever
         with stream._cond:
           stream._fatal = e
           stream._cond.notify_all()
         return
-      del stream
+      if step is None:
+        return
+      cond = stream._cond
+      del stream  # never wait holding the stream: unused, it is collected and this thread ends
+      if not step:
+        with cond:
+          cond.wait(0.5)
 
-  def _fetch_one(self) -> bool:
-    """Evicts, then downloads one shard or waits a little; False once closed."""
+  def _fetch_one(self) -> bool | None:
+    """Evicts, then downloads one shard: True; nothing to do yet: False; closed: None."""
     with self._cond:
       if self._closed:
-        return False
+        return None
       k = self._next_fetch()
       if k is None:
-        self._cond.wait(0.5)
-        return True
+        return False
       e = self._entries[k] = _Entry(k, self._sizes[k])
       e.fetching = True
       self.peak_bytes = max(self.peak_bytes, self._cached_bytes())
@@ -551,8 +564,8 @@ class ShardStream:
         return dest
       except FileNotFoundError:
         raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
-      except ConnectionError as err:  # the ranges' own retries are spent; the partial download is resumed
-        if attempt == _SHARD_ATTEMPTS:
+      except Exception as err:
+        if not _transient(err) or attempt == _SHARD_ATTEMPTS:
           raise
         logger.warning("%s: %s; trying again (%d/%d)", src, err, attempt + 1, _SHARD_ATTEMPTS)
         time.sleep(min(2.0 ** attempt, 30.0))
@@ -601,13 +614,9 @@ class RecordStream:
     self._infos = output.shards(split)
     self._num_positions, self._ahead = num_positions, ahead
     self._options = DownloadOptions(progress=False)
-    root = os.path.join(cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "stream"))
+    root = os.path.join(cache_dir or DEFAULT_CACHE_ROOT, "stream")
     self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
-    os.makedirs(root, exist_ok=True)
-    _remove_stale(root)
-    self._folder = os.path.join(root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    os.makedirs(self._folder)
-    self._finalizer = weakref.finalize(self, shutil.rmtree, self._folder, True)
+    self._folder, self._finalizer = _private_folder(self, root)
     self.peak_bytes = 0  # chunk bytes held in memory at once
     self.bytes_fetched = 0
     self.requests = 0
@@ -624,6 +633,8 @@ class RecordStream:
     self._fatal: BaseException | None = None
     self._fetcher: threading.Thread | None = None
     self._tls = threading.local()
+    self._count_lock = threading.Lock()
+    self._reader_users: dict[int, int] = {}  # shard -> threads reading through its reader now
 
   features = ShardStream.features
   kind = ShardStream.kind
@@ -661,7 +672,7 @@ class RecordStream:
           raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
 
         def read(a: int, b: int) -> bytes:
-          self.requests += 1
+          self._count(0)
           return read_range(obj, a, b, self._options)
         index = record_ranges(read, obj.size, name=src, scratch_dir=self._folder)
         if len(index) != info.num_records:
@@ -673,11 +684,18 @@ class RecordStream:
     k, local = self._locate(index)
     obj, ri = self._shard(k)
     start, stop = ri.byte_range(local)
-    self.requests += 1
+    self._count(0)
     data = read_range(obj, start, stop, self._options)
-    with self._cond:
-      self.bytes_fetched += len(data)
+    self._count(len(data))
     return data
+
+  def _count(self, nbytes: int) -> None:
+    """One more request (nbytes=0, when it is sent), or the bytes one brought."""
+    with self._count_lock:
+      if nbytes:
+        self.bytes_fetched += nbytes
+      else:
+        self.requests += 1
 
   def _start(self, position: int) -> None:
     """Submits the chunk reads of batch `position` (self._cond held)."""
@@ -696,10 +714,16 @@ class RecordStream:
 
   @contextlib.contextmanager
   def batch(self, position: int):
-    """Waits for batch `position`'s chunks (fetching them now if the prefetcher has not); yields its indices."""
+    """Waits for batch `position`'s chunks (fetching them now if the prefetcher has not); yields its indices.
+
+    A chunk whose read failed with a transient error (its retries spent while
+    it was prefetched) is read again, up to _SHARD_ATTEMPTS times in all.
+    """
     with self._cond:
+      if self._fatal is not None:
+        raise RuntimeError(f"the record prefetcher stopped: {type(self._fatal).__name__}: {self._fatal}")
       self._in_flight[position] = self._in_flight.get(position, 0) + 1
-      self._next = max(self._next, position + 1)
+      self._next = position + 1  # the last asked for, not the highest: a new pass or a set_state goes back
       if self._fetcher is None:
         self._fetcher = threading.Thread(target=RecordStream._prefetch_loop, args=(weakref.ref(self),),
                                          name="record-stream", daemon=True)
@@ -709,7 +733,14 @@ class RecordStream:
       futures = self._started[position]
       self._cond.notify_all()
     try:
-      concurrent.futures.wait(list(futures.values()))
+      for attempt in range(1, _SHARD_ATTEMPTS + 1):
+        concurrent.futures.wait(list(futures.values()))
+        failed = [i for i, f in futures.items() if f.exception() is not None and _transient(f.exception())]
+        if not failed or attempt == _SHARD_ATTEMPTS:
+          break
+        with self._cond:
+          for i in failed:
+            futures[i] = self._pool.submit(self._fetch_record, i)
       yield self.order.indices(position)
     finally:
       with self._cond:
@@ -722,32 +753,54 @@ class RecordStream:
       CorruptRecordError: the chunk fails its hashes; the message names the shard, record and bytes.
       ConnectionError, SourceChangedError: the chunk could not be read.
     """
-    from formats.arrayrecord_index import VerifiedRecordReader
-
     k, local = self._locate(index)
-    future = self._chunk_of(index)
-    data = future.result()
-    _, ri = self._shard(k)
-    with self._cond:
-      reader = self._readers.get(k)
-      if reader is None:
-        reader = self._readers[k] = VerifiedRecordReader(ri, self._handed, scratch_dir=self._folder)
-        while len(self._readers) > max(_OPEN_SHARDS, 4 * self.order.window):
-          _, old = self._readers.popitem(last=False)
-          old.close()
-      self._readers.move_to_end(k)
-    self._tls.data = data  # what self._handed gives the reader, in this thread
+    data = self._chunk_of(index).result()
+    reader = self._reader(k)
+    self._tls.data = data  # what the reader's fetch gives it, in this thread
     try:
       return reader.read(local)
     finally:
       self._tls.data = None
+      with self._cond:
+        self._reader_users[k] -= 1
+        self._close_unused_readers()
 
-  def _handed(self, start: int, stop: int) -> bytes:
-    """The `fetch` of the VerifiedRecordReaders: the chunk this thread's raw() fetched ahead."""
-    data = self._tls.data
-    if data is None:
-      raise RuntimeError(f"bytes [{start}, {stop}) asked for outside raw()")
-    return data
+  def _reader(self, k: int):
+    """Shard k's VerifiedRecordReader, counted as in use until raw() gives it back."""
+    from formats.arrayrecord_index import VerifiedRecordReader
+
+    with self._cond:
+      reader = self._readers.get(k)
+      if reader is not None:
+        self._readers.move_to_end(k)
+        self._reader_users[k] = self._reader_users.get(k, 0) + 1
+        return reader
+    _, ri = self._shard(k)
+    tls = self._tls
+
+    def handed(start: int, stop: int) -> bytes:  # not a bound method: the reader must not hold the stream
+      data = getattr(tls, "data", None)
+      if data is None:
+        raise RuntimeError(f"bytes [{start}, {stop}) asked for outside raw()")
+      return data
+    made = VerifiedRecordReader(ri, handed, scratch_dir=self._folder)  # outside the lock: it writes the tail
+    with self._cond:
+      reader = self._readers.setdefault(k, made)
+      self._readers.move_to_end(k)
+      self._reader_users[k] = self._reader_users.get(k, 0) + 1
+    if reader is not made:
+      made.close()
+    return reader
+
+  def _close_unused_readers(self) -> None:
+    """Closes the least recently used readers beyond the cap that no thread is using (self._cond held)."""
+    cap = max(_OPEN_SHARDS, 4 * self.order.window)
+    for k in list(self._readers):
+      if len(self._readers) <= cap:
+        break
+      if not self._reader_users.get(k):
+        self._readers.pop(k).close()
+        self._reader_users.pop(k, None)
 
   def _chunk_of(self, index: int) -> concurrent.futures.Future:
     with self._cond:
@@ -767,30 +820,43 @@ class RecordStream:
 
   @staticmethod
   def _prefetch_loop(ref: weakref.ref) -> None:
+    """The prefetcher thread: holds the stream only weakly (and never while waiting), so it ends with it."""
     while True:
       stream = ref()
       if stream is None:
         return
+      cond = stream._cond
       try:
-        with stream._cond:
+        with cond:
           if stream._closed:
             return
-          low = min(stream._in_flight) if stream._in_flight else stream._next
-          for p in list(stream._started):  # batches read and gone, or skipped over
-            if p < low and p not in stream._in_flight:
-              stream._held -= stream._estimate(list(stream._started.pop(p)))
-          for p in range(low, min(low + stream._ahead, stream._num_positions)):
-            if p not in stream._started:
-              if stream._held + stream._estimate(stream.order.indices(p)) > stream.limit and stream._started:
-                break
-              stream._start(p)
-          stream._cond.wait(0.5)
-      except BaseException as e:  # noqa: BLE001 - a bug here must not leave readers waiting forever
-        with stream._cond:
-          stream._fatal = e
-          stream._cond.notify_all()
+          stream._prefetch()
+          del stream
+          cond.wait(0.5)
+      except BaseException as e:  # noqa: BLE001 - a bug here must not go unnoticed
+        stream = ref()
+        if stream is not None:
+          with cond:
+            stream._fatal = e
+            cond.notify_all()
         return
-      del stream
+
+  def _prefetch(self) -> None:
+    """Starts the reads of the batches from the lowest one being read up to `ahead` on (self._cond held).
+
+    A started batch is dropped once it is `ahead` batches behind the one last
+    asked for and nobody reads it (grain's threads ask slightly out of order:
+    a batch just below the lowest one being read is usually about to be read).
+    """
+    low = min(self._in_flight) if self._in_flight else self._next
+    for p in list(self._started):
+      if p not in self._in_flight and (p < self._next - self._ahead or p >= low + 2 * self._ahead):
+        self._held -= self._estimate(list(self._started.pop(p)))
+    for p in range(low, min(low + self._ahead, self._num_positions)):
+      if p not in self._started:
+        if self._held + self._estimate(self.order.indices(p)) > self.limit and self._started:
+          break
+        self._start(p)
 
   def close(self) -> None:
     """Stops prefetching, closes the readers and deletes the private folder. Closing twice is fine."""
@@ -804,18 +870,59 @@ class RecordStream:
     self._finalizer()
 
 
+_FOLDER = re.compile(r"stream-(\d+)-[0-9a-f]{12}")
+_OWNER = ".owner.lock"  # locked by the folder's stream for its whole life
+
+
+def _private_folder(owner, root: str) -> tuple[str, weakref.finalize]:
+  """A new folder `<root>/stream-<pid>-<hex>`, locked while `owner` lives, removed when it is collected or at exit."""
+  os.makedirs(root, exist_ok=True)
+  _remove_stale(root)
+  folder = os.path.join(root, f"stream-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+  os.makedirs(folder)
+  fd = os.open(os.path.join(folder, _OWNER), os.O_RDWR | os.O_CREAT, 0o644)
+  fcntl.flock(fd, fcntl.LOCK_EX)
+  return folder, weakref.finalize(owner, _drop_folder, folder, fd)
+
+
+def _drop_folder(folder: str, fd: int) -> None:
+  shutil.rmtree(folder, ignore_errors=True)
+  os.close(fd)  # the lock goes last: nobody else deletes a folder that is still being removed
+
+
 def _remove_stale(root: str) -> None:
-  """Deletes the private folders of streams whose process is gone (killed before it could clean up)."""
+  """Deletes the private folders of streams that are gone (a killed process): those whose lock is free.
+
+  Only names this module makes are touched; a folder whose owner still holds
+  its lock (any process, any pid namespace on this file system) is kept.
+  """
   for name in os.listdir(root):
-    pid = name.split("-", 1)[0]
-    if not pid.isdigit() or int(pid) == os.getpid():
+    m = _FOLDER.fullmatch(name)
+    if m is None or int(m.group(1)) == os.getpid():
+      continue
+    folder = os.path.join(root, name)
+    try:
+      fd = os.open(os.path.join(folder, _OWNER), os.O_RDWR)
+    except FileNotFoundError:
+      continue  # being created (the lock comes right after the folder), or being removed
+    except OSError:
       continue
     try:
-      os.kill(int(pid), 0)
-    except ProcessLookupError:
-      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    except PermissionError:
-      pass
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)
+      continue
+    try:
+      shutil.rmtree(folder, ignore_errors=True)
+    finally:
+      os.close(fd)
+
+
+def _transient(e: BaseException) -> bool:
+  """A failure worth another try: a dropped connection, a timeout, a 429/5xx, a spent retry budget."""
+  from google.api_core import exceptions as api
+
+  return is_transient(e) or isinstance(e, api.RetryError)
 
 
 class StreamedBatches:
