@@ -67,9 +67,11 @@ def _gcs_client():
     client = storage.Client(project="emulator", credentials=AnonymousCredentials())
   else:
     client = storage.Client()
-  adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=HTTP_POOL_SIZE)
-  for scheme in ("https://", "http://"):
-    client._http.mount(scheme, adapter)  # the client's requests session (AuthorizedSession)
+  session = client._http  # the client's requests session (an AuthorizedSession)
+  if not getattr(session, "is_mtls", False):  # an mTLS session's adapter carries the client certificate: keep it
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=HTTP_POOL_SIZE)
+    for scheme in ("https://", "http://"):
+      session.mount(scheme, adapter)
   return client
 
 
