@@ -130,17 +130,20 @@ class _ReadBatch:
                   if use_filler and getattr(transform, "kind", None) == source.kind else None)
 
   def _order(self, epoch: int) -> np.ndarray:
+    """The epoch's record order (computed once; the last two epochs are kept)."""
     with self._lock:
       order = self._orders.get(epoch)
-      if order is None and self._global:  # the whole split's order: the same on every host, whatever their number
+      if order is not None:
+        return order
+      if self._global:  # the whole split's order: the same on every host, whatever their number
         n = len(self._source)
         order = np.random.default_rng([self._seed, epoch, 0x610BA1]).permutation(n) if self._shuffle else np.arange(n)
-      elif order is None:
+      else:
         local = (np.random.default_rng([self._seed, epoch]).permutation(self._per_shard) if self._shuffle
                  else np.arange(self._per_shard))
         order = self._shard_index + self._shard_count * local  # this shard's records: strided
-        self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-        self._orders[epoch] = order
+      self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+      self._orders[epoch] = order
       return order
 
   def __call__(self, position: int, _) -> dict:
@@ -161,16 +164,13 @@ class _ReadBatch:
     return fill_batch(examples(), self._batch_size, with_mask=not self._drop)
 
 
-def _fill_records(transform, batch_size: int, with_mask: bool, seed: int):
-  """fill(source, indices, position, first_slot): records `indices` of `source` → one batch, each example copied once."""
-  needs_rng = getattr(transform, "needs_rng", True)
+def _fill_records(source, options: ExampleOptions, batch_size: int, with_mask: bool, seed: int):
+  """fill(source, indices, position, first_slot): records `indices` of `source` → one batch (BatchFiller: each
+  example written once into place); draws keyed by (seed, position, first_slot + slot)."""
+  filler = BatchFiller(source, options, batch_size, with_mask)
 
-  def fill(source, indices, position: int, first_slot: int) -> dict:
-    def examples():
-      for j, i in enumerate(indices):
-        rng = element_rng(seed, position, first_slot + j) if needs_rng else None
-        yield transform(source.get(int(i), copy=False), rng)
-    return fill_batch(examples(), batch_size, with_mask)
+  def fill(_, indices, position: int, first_slot: int) -> dict:
+    return filler(indices, lambda j: element_rng(seed, position, first_slot + j))
   return fill
 
 
@@ -231,7 +231,8 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     counts = [s.num_records for s in output.shards(split)]
     windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
                           shard_count=shard_count, order=order, drop_remainder=drop_remainder)
-    transform = example_transform(output.kind, output.features, ExampleOptions(**example_options))
+    options = ExampleOptions(**example_options)
+    example_transform(output.kind, output.features, options)  # refuses missing options before anything starts
     positions = windows.batches_per_epoch * num_epochs
     if fetch == "auto":  # each host reads only its own records: whole shards with the host order, else ranges
       fetch = ("records" if order == "global" and shard_count > 1 and output.file_format == "array_record"
@@ -242,7 +243,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     else:
       stream = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
                            cache_limit_bytes=cache_limit_bytes, verify=verify)
-    read = StreamedBatches(stream, _fill_records(transform, batch_size, not drop_remainder, seed))
+    read = StreamedBatches(stream, _fill_records(stream, options, batch_size, not drop_remainder, seed))
     return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
   _check_fits(open_output(path), split, cache_dir, cache_limit_bytes)
   source = ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)

@@ -529,3 +529,21 @@ def test_a_batch_that_spans_more_than_two_windows_is_refused_up_front(many_shard
                                        r"or lower window_shards or batch_size"):
     ShardStream(output, "train", order, order.batches_per_epoch, cache_dir=str(tmp_path),
                 cache_limit_bytes=3 * (info[0].num_bytes + 4 * 4096))
+
+
+def test_the_global_order_is_drawn_once_per_epoch(many_shards, monkeypatch):
+  """Random access with order="global" permutes the whole split once per epoch, not once per batch (at
+  ImageNet size a permutation of 1.28 M records per batch)."""
+  from loaders import grain as g
+
+  calls = []
+  real = np.random.default_rng
+
+  def counting(seed=None):
+    if isinstance(seed, list) and len(seed) == 3 and seed[2] == 0x610BA1:
+      calls.append(seed[1])
+    return real(seed)
+  monkeypatch.setattr(g.np.random, "default_rng", counting)
+  batches = _batches(grain_loader.dataset(many_shards, batch_size=4, order="global", shard_count=2, num_epochs=2,
+                                          num_threads=1))
+  assert len(batches) == 2 * (120 // 8) and sorted(set(calls)) == [0, 1] and len(calls) == 2
