@@ -2,7 +2,7 @@
 
     python scripts/bench_loaders.py [--work=bench_work] [--num_images=2000]
         [--batch_size=64] [--num_threads=16] [--num_workers=2] [--raw_epochs=5]
-        [--xla=raw,jpeg] [--rounds=3] [--json=results.json]
+        [--xla=raw,jpeg] [--stream=jpeg,raw] [--rounds=3] [--json=results.json]
 
 On the cached folder of ~500x375 JPEGs that scripts/bench_image_folder.py
 generates, converts (once, cached under --work) ArrayRecord shards at 224x224,
@@ -22,6 +22,10 @@ batches from:
   (e) the read ceiling of the raw shards: as many threads as grain's (two on a
       2-CPU machine), each reading through its own readers and copying each
       record's pixel bytes once into a preallocated batch, nothing decoded.
+
+  (f) streaming: scripts/bench_stream.py on --stream kinds (one epoch from
+      the GCS emulator through a cache of 40 % of the split vs the same
+      window order from local disk, and ranged reads of one host's records).
 
 Every variant runs once per round, in an order rotated each round, for
 --rounds rounds; each reports its median images/s. Raw passes are repeated
@@ -52,6 +56,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import bench_image_folder  # noqa: E402
+import bench_stream  # noqa: E402
 from formats import load_manifest  # noqa: E402
 from formats.example import FeatureFinder  # noqa: E402
 from loaders import ShardedRecords, grain as grain_loader  # noqa: E402
@@ -328,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--raw_epochs", type=int, default=5, help="passes per timing of the raw-shard variants")
   ap.add_argument("--xla", default="raw,jpeg", help="shard kinds for (b), comma-separated; empty: skip (b)")
   ap.add_argument("--rounds", type=int, default=3, help="rounds; every variant runs once per round")
+  ap.add_argument("--stream", default="jpeg,raw",
+                  help="shard kinds to stream from the GCS emulator (scripts/bench_stream.py) after the loader "
+                       "variants, comma-separated; empty: skip")
   ap.add_argument("--json", default=None, help="also write the results here")
   ap.add_argument("--_xla_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_dataloader_child", default=None, help=argparse.SUPPRESS)
@@ -338,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   if a.num_workers < 0:
     ap.error("--num_workers must be >= 0")
   xla_kinds = [k for k in a.xla.split(",") if k]
+  stream_kinds = [k for k in a.stream.split(",") if k]
+  if set(stream_kinds) - {"raw", "jpeg"}:
+    ap.error(f"--stream takes raw and/or jpeg, got {a.stream!r}")
   if set(xla_kinds) - {"raw", "jpeg"}:
     ap.error(f"--xla takes raw and/or jpeg, got {a.xla!r}")
   size = tuple(int(v) for v in a.image_size.split(","))
@@ -393,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"round {r + 1}/{a.rounds}: {v}: {per_round[v][-1]:.1f} images/s" if v not in failures
             else f"round {r + 1}/{a.rounds}: {v}: FAILED", flush=True)
   medians, checks = report(per_round, [f"{v}: {why}" for v, why in failures.items()])
+  streaming = None
+  if stream_kinds:
+    streaming = bench_stream.run(a.work, a.num_images, stream_kinds, rounds=a.rounds, num_threads=a.num_threads)
+    bench_stream.print_report(streaming)
 
   if a.json:
     out = {
@@ -403,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for v in names if per_round[v]],
         "failures": failures,
         "checks": [{"check": t, "ratio": x, "pass": ok} for t, x, ok in checks],
+        "streaming": streaming,
     }
     with open(a.json, "w") as f:
       json.dump(out, f, indent=2)
