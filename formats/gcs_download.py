@@ -87,6 +87,8 @@ class DownloadOptions:
       a dropped or timed-out connection, a short read).
     backoff_s: the first wait before a retry; doubled each time (jittered, at most 30 s).
     progress: show progress: a bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds.
+    durable: fsync the file before it is renamed into place (a cache that outlives the process); False for a
+      copy nobody reads after a crash (the loaders' private stream folders).
   """
 
   streams: int = 8
@@ -94,6 +96,7 @@ class DownloadOptions:
   retries: int = 5
   backoff_s: float = 0.5
   progress: bool = True
+  durable: bool = True
 
   def __post_init__(self):
     if not isinstance(self.streams, int) or self.streams < 1:
@@ -363,7 +366,8 @@ class _Run:
       if now.generation != self.obj.generation:  # a server that ignores if_generation_match
         raise SourceChangedError(f"{self.obj.path} was replaced during the download (generation "
                                  f"{self.obj.generation} -> {now.generation}); load it again")
-      os.fsync(self.fd)
+      if self.options.durable:
+        os.fsync(self.fd)
       ok = True
     finally:
       self.stop.set()

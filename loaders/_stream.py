@@ -66,6 +66,7 @@ _BLOCK = 4096
 _FILE_OVERHEAD = 3 * _BLOCK
 _SHARD_TAG, _WINDOW_TAG = 0x5748, 0x5749  # keys of the shard and window permutations (apart from other draws)
 _OPEN_SHARDS = 16  # shards whose readers stay open (at least 4 windows' worth)
+_FETCHERS = 2  # shards downloaded at once by a ShardStream: the next starts while one finishes (verify, rename)
 _SHARD_ATTEMPTS = 3  # downloads of one shard (each retrying its ranges) before a reader sees the error
 
 
@@ -231,7 +232,8 @@ class ShardStream:
     self._num_positions = num_positions
     self._remote = files.is_gcs(output.path)
     self._verify = verify
-    self._options = DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=False)
+    # No fsync: the private folder is deleted with the stream, and after a crash by the next one.
+    self._options = DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=False, durable=False)
     self._sizes = [-(-s.num_bytes // _BLOCK) * _BLOCK + _FILE_OVERHEAD for s in self._infos]
     root = os.path.join(cache_dir or DEFAULT_CACHE_ROOT, "stream")
     self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
@@ -246,7 +248,8 @@ class ShardStream:
     self._next = 0  # one past the position last asked for
     self._closed = False
     self._fatal: BaseException | None = None
-    self._fetcher: threading.Thread | None = None
+    self._fetchers: list[threading.Thread] = []
+    self._objects: dict[int, object] = {}  # shard -> its RemoteObject (size and pinned generation)
     self._folder = None
     if self._remote:
       self._folder, self._finalizer = _private_folder(self, root)
@@ -390,8 +393,9 @@ class ShardStream:
     with self._cond:
       self._closed = True
       self._cond.notify_all()
-    if self._fetcher is not None and self._fetcher is not threading.current_thread():
-      self._fetcher.join()
+    for t in self._fetchers:
+      if t is not threading.current_thread():
+        t.join()
     with self._cond:
       for e in self._entries.values():
         for r in e.readers:
@@ -451,10 +455,12 @@ class ShardStream:
   # ------------------------------------------------------------------ the fetcher
 
   def _start_fetcher(self) -> None:
-    if self._remote and self._fetcher is None:
-      self._fetcher = threading.Thread(target=ShardStream._fetch_loop, args=(weakref.ref(self),),
-                                       name="shard-stream", daemon=True)
-      self._fetcher.start()
+    if self._remote and not self._fetchers:
+      for i in range(_FETCHERS):
+        t = threading.Thread(target=ShardStream._fetch_loop, args=(weakref.ref(self),), name=f"shard-stream-{i}",
+                             daemon=True)
+        t.start()
+        self._fetchers.append(t)
 
   def _plan(self, low: int) -> tuple[list[int], int]:
     """The shards to keep: those batches `low`, `low`+1, ... need first, as many as the limit holds.
@@ -494,8 +500,8 @@ class ShardStream:
     for k, e in list(self._entries.items()):  # no batch still to be read needs it soon: delete it
       if k not in keep and e.pins == 0 and e.path is not None:
         self._evict(e)
-    if any(e.fetching for e in self._entries.values()):
-      return None  # one shard at a time (its ranges in parallel): the earliest need is served first
+    if sum(e.fetching for e in self._entries.values()) >= _FETCHERS:
+      return None  # a few shards at a time (each with its ranges in parallel), the earliest need first
     for k in wanted:
       e = self._entries.get(k)
       if e is None:
@@ -556,7 +562,9 @@ class ShardStream:
     dest = os.path.join(self._folder, f"{k:06d}-{os.path.basename(info.path)}")
     for attempt in range(1, _SHARD_ATTEMPTS + 1):
       try:
-        obj = remote_object(src)
+        obj = self._objects.get(k)
+        if obj is None:  # looked up once: later epochs fetch the same generation (a replaced object is refused)
+          obj = self._objects[k] = remote_object(src)
         if obj.size != info.num_bytes:
           raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
         stats = download(obj, dest, info.sha256, options=self._options)

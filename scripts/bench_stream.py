@@ -84,6 +84,22 @@ class DiskWatch:
     self._thread.join()
 
 
+def emulator_cpu_s() -> float:
+  """CPU seconds used so far by the gcp-storage-emulator processes of this machine (from /proc)."""
+  total = 0.0
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"gcp-storage-emulator" not in f.read():
+          continue
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+      continue
+  return total
+
+
 def one_epoch(path: str, num_threads: int, **kw) -> int:
   """Images in one epoch of loaders.grain batches."""
   n = 0
@@ -122,6 +138,7 @@ def _run_kind(local: str, gs: str, cache: str, window_shards: int, cache_fractio
       rel = os.path.relpath(os.path.join(d, name), local)
       files.gcs_blob(files.join(gs, rel)).upload_from_filename(os.path.join(d, name))
   peaks: list[int] = []
+  cpu: dict[str, list[tuple[float, float, float]]] = {}  # variant -> (wall, loader CPU, emulator CPU) seconds
 
   def streamed() -> int:
     shutil.rmtree(cache, ignore_errors=True)
@@ -146,9 +163,10 @@ def _run_kind(local: str, gs: str, cache: str, window_shards: int, cache_fractio
     names = list(variants)
     names = names[r % len(names):] + names[:r % len(names)]  # rotate the order every round
     for name in names:
-      t = time.perf_counter()
+      t, c, e = time.perf_counter(), sum(os.times()[:2]), emulator_cpu_s()
       counts[name].add(variants[name]())
       seconds[name].append(time.perf_counter() - t)
+      cpu.setdefault(name, []).append((seconds[name][-1], sum(os.times()[:2]) - c, emulator_cpu_s() - e))
   shutil.rmtree(cache, ignore_errors=True)
   images = {k: v.pop() for k, v in counts.items()}
   median = {k: statistics.median(v) for k, v in seconds.items()}
@@ -158,6 +176,8 @@ def _run_kind(local: str, gs: str, cache: str, window_shards: int, cache_fractio
   return {
       "split_bytes": split_bytes, "cache_limit_bytes": limit, "peak_disk_bytes": max(peaks),
       "seconds": seconds, "images": images, "median_images_per_s": ips,
+      "cpu_seconds": {k: {"wall": statistics.median(w for w, _, _ in v), "loader": statistics.median(l for _, l, _ in v),
+                          "emulator": statistics.median(x for _, _, x in v)} for k, v in cpu.items()},
       "stream_vs_local": ips[s_name] / ips[l_name], "stream_vs_local_per_round": per_round,
       "records_vs_local": ips["(Sg) gs:// records, global, host 0 of 2"] / ips["(Lg) local, global order, host 0 of 2"],
   }
@@ -170,7 +190,9 @@ def print_report(report: dict) -> None:
     print(f"  {kind} shards: split {r['split_bytes'] / 1e6:.0f} MB, cache limit {r['cache_limit_bytes'] / 1e6:.0f} MB")
     for name, v in r["median_images_per_s"].items():
       rounds = ", ".join(f"{r['images'][name] / s:.0f}" for s in r["seconds"][name])
-      print(f"    {name:<36} {v:8.0f} images/s  (rounds: {rounds})")
+      c = r["cpu_seconds"][name]
+      print(f"    {name:<40} {v:8.0f} images/s  (rounds: {rounds}; per epoch: {c['wall']:.2f} s wall, "
+            f"{c['loader']:.2f} s loader CPU, {c['emulator']:.2f} s emulator CPU)")
     ok = r["stream_vs_local"] >= STREAM_TARGET
     print(f"  {'PASS' if ok else 'MISS'}  {kind}: (S) >= {STREAM_TARGET:.0%} of (L) (ratio {r['stream_vs_local']:.2f}; "
           f"per round {', '.join(f'{x:.2f}' for x in r['stream_vs_local_per_round'])})")
