@@ -118,11 +118,20 @@ class ShardedRecords:
       IndexError: `index` is outside the split.
       CorruptRecordError: the record is damaged or does not parse against the schema.
     """
-    data = self.raw(index)
-    try:
-      return {**self.features.decode(data, copy=copy), "record_index": np.int64(index)}
-    except ValueError as e:
-      raise CorruptRecordError(f"{self.where(index)}: {e}") from None
+    return decoded(self, index, copy)
 
   def __repr__(self) -> str:
     return f"ShardedRecords({self.path!r}, split={self.split!r}, records={len(self)})"
+
+
+def decoded(source, index: int, copy: bool = True) -> dict:
+  """Record `index` of `source` (its `raw`, `where` and `features`) decoded, plus its `record_index`.
+
+  Raises:
+    CorruptRecordError: the record is damaged or does not parse against the schema; names the shard and record.
+  """
+  data = source.raw(index)
+  try:
+    return {**source.features.decode(data, copy=copy), "record_index": np.int64(index)}
+  except ValueError as e:
+    raise CorruptRecordError(f"{source.where(index)}: {e}") from None

@@ -51,6 +51,7 @@ from formats.gcs_download import DownloadOptions, download, is_transient, read_r
 from formats.integrity import Verify, check_local_file
 from formats.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
+from loaders._shards import decoded
 
 __all__ = ["DEFAULT_CACHE_FRACTION", "ShardStream", "WindowOrder", "default_cache_limit"]
 
@@ -361,11 +362,7 @@ class ShardStream:
     Raises:
       CorruptRecordError: the record is damaged or does not parse against the schema.
     """
-    data = self.raw(index)
-    try:
-      return {**self.features.decode(data, copy=copy), "record_index": np.int64(index)}
-    except ValueError as e:
-      raise CorruptRecordError(f"{self.where(index)}: {e}") from None
+    return decoded(self, index, copy)
 
   @property
   def features(self):
