@@ -26,10 +26,11 @@ import numpy as np
 from formats import files as fs
 from formats import naming
 from formats.features import Features, Tensor, Text
-from pipelines.core import inputs
-from pipelines.core.converter import ConvertUnits, Converter, OutputPlan, Records, UnitConverter, summary_of
+from pipelines.core import inputs, shards
+from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, summary_of
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
+from pipelines.core.shards import ConvertShards, PlanUnit, list_at_launch, plan_shards
 from pipelines.core.sink import Record, Reject
 
 NAME = "array_folder"
@@ -170,31 +171,55 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
         launcher_rejects=tuple(Reject(inputs.printable(fs.join(common.input, n)), "not inside a split folder")
                                for n in sorted(strays)))
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ArrayFolderConfig, plan: OutputPlan) -> Records:
-    """See Converter.expand: split folders listed by the workers, each `.npy` file read by `_ArrayUnits`.
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ArrayFolderConfig,
+             plan: OutputPlan) -> ShardsWritten:
+    """See Converter.expand: shards planned from the split folders' listing (here, or on the workers
+    beyond `shards.LAUNCHER_LISTING_LIMIT` files or with `--plan=workers`), each `.npy` file read by
+    `_ArrayUnits` in its shard's one step.
 
     Args:
       p: the pipeline the steps are added to.
-      common: the input root and the read policy.
+      common: the input root, the read policy, the plan mode and the workers.
       config: the shape and dtype every array must have.
       plan: the split folders and the top-level strays already rejected.
 
     Returns:
-      One record per array, the rejects, and the count of entries found.
+      The shards written, the rejects, and the count of entries found.
     """
-    listed = (
-        p
-        | "SplitFolders" >> beam.Create([(s, inputs.InputFile.of(fs.join(common.input, s))) for s in plan.splits])
-        | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=common.input)
-    )
-    converted = listed.files | "Convert" >> ConvertUnits(
-        _ArrayUnits(common.input, plan.features, config, common.read_policy), PIPELINE)
-    listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda split, f, why: Reject(f.path, why, split))
-    count = (
-        (listed.files, listed.rejects)
-        | "Entries" >> beam.Flatten()
-        | "CountEntries" >> beam.combiners.Count.Globally()
-        | "AndLauncherRejects" >> beam.Map(lambda n, extra: n + extra, len(plan.launcher_rejects))
-    )
-    rejects = (converted.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
-    return Records(converted.records, rejects, summary_of(p, count))
+    spec = self.output_spec(common, plan)
+    prefix = inputs.printable(common.input).rstrip("/") + "/"
+    folders = [(s, fs.join(common.input, s)) for s in plan.splits]
+
+    def unit_of(split, f, size):
+      return PlanUnit(split, f.path[len(prefix):], (split, f), size)
+
+    listed = None if common.plan == "workers" else list_at_launch(
+        folders, common.read_policy.retry_seconds, common.input,
+        shards.LAUNCHER_LISTING_LIMIT if common.plan == "auto" else None)
+    if listed is not None:
+      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers)
+      listing_rejects = p | "ListingRejects" >> beam.Create(
+          [Reject(f.path, why, split) for split, f, why in listed.rejects])
+      count = p | "CountEntries" >> beam.Create(
+          [len(listed.files) + len(listed.rejects) + len(plan.launcher_rejects)])
+    else:
+      found = (
+          p
+          | "SplitFolders" >> beam.Create([(s, inputs.InputFile.of(f)) for s, f in folders])
+          | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=common.input,
+                                            with_sizes=True)
+      )
+      planned = plan_shards(p, found.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers)
+      listing_rejects = found.rejects | "ListingRejects" >> beam.MapTuple(
+          lambda split, f, why: Reject(f.path, why, split))
+      count = (
+          (found.files, found.rejects)
+          | "Entries" >> beam.Flatten()
+          | "CountEntries" >> beam.combiners.Count.Globally()
+          | "AndLauncherRejects" >> beam.Map(lambda n, extra: n + extra, len(plan.launcher_rejects))
+      )
+    done = planned.tasks | "Convert" >> ConvertShards(
+        _ArrayUnits(common.input, plan.features, config, common.read_policy), spec, PIPELINE,
+        totals=planned.totals, workers=common.workers)
+    rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
+    return ShardsWritten(done.results, planned.planned, rejects, summary_of(p, count))

@@ -37,6 +37,7 @@ from formats import kinds
 from formats.features import Features
 from pipelines.core import flags
 from pipelines.core.flags import CommonConfig
+from pipelines.core.shards import FinalizeShards
 from pipelines.core.sink import CommitFiles, InputSummary, OutputSpec, Record, Reject, WriteOutput
 
 
@@ -80,6 +81,21 @@ class Files(NamedTuple):
 
   files: beam.PCollection
   graph: Mapping[str, Any] | None = None
+
+
+class ShardsWritten(NamedTuple):
+  """A record converter's result when its shards are the work units (`pipelines.core.shards`).
+
+  `results` are the `ShardResult`s of `ConvertShards`; `planned` holds
+  (split, shard count) per planned split; `rejects` every reject (listing and
+  conversion); `summary` and `features` as in `Records`.
+  """
+
+  results: beam.PCollection
+  planned: beam.PCollection
+  rejects: beam.PCollection
+  summary: beam.PCollection | None = None
+  features: beam.PCollection | None = None
 
 
 class Converter(abc.ABC):
@@ -162,6 +178,22 @@ class Converter(abc.ABC):
       `Records` for the shared sink to shard and commit, or `Files` already published.
     """
 
+  def output_spec(self, common: CommonConfig, plan: OutputPlan) -> OutputSpec:
+    """Where and how the run writes its output (what `ConvertShards` and the sinks need).
+
+    Args:
+      common: the shared flags, with the launcher's `generation` and `expected`.
+      plan: what `plan` returned.
+
+    Returns:
+      The `OutputSpec`.
+    """
+    return OutputSpec(
+        output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
+        splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
+        source=plan.source, generation=common.generation, expected=common.expected,
+        kind=plan.kind or self.kind)
+
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
     """Adds the whole conversion to `p`: plan, expand, then write and commit.
 
@@ -178,14 +210,13 @@ class Converter(abc.ABC):
     """
     plan = self.plan(common, config)
     kinds.check(plan.kind or self.kind, plan.features)  # a converter's own mistake, found before anything runs
-    spec = OutputSpec(
-        output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
-        splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
-        source=plan.source, generation=common.generation, expected=common.expected,
-        kind=plan.kind or self.kind)
+    spec = self.output_spec(common, plan)
     out = self.expand(p, common, config, plan)
     if isinstance(out, Files):
       return out.files | "Commit" >> CommitFiles(spec, graph=out.graph)
+    if isinstance(out, ShardsWritten):
+      return {"results": out.results, "rejects": out.rejects} | "Finalize" >> FinalizeShards(
+          spec, out.planned, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
     return {"records": out.records, "rejects": out.rejects} | "Write" >> WriteOutput(
         spec, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
 

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 from apache_beam.portability import common_urns
 from apache_beam.runners.runner import PipelineRunner
 
@@ -54,6 +54,9 @@ class ConverterOptions(PipelineOptions):
     parser.add_argument("--num_shards", default="0", help="Shards per split; 0 (default) picks ~128 MB shards.")
     parser.add_argument("--name", default=None, help="Dataset name in shard names; default: the input folder's name.")
     parser.add_argument("--seed", default="0", help="Seed of the record order.")
+    parser.add_argument("--plan", default="auto",
+                        help="Where the shard plan is made: auto (default: the launcher lists the input unless it "
+                             "holds more than 2,000,000 files, then the workers), launcher or workers.")
     parser.add_argument("--overwrite", default="false",
                         help="true: replace an output folder that already holds a complete output.")
     parser.add_argument("--max_input_bytes", default=str(inputs.DEFAULT_MAX_INPUT_BYTES),
@@ -325,6 +328,8 @@ class CommonConfig:
   seed: int = 0
   overwrite: bool = False
   read_policy: inputs.ReadPolicy = inputs.ReadPolicy()
+  plan: str = "auto"  # where record converters plan their shards: auto, launcher or workers
+  workers: int = 1  # worker processes the runner may use (`worker_count`): shards are >= 2 per worker
   generation: str = ""
   expected: commit.Version | None = None
 
@@ -357,4 +362,40 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
   return CommonConfig(
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
       file_format=check_file_format(c.file_format), num_shards=int_flag("num_shards", c.num_shards, 0),
-      seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options))
+      seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options),
+      workers=worker_count(options), plan=plan_flag(c.plan))
+
+
+def plan_flag(value: str) -> str:
+  """--plan: auto, launcher or workers.
+
+  Raises:
+    UsageError: any other value.
+  """
+  if value not in ("auto", "launcher", "workers"):
+    raise UsageError(f"--plan must be auto, launcher or workers, got {value!r}")
+  return value
+
+
+def worker_count(options: PipelineOptions) -> int:
+  """How many workers the run may use, from the runner's flags: what shard counts balance over.
+
+  Dataflow: --max_num_workers, else --num_workers, else 1 (the service's autoscaling
+  is not known at launch; pass --max_num_workers or --num_shards to plan for it).
+  DirectRunner: --direct_num_workers (0: one per CPU) in the multi_threading and
+  multi_processing modes; 1 in the default in-process mode.
+
+  Args:
+    options: the parsed options.
+
+  Returns:
+    The count, >= 1.
+  """
+  runner = options.view_as(StandardOptions).runner or ""
+  if "Dataflow" in str(runner):
+    w = options.view_as(WorkerOptions)
+    return max(1, int(w.max_num_workers or w.num_workers or 1))
+  d = options.view_as(DirectOptions)
+  if d.direct_running_mode in ("multi_threading", "multi_processing"):
+    return max(1, int(d.direct_num_workers or os.cpu_count() or 1))
+  return 1

@@ -165,10 +165,15 @@ def undecodable_warning(count: int) -> str:
 
 
 class Listing(NamedTuple):
-  """Files found below a folder, and entries that are not files, with the reason."""
+  """Files found below a folder, and entries that are not files, with the reason.
+
+  `sizes[i]` is the size in bytes of `files[i]` as listed (a plan's estimate;
+  the file may change before it is read).
+  """
 
   files: list[InputFile]
   rejects: list[tuple[InputFile, str]]
+  sizes: list[int] = []  # noqa: RUF012 (never mutated: each listing builds its own)
 
 
 is_gcs = fs.is_gcs
@@ -275,6 +280,7 @@ def _list_local(root: str, input_root: str | None = None) -> Listing:
   """`input_root`: the whole input `root` is one part of; a link from `root` to a folder
   elsewhere in the input would list those files twice (under another label): a reject."""
   files: list[InputFile] = []
+  sizes: list[int] = []
   rejects: list[tuple[InputFile, str]] = []
   visited = set(_ancestor_ids(root))  # a link to a folder above `root` is a loop too
   real_root = os.path.realpath(root)
@@ -314,10 +320,11 @@ def _list_local(root: str, input_root: str | None = None) -> Listing:
           below.append((e.path, ancestors | {key}))
       elif stat.S_ISREG(st.st_mode):
         files.append(InputFile.of(e.path))
+        sizes.append(st.st_size)
       else:
         rejects.append((InputFile.of(e.path), f"not a regular file ({_kind(st.st_mode)})"))
     stack.extend(reversed(below))  # depth first, in name order
-  return Listing(files, rejects)
+  return Listing(files, rejects, sizes)
 
 
 # ---------------------------------------------------------------- gs://
@@ -326,12 +333,12 @@ def _list_gcs(root: str, budget: float) -> Listing:
   bucket, name = fs.split_gcs(root)
   prefix = name.rstrip("/") + "/" if name else ""
 
-  def names(timeout: float) -> list[str]:
+  def names(timeout: float) -> list[tuple[str, int]]:
     blobs = fs.gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
-    return [b.name for b in blobs]
+    return [(b.name, b.size or 0) for b in blobs]
 
-  found = with_retries(names, f"listing {root}", budget)
-  return Listing([InputFile(f"gs://{bucket}/{n}") for n in sorted(found) if not n.endswith("/")], [])
+  found = sorted(n for n in with_retries(names, f"listing {root}", budget) if not n[0].endswith("/"))
+  return Listing([InputFile(f"gs://{bucket}/{n}") for n, _ in found], [], [size for _, size in found])
 
 
 def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None) -> Listing:
@@ -496,15 +503,16 @@ class _ListFolderFn(beam.DoFn):
 
   REJECTS = "rejects"
 
-  def __init__(self, budget: float, input_root: str | None):
+  def __init__(self, budget: float, input_root: str | None, with_sizes: bool = False):
     self._budget = budget
     self._input_root = input_root
+    self._with_sizes = with_sizes
 
   def process(self, element) -> Iterator:
     key, folder = element
     listing = list_tree(folder.location, self._budget, self._input_root)
-    for f in listing.files:
-      yield key, f
+    for f, size in zip(listing.files, listing.sizes, strict=True):
+      yield (key, f, size) if self._with_sizes else (key, f)
     for f, reason in listing.rejects:
       yield beam.pvalue.TaggedOutput(self.REJECTS, (key, f, reason))
 
@@ -512,17 +520,22 @@ class _ListFolderFn(beam.DoFn):
 class ListFiles(beam.PTransform):
   """PCollection[(key, folder InputFile)] → files: (key, InputFile), rejects: (key, InputFile, reason).
 
+  With `with_sizes`, files are (key, InputFile, size in bytes as listed).
+
       listed = folders | ListFiles(budget)
       listed.files, listed.rejects
 
   Each folder is listed by one worker; the files are spread over workers after.
   """
 
-  def __init__(self, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None):
+  def __init__(self, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None,
+               with_sizes: bool = False):
     super().__init__()
     self._budget = budget
     self._input_root = input_root
+    self._with_sizes = with_sizes
 
   def expand(self, folders):
-    return folders | "ListFolder" >> beam.ParDo(_ListFolderFn(self._budget, self._input_root)).with_outputs(
+    return folders | "ListFolder" >> beam.ParDo(
+        _ListFolderFn(self._budget, self._input_root, self._with_sizes)).with_outputs(
         _ListFolderFn.REJECTS, main="files")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -26,10 +27,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import naming
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from pipelines.core import inputs
-from pipelines.core.converter import ConvertUnits, Converter, Event, OutputPlan, Records, UnitConverter, counters
+from pipelines.core import inputs, shards
+from pipelines.core.converter import Converter, Event, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, int_flag
+from pipelines.core.shards import ConvertShards, ListedAtLaunch, PlanUnit, list_at_launch, plan_shards
 from pipelines.core.sink import InputSummary, Record, Reject
 from pipelines.image_folder import imaging
 from pipelines.image_folder.layout import InputLayout
@@ -245,40 +247,85 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
             "jpeg_quality": opts.jpeg_quality, "seed": common.seed, "num_shards": common.num_shards,
         },
         launcher_rejects=tuple(layout.launcher_rejects()),
-        state=layout,
+        state=_Found(layout, self._list_at_launch(common, layout, splits)),
     )
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ImageFolderConfig, plan: OutputPlan) -> Records:
-    """See Converter.expand: class folders listed by the workers, each file converted by `_ImageUnits`.
+  @staticmethod
+  def _list_at_launch(common: CommonConfig, layout: InputLayout, splits) -> ListedAtLaunch | None:
+    """The class folders' files, listed here unless `--plan` says the workers list them."""
+    if common.plan == "workers":
+      return None
+    folders = [((s, inputs.printable(c)), layout.folder(s, c)) for s in splits for c in layout.class_dirs[s]]
+    limit = shards.LAUNCHER_LISTING_LIMIT if common.plan == "auto" else None
+    return list_at_launch(folders, common.read_policy.retry_seconds, layout.root, limit)
+
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ImageFolderConfig,
+             plan: OutputPlan) -> ShardsWritten:
+    """See Converter.expand: shards planned from the listing, each converted and written in one step.
+
+    The launcher lists the class folders and plans the shards (`--plan=auto` up to
+    `shards.LAUNCHER_LISTING_LIMIT` files, or `--plan=launcher`); beyond that, or
+    with `--plan=workers`, the workers list them and plan in bounded memory
+    (pipelines/core/shards.py). Either way one worker converts, writes and
+    publishes each shard; no image crosses a stage.
 
     Args:
       p: the pipeline the steps are added to.
-      common: the read policy for listing and reading the images.
+      common: the read policy, the plan mode and the workers.
       config: the image options each file is converted with.
-      plan: its `state` is the `InputLayout` found at launch.
+      plan: its `state` is the `_Found` at launch (layout, and the listing when made there).
 
     Returns:
-      The images' records and rejects, with the input accounting (files per class folder).
+      The shards written, their rejects and the input accounting (files per class folder).
     """
-    layout: InputLayout = plan.state
+    found: _Found = plan.state
+    layout = found.layout
+    spec = self.output_spec(common, plan)
     folders = [(s, c, layout.folder(s, c)) for s in plan.splits for c in layout.class_dirs[s]]
-    listed = (
-        p
-        | "ClassFolders" >> beam.Create(
-            [((s, inputs.printable(c)), inputs.InputFile.of(f)) for s, c, f in folders])
-        | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=layout.root)
-    )
-    converted = listed.files | "Convert" >> ConvertUnits(
-        _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy), PIPELINE)
-    listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
-        lambda key, f, reason: Reject(f.path, reason, key[0]))
-    counts = (
-        (listed.files | "FileEvents" >> beam.MapTuple(lambda key, f: ("file", key, f.undecodable)),
-         listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)),
-         converted.events | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False)))
-        | "InputEvents" >> beam.Flatten()
-        | "CountInputs" >> beam.CombineGlobally(_InputCounts())
-    )
+    prefix = inputs.printable(layout.root).rstrip("/") + "/"
+    estimate = functools.partial(_estimated_bytes, options=config.image)
+
+    def unit_of(key, f, size):
+      return PlanUnit(key[0], f.path[len(prefix):], (key, f), estimate(size))
+
+    if found.listed is not None:  # planned here
+      listed = found.listed
+      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers)
+      listing_rejects = p | "ListingRejects" >> beam.Create(
+          [Reject(f.path, reason, key[0]) for key, f, reason in listed.rejects])
+      per_folder = collections.Counter(key for key, _, _ in listed.files)
+      undecodable = sum(f.undecodable for _, f, _ in listed.files) + sum(f.undecodable for _, f, _ in listed.rejects)
+      launch_counts = (dict(per_folder), len(listed.rejects), undecodable)
+    else:  # planned on the workers
+      listed = (
+          p
+          | "ClassFolders" >> beam.Create(
+              [((s, inputs.printable(c)), inputs.InputFile.of(f)) for s, c, f in folders])
+          | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=layout.root,
+                                            with_sizes=True)
+      )
+      planned = plan_shards(p, listed.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers)
+      listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
+          lambda key, f, reason: Reject(f.path, reason, key[0]))
+    done = planned.tasks | "Convert" >> ConvertShards(
+        _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy),
+        spec, PIPELINE, totals=planned.totals, workers=common.workers)
+    multi_frame = done.events | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False))
+    if found.listed is not None:
+      counts = (
+          p
+          | "CountTrigger" >> beam.Create([None])
+          | "CountInputs" >> beam.Map(lambda _, n, c: (*c, n), c=launch_counts,
+                                      n=beam.pvalue.AsSingleton(multi_frame | beam.combiners.Count.Globally()))
+      )
+    else:
+      counts = (
+          (listed.files | "FileEvents" >> beam.MapTuple(lambda key, f, _: ("file", key, f.undecodable)),
+           listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)),
+           multi_frame)
+          | "InputEvents" >> beam.Flatten()
+          | "CountInputs" >> beam.CombineGlobally(_InputCounts())
+      )
     summary = (
         p
         | "SummaryTrigger" >> beam.Create([None])
@@ -288,5 +335,25 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
             folders=[(s, inputs.printable(c), inputs.printable(f)) for s, c, f in folders],
             num_launcher_rejects=len(plan.launcher_rejects))
     )
-    rejects = (converted.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
-    return Records(converted.records, rejects, summary)
+    rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
+    return ShardsWritten(done.results, planned.planned, rejects, summary)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+  """What the launcher found: the layout, and the listing when it was made at launch (else None)."""
+
+  layout: InputLayout
+  listed: ListedAtLaunch | None
+
+
+def _estimated_bytes(size: int, options: imaging.ImageOptions) -> int:
+  """A record's output bytes, estimated from its file's size (for the automatic shard count).
+
+  Raw pixels are exact; a JPEG resized to HxW is taken as about a fifth of its raw pixels
+  (quality 95 on photographs), and never more than the file; otherwise the file's size.
+  """
+  if options.size is None:
+    return size
+  raw = options.size[0] * options.size[1] * 3
+  return raw + 64 if options.encoding == "raw" else min(size, raw // 5)

@@ -287,9 +287,9 @@ def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_pa
   tmpdir.mkdir()
   # A runner need not call DoFn.teardown (Dataflow may not): run with every teardown a no-op.
   no_teardown = (
-      "import sys\nfrom pipelines import image_folder, ogb_graphs\nfrom pipelines.core import sink\n"
+      "import sys\nfrom pipelines import image_folder, ogb_graphs\nfrom pipelines.core import shards, sink\n"
       "from pipelines.ogb_graphs import assemble\n"
-      "for c in (sink._WriteShardFn, assemble._BuildPartFn, assemble._AssembleFn):\n"
+      "for c in (sink._WriteShardFn, shards._ConvertShardFn, assemble._BuildPartFn, assemble._AssembleFn):\n"
       "  c.teardown = lambda self: None\n"
       "{'image': image_folder, 'graph': ogb_graphs}[sys.argv[1]].run(sys.argv[2:])\n")
 

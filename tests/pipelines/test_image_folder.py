@@ -173,17 +173,17 @@ def test_existing_output_needs_overwrite_and_is_replaced_atomically(class_folder
     convert(class_folder, out)
 
   # A re-run that fails half-way leaves the previous output complete and intact.
-  from pipelines.core import sink
-  real = sink._FinalizeFn.process
+  from pipelines.core import shards
+  real = shards._FinalizeShardsFn.process
 
   def crash(self, *a, **k):
     raise RuntimeError("worker lost")
     yield
 
-  monkeypatch.setattr(sink._FinalizeFn, "process", crash)
+  monkeypatch.setattr(shards._FinalizeShardsFn, "process", crash)
   with pytest.raises(Exception, match="worker lost"):
     convert(class_folder, out, "--num_shards=1", "--overwrite=true")
-  monkeypatch.setattr(sink._FinalizeFn, "process", real)
+  monkeypatch.setattr(shards._FinalizeShardsFn, "process", real)
   assert inspect.main([out, "--verify"]) == 0
   assert Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read()) == old
 

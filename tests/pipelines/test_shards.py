@@ -1,0 +1,175 @@
+"""`pipelines.core.shards`: the shard plan (at launch and on the workers, in bounded memory),
+one step per shard, and Finalize's accounting."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import apache_beam as beam
+from apache_beam.testing.util import assert_that, equal_to
+import numpy as np
+import pytest
+
+from formats import adapters
+from formats.features import Features, Text
+from formats.manifest import Manifest
+from pipelines.core import shards
+from pipelines.core.converter import Event, UnitConverter
+from pipelines.core.sink import OutputSpec, Record, Reject, sort_key
+
+
+def _units(n_by_split: dict[str, int], seed: int = 0) -> list[shards.PlanUnit]:
+  rng = random.Random(seed)
+  return [shards.PlanUnit(split, f"{split}/file-{i:05d}.bin", (split, i), rng.randrange(1, 1000))
+          for split, n in n_by_split.items() for i in range(n)]
+
+
+def _plain_plan(units, seed, num_shards):
+  """The plan by definition: per split, sort by sort key, cut at i*n//s."""
+  out = {}
+  for split in sorted({u.split for u in units}):
+    keyed = sorted((sort_key(seed, split, u.key), u.unit) for u in units if u.split == split)
+    n = len(keyed)
+    s = min(num_shards, n)
+    out[split] = [[u for _, u in keyed[i * n // s:(i + 1) * n // s]] for i in range(s)]
+  return out
+
+
+@pytest.mark.parametrize("num_shards", [1, 3, 7])
+def test_plan_in_memory_is_the_sorted_order_cut_into_balanced_shards(num_shards):
+  units = _units({"train": 50, "validation": 5})
+  tasks = shards.plan_in_memory(units, seed=3, num_shards=num_shards, target_shard_bytes=1 << 30)
+  got = {}
+  for t in tasks:
+    got.setdefault(t.split, []).append(list(t.units()))
+    assert t.num_shards == min(num_shards, 50 if t.split == "train" else 5)
+  assert got == _plain_plan(units, 3, num_shards)
+  sizes = [t.num_units for t in tasks if t.split == "train"]
+  assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 50
+
+
+def test_automatic_shard_count_follows_bytes_and_workers_but_never_exceeds_units():
+  assert shards.shard_count(100, 10 << 20, 0, 1 << 20) == 10
+  assert shards.shard_count(100, 10, 0, 1 << 20, min_shards=8) == 8  # 2 per worker of 4
+  assert shards.shard_count(3, 10 << 20, 0, 1 << 20, min_shards=8) == 3
+  assert shards.shard_count(100, 10 << 20, 5, 1 << 20, min_shards=8) == 5  # --num_shards wins
+  assert shards.shard_count(0, 0, 5, 1) == 0
+
+
+def test_duplicate_record_keys_in_a_split_are_refused():
+  units = [shards.PlanUnit("train", "a", 1), shards.PlanUnit("train", "a", 2)]
+  with pytest.raises(ValueError, match="same record key 'a'"):
+    shards.plan_in_memory(units, 0, 0, 1 << 20)
+
+
+def _plan_by_histogram(keys: list[bytes], num_shards: int) -> list[bytes]:
+  """The bounded-memory plan's boundaries, the way the workers make them."""
+  counts = np.bincount([shards.bucket_of(k) for k in keys], minlength=shards.NUM_BUCKETS)
+  layout = shards.layout_from_histogram(counts, 0, num_shards, 1 << 30)
+  found = []
+  for bucket, wanted in layout.located.items():
+    found += shards.boundary_keys([k for k in keys if shards.bucket_of(k) == bucket], wanted)
+  return [k for _, k in sorted(found)]
+
+
+@pytest.mark.parametrize("n,num_shards", [(1000, 7), (10, 10), (5, 9), (3000, 64)])
+def test_histogram_boundaries_equal_the_sorted_cut(n, num_shards):
+  rng = random.Random(n)
+  keys = [rng.randbytes(16) for _ in range(n)]
+  s = min(n, num_shards)
+  want = sorted(keys)
+  assert _plan_by_histogram(keys, num_shards) == [want[i * n // s] for i in range(1, s)]
+
+
+def test_histogram_boundaries_when_every_key_shares_one_bucket():
+  rng = random.Random(1)
+  keys = [b"\x12\x34" + rng.randbytes(14) for _ in range(500)]
+  want = sorted(keys)
+  assert _plan_by_histogram(keys, 4) == [want[125], want[250], want[375]]
+
+
+@pytest.mark.parametrize("num_shards,min_shards", [(0, 1), (4, 1), (0, 6)])
+def test_plan_on_workers_equals_the_plan_at_launch(num_shards, min_shards):
+  units = _units({"train": 300, "test": 40, "one": 1})
+  want = sorted((t.split, t.index, t.num_shards, t.units())
+                for t in shards.plan_in_memory(units, 9, num_shards, 4000, min_shards))
+  with beam.Pipeline() as p:
+    tasks, layouts = p | beam.Create(units) | shards.PlanOnWorkers(9, num_shards, 4000, min_shards)
+    got = tasks | beam.Map(lambda t: (t.split, t.index, t.num_shards, t.units()))
+    assert_that(got, equal_to(want))
+  assert len({w[0] for w in want}) == 3 and max(w[2] for w in want) > 1
+
+
+class _Echo(UnitConverter):
+  """unit (split, i) → a record keyed like its plan unit; i % 5 == 0 rejected; i == 7 in split "bad" → nothing."""
+
+  def convert(self, unit):
+    split, i = unit
+    if split == "lost" and i == 7:
+      return
+    if i % 5 == 0:
+      yield Reject(f"{split}/{i}", "multiple of five", split)
+      return
+    if i % 3 == 0:
+      yield Event("three")
+    yield Record(split, f"{split}/file-{i:05d}.bin", f"{split}:{i}".encode())
+
+
+def _spec(out):
+  return OutputSpec(output=out, name="t", file_format="array_record", features=Features({"x": Text()}),
+                    splits=("train",), num_shards=3, seed=2, generation="gen-x")
+
+
+def test_one_step_per_shard_writes_sorted_records_and_reports_rejects(tmp_path):
+  out = str(tmp_path)
+  units = _units({"train": 40})
+  tasks = shards.plan_in_memory(units, 2, 3, 1 << 30)
+  with beam.Pipeline() as p:
+    done = p | beam.Create(tasks) | shards.ConvertShards(_Echo(), _spec(out), "tests.shards")
+    assert_that(done.results | beam.Map(lambda r: (r.index, r.num_units, r.inputs_used)),
+                equal_to([(t.index, t.num_units, sum(1 for _, i in t.units() if i % 5)) for t in tasks]),
+                label="results")
+    assert_that(done.rejects | beam.Map(lambda r: r.input), equal_to([f"train/{i}" for i in range(0, 40, 5)]),
+                label="rejects")
+    assert_that(done.events | beam.combiners.Count.Globally(), equal_to([len([i for i in range(40) if i % 5 and i % 3 == 0])]),
+                label="events")
+  for t in tasks:
+    path = os.path.join(out, "gen-x", f"t-train.array_record-{t.index:05d}-of-00003")
+    want = [f"train:{i}".encode() for _, i in t.units() if i % 5]  # units come in sort-key order
+    assert list(adapters.get("array_record").read_file(path)) == want
+
+
+def test_a_unit_that_makes_neither_record_nor_reject_fails_the_shard(tmp_path):
+  tasks = shards.plan_in_memory(_units({"lost": 10}), 2, 1, 1 << 30)
+  with pytest.raises(Exception, match="made no record and no reject"):
+    with beam.Pipeline() as p:
+      _ = p | beam.Create(tasks) | shards.ConvertShards(_Echo(), _spec(str(tmp_path)), "tests.shards")
+
+
+def test_finalize_refuses_a_missing_or_doubled_shard():
+  from formats.manifest import ShardInfo
+  info = ShardInfo("gen/x", 1, 10, "0" * 64)
+  r = [shards.ShardResult("train", i, info, 1, 1, 0) for i in range(3)]
+  assert [x.index for x in shards.check_shards({"train": 3}, r)["train"]] == [0, 1, 2]
+  with pytest.raises(RuntimeError, match=r"expected shards 0..2, got \[0, 2\]"):
+    shards.check_shards({"train": 3}, [r[0], r[2]])
+  with pytest.raises(RuntimeError, match="shard 1 reported twice"):
+    shards.check_shards({"train": 3}, [*r, r[1]])
+
+
+class _Renamed(UnitConverter):
+  """Records keyed otherwise than their plan units: the shard must still be in the records' sort order."""
+
+  def convert(self, unit):
+    split, i = unit
+    yield Record(split, f"renamed-{i}", f"{i}".encode())
+
+
+def test_records_are_written_in_their_own_sort_key_order(tmp_path):
+  tasks = shards.plan_in_memory(_units({"train": 30}), 2, 1, 1 << 30)
+  with beam.Pipeline() as p:
+    _ = p | beam.Create(tasks) | shards.ConvertShards(_Renamed(), _spec(str(tmp_path)), "tests.shards")
+  got = list(adapters.get("array_record").read_file(str(tmp_path / "gen-x" / "t-train.array_record-00000-of-00001")))
+  want = [f"{i}".encode() for i in sorted(range(30), key=lambda i: sort_key(2, "train", f"renamed-{i}"))]
+  assert got == want and got != [f"{i}".encode() for _, i in tasks[0].units()]
