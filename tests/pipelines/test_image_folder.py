@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -247,3 +248,37 @@ def sample_input(base: str) -> tuple[str, list[str]]:
   root = os.path.join(base, "pets")
   make_sample_images.make_folder(root, CLASSES, 2, None, (64, 48), 1, seed=3)
   return root, []
+
+
+@pytest.mark.parametrize("shards_flag", ["--num_shards=3", "--num_shards=0"])
+def test_the_workers_plan_writes_the_launchers_bytes(class_folder, tmp_path, shards_flag):
+  """--plan=workers (the distributed listing and bounded-memory plan) = --plan=launcher, byte for byte."""
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  ma = convert(class_folder, a, shards_flag, "--image_size=32,32", "--seed=5", "--plan=launcher")
+  mb = convert(class_folder, b, shards_flag, "--image_size=32,32", "--seed=5", "--plan=workers")
+  assert shard_digests(a) == shard_digests(b) and len(shard_digests(a)) == (3 if shards_flag.endswith("3") else 1)
+  assert ma.rejected == dataclasses.replace(mb.rejected, path=ma.rejected.path) and ma.rejected.count >= CORRUPT
+  assert ma.warnings == mb.warnings
+  assert [s.num_records for s in ma.splits["train"].shards] == [s.num_records for s in mb.splits["train"].shards]
+
+
+def test_two_workers_get_at_least_four_shards_when_automatic(class_folder, tmp_path):
+  m = convert(class_folder, str(tmp_path / "o"), "--image_size=16,16",
+              "--direct_num_workers=2", "--direct_running_mode=multi_threading")
+  assert len(m.splits["train"].shards) == 4
+  assert sum(s.num_records for s in m.splits["train"].shards) == len(CLASSES) * PER_CLASS
+
+
+def test_a_split_whose_every_file_is_rejected_leaves_no_shard_behind(tmp_path):
+  root = tmp_path / "in"
+  make_sample_images.make_folder(str(root), ["cat"], 3, ["train"], (64, 48), 0, seed=1)
+  for bad in ("a.jpg", "b.jpg"):
+    os.makedirs(root / "validation" / "cat", exist_ok=True)
+    (root / "validation" / "cat" / bad).write_bytes(b"not an image")
+  out = str(tmp_path / "out")
+  m = convert(str(root), out, "--num_shards=2")
+  assert list(m.splits) == ["train"] and m.rejected.count == 2
+  assert any("empty splits left out: validation" in w for w in m.warnings)
+  names = [os.path.basename(p) for p in glob.glob(os.path.join(out, "gen-*", "*"))]
+  assert not [n for n in names if "validation" in n]
+  assert inspect.main([out, "--verify"]) == 0

@@ -127,3 +127,32 @@ def test_a_split_without_records_is_absent_from_manifest_tfds_and_loaders_alike(
     ShardedRecords(out, "validation")
   with pytest.raises(KeyError, match="has no split 'validation'"):
     lgrain.data_source(out, "validation")
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "tfrecord"])
+def test_shards_left_empty_by_rejects_open_in_tfds_and_the_loaders(tmp_path, file_format):
+  """Shards are planned before conversion: a shard whose every input was rejected is an empty
+  file, listed with 0 records. TFDS (as_data_source, as_dataset), ShardedRecords and --verify
+  read around it and see every record once."""
+  from PIL import Image
+
+  from formats import inspect
+  from loaders import ShardedRecords
+
+  src = tmp_path / "in" / "train" / "cat"
+  src.mkdir(parents=True)
+  for i in range(4):
+    Image.new("RGB", (8, 6), (60 * i, 0, 0)).save(src / f"good{i}.png")
+    (src / f"bad{i}.jpg").write_bytes(b"not a jpeg")
+  out = str(tmp_path / "out")
+  m = convert(str(tmp_path / "in"), out, f"--format={file_format}", "--num_shards=8")
+  counts = [s.num_records for s in m.splits["train"].shards]
+  assert len(counts) == 8 and sum(counts) == 4 and 0 in counts and m.rejected.count == 4
+  builder = tfds.builder_from_directory(out)
+  if file_format == "array_record":
+    source = builder.as_data_source("train")
+    assert len(source) == 4 and sorted(int(source[i]["label"]) for i in range(4)) == [0, 0, 0, 0]
+    assert len(ShardedRecords(out, "train")) == 4
+  else:
+    assert len(list(builder.as_dataset(split="train"))) == 4
+  assert inspect.main([out, "--verify"]) == 0
