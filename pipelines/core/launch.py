@@ -22,7 +22,7 @@ from apache_beam.runners.runner import PipelineResult
 from formats import commit, naming
 from formats.manifest import Manifest
 from formats.output import is_output, load_manifest
-from pipelines.core import dataflow, flags, inputs
+from pipelines.core import dataflow, flags, inputs, progress
 from pipelines.core.converter import Converter
 from pipelines.core.errors import InputDataError, UsageError
 
@@ -144,8 +144,35 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
   finally:
     commit.finish(output, common.generation)
   if is_output(output):
-    print(summary_line(prog, load_manifest(output), output, time.monotonic() - t0), flush=True)
+    seconds = time.monotonic() - t0
+    print(summary_line(prog, load_manifest(output), output, seconds), flush=True)
+    rates = progress.rates_line(prog, stage_counters(result, prog), seconds)
+    if rates:
+      print(rates, flush=True)
   return result
+
+
+def stage_counters(result: PipelineResult, namespace: str) -> dict[str, int]:
+  """The run's counters in `namespace` (the stages' progress counters among them), by name.
+
+  Args:
+    result: the finished run.
+    namespace: the converter's metrics namespace.
+
+  Returns:
+    {counter name: value}; committed values where the runner has them, else attempted; {} when
+    the runner reports no metrics.
+  """
+  try:
+    counters = result.metrics().query()["counters"]
+  except Exception:  # pylint: disable=broad-except  # a runner without metrics: no rates line
+    return {}
+  out: dict[str, int] = {}
+  for c in counters:
+    if c.key.metric.namespace == namespace:
+      value = c.committed if c.committed is not None else c.attempted
+      out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+  return out
 
 
 def summary_line(prog: str, m: Manifest, output: str, seconds: float) -> str:

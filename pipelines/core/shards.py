@@ -380,6 +380,7 @@ class _ConvertShardFn(beam.DoFn):
     rejects, events = [], []
     for unit in task.units():
       made = len(records) + len(rejects)
+      records_before = len(records)
       for out in self._converter.convert(unit, **side_inputs):
         if isinstance(out, Reject):
           rejected += out.units
@@ -395,13 +396,13 @@ class _ConvertShardFn(beam.DoFn):
           raise TypeError(f"a UnitConverter yielded {type(out).__name__}, not a Record, Reject or Event")
       if len(records) + len(rejects) == made:  # neither a record nor a reject: it would be lost silently
         raise RuntimeError(f"split {split!r}: a unit of shard {task.index} made no record and no reject")
-      self._progress.add(units=1)
+      self._progress.add(units=1, records=len(records) - records_before)
     records.sort(key=lambda kv: kv[0])
     for (a, _), (b, _) in zip(records, records[1:]):
       if a == b:
         raise RuntimeError(f"split {split!r}: two records of shard {task.index} have the same key")
     info = self._write(task, [p for _, p in records])
-    self._progress.add(bytes_out=info.num_bytes, records=len(records))
+    self._progress.add(bytes_out=info.num_bytes)
     self._shards.inc()
     self._records_out.inc(len(records))
     self._bytes_out.inc(info.num_bytes)

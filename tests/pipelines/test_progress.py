@@ -1,0 +1,48 @@
+"""`pipelines.core.progress`: the stage figures a person plans by (rates, ETA, the summary's rates)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+from pipelines.core import progress
+from tests.conftest import REPO
+
+
+def test_eta_is_the_remaining_plan_at_this_workers_rate():
+  assert progress.eta_text(done=25, total=100, rate=5.0, workers=1) == "ETA 15s"
+  assert progress.eta_text(done=25, total=1000, rate=5.0, workers=2) == (
+      "ETA 1m35s (if 2 workers go at this one's rate)")
+  assert progress.eta_text(done=0, total=7_200_000, rate=1000.0, workers=1) == "ETA 2h00m"
+  assert progress.eta_text(done=5, total=0, rate=5.0, workers=1) == ""  # no plan total: no ETA
+  assert progress.eta_text(done=200, total=100, rate=5.0, workers=1) == "ETA 0s"
+
+
+def test_the_log_line_counts_every_thread_of_the_process(monkeypatch, caplog):
+  monkeypatch.setattr(progress, "_EVERY_S", 0.0)
+  monkeypatch.setattr(progress, "_STAGES", {})
+  a = progress.Progress("tests.progress", "stage", total_units=10)
+  b = progress.Progress("tests.progress", "stage", total_units=10)
+  with caplog.at_level(logging.INFO, logger=progress.__name__):
+    a.add(units=3, records=3)
+    b.add(units=2, records=2, bytes_out=5_000_000)
+  assert "stage: 5/10 units on this worker" in caplog.records[-1].getMessage()
+  assert "ETA" in caplog.records[-1].getMessage()
+
+
+def test_rates_line_reports_each_stage_that_counted():
+  line = progress.rates_line("pipelines.x", {"convert_shards_units": 100, "convert_shards_records": 90,
+                                             "convert_shards_bytes": 20_000_000, "images_read": 7}, 10.0)
+  assert line == "pipelines.x: rates over 10.0s: convert_shards 100 units, 9 records/s, 2.0 MB/s"
+  assert progress.rates_line("pipelines.x", {"images_read": 7}, 1.0) == ""
+
+
+def test_a_run_prints_its_stage_rates_after_the_summary(class_folder, tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "pipelines.image_folder", f"--input={class_folder}", f"--output={tmp_path / 'o'}",
+       "--image_size=16,16"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.strip().splitlines()
+  assert lines[0].startswith("pipelines.image_folder: 18 records in 1 shards")
+  assert lines[1].startswith("pipelines.image_folder: rates over ") and "convert_shards 21 units" in lines[1]
