@@ -398,3 +398,58 @@ class LocalCopy:
   def __exit__(self, *exc) -> None:
     if self._tmpdir:
       shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+COMPOSE_MAX_SOURCES = 32  # GCS composes at most 32 objects per request
+
+
+def compose(sources: list[str], dest: str, scratch: str, max_sources: int = COMPOSE_MAX_SOURCES) -> None:
+  """Joins gs:// objects, in order, into `dest` by object composition (no byte passes through here).
+
+  At most `max_sources` objects per compose request: more are composed in a tree, each level
+  joining runs of `max_sources` into intermediate objects `<scratch>/compose-<level>-<i>`, which
+  are deleted once `dest` exists (and when a compose fails). Every request is retried on transient
+  errors: composing the same sources into the same name again gives the same object.
+
+      compose([f"gs://b/run/_parts/p{i}" for i in range(100)], "gs://b/run/g.graphbin", "gs://b/run/_parts")
+
+  Args:
+    sources: gs:// objects of one bucket, in the order their bytes follow each other in `dest`.
+    dest: the gs:// object written (replaced if it exists), in the same bucket.
+    scratch: a gs:// folder of the same bucket for the intermediate objects.
+    max_sources: sources per request (2..32; tests lower it to build a deeper tree).
+
+  Raises:
+    ValueError: no sources, a bad `max_sources`, or paths in different buckets or not on gs://.
+    google.api_core.exceptions.GoogleAPICallError: a request failed past its retries.
+  """
+  from google.cloud.storage.retry import DEFAULT_RETRY
+
+  if not sources:
+    raise ValueError(f"compose into {dest}: no sources")
+  if not 2 <= max_sources <= COMPOSE_MAX_SOURCES:
+    raise ValueError(f"max_sources must be in [2, {COMPOSE_MAX_SOURCES}], got {max_sources}")
+  bucket = _split_gcs(dest)[0]
+  if any(not is_gcs(p) or _split_gcs(p)[0] != bucket for p in [*sources, scratch]):
+    raise ValueError(f"compose into {dest}: every source and the scratch folder must be in gs://{bucket}")
+  made: list[str] = []
+  try:
+    level, layer = 0, list(sources)
+    while len(layer) > max_sources:
+      groups = [layer[i:i + max_sources] for i in range(0, len(layer), max_sources)]
+      layer = []
+      for i, group in enumerate(groups):
+        name = join(scratch, f"compose-{level}-{i:06d}")
+        made.append(name)
+        _compose_once(group, name, DEFAULT_RETRY)
+        layer.append(name)
+      level += 1
+    _compose_once(layer, dest, DEFAULT_RETRY)
+  finally:
+    delete_many(made)
+
+
+def _compose_once(sources: list[str], dest: str, retry) -> None:
+  blob = _blob(dest)
+  blob.content_type = "application/octet-stream"
+  blob.compose([_blob(p) for p in sources], retry=retry)

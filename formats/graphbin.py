@@ -177,6 +177,95 @@ def _pad(n: int) -> int:
   return (-n) % ALIGN
 
 
+def padding(n: int) -> int:
+  """The zero bytes a writer puts after `n` bytes so that the next section starts at a multiple of ALIGN.
+
+  Args:
+    n: the file's size so far.
+
+  Returns:
+    0..ALIGN-1.
+  """
+  return _pad(n)
+
+
+def pack_tail(sections: list[Section], table_offset: int) -> tuple[bytes, bytes]:
+  """(header, section table) of a file whose sections are `sections`, its table at `table_offset`.
+
+  What `GraphBinWriter.close` writes; a writer that builds the file from parts written elsewhere
+  (pipelines.ogb_graphs joins them) gets the same bytes from the same sections. Version 1 when
+  every name fits its 56 bytes, else version 2.
+
+  Args:
+    sections: the sections in file order (offsets, sizes and CRCs final).
+    table_offset: where the table starts (a multiple of ALIGN, after the last section).
+
+  Returns:
+    (the 64-byte header, the table); the file's size is `table_offset + len(table)`.
+  """
+  fits = all(len(s.name.encode()) <= NAME_BYTES[VERSION] for s in sections)
+  version = VERSION if fits else 2
+  entry = ENTRIES[version]
+  table = b"".join(
+      entry.pack(s.name.encode(), s.dtype.encode(), len(s.shape), *(list(s.shape) + [0] * (4 - len(s.shape))),
+                 s.offset, s.nbytes, s.crc32c)
+      for s in sections)
+  header = HEADER.pack(MAGIC, version, len(sections), table_offset, table_offset + len(table),
+                       google_crc32c.value(table))
+  return header, table
+
+
+# CRC32C (Castagnoli), reflected: combining the CRCs of two byte strings into the CRC of their
+# concatenation, as zlib's crc32_combine does for its polynomial (x^(8 len) mod P, by squaring).
+_CRC32C_POLY = 0x82F63B78
+
+
+def _multmodp(a: int, b: int) -> int:
+  m, p = 1 << 31, 0
+  while True:
+    if a & m:
+      p ^= b
+      if (a & (m - 1)) == 0:
+        return p
+    m >>= 1
+    b = (b >> 1) ^ _CRC32C_POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> list[int]:
+  p, table = 1 << 30, []  # x^1
+  for _ in range(32):
+    table.append(p)
+    p = _multmodp(p, p)
+  return table
+
+
+_X2N = _x2n_table()
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+  """The CRC32C of `a + b` from crc32c(a), crc32c(b) and len(b), without reading the bytes.
+
+      crc32c_combine(value(a), value(b), len(b)) == value(a + b)
+
+  Args:
+    crc1: CRC32C of the first part.
+    crc2: CRC32C of the second part.
+    len2: the second part's length in bytes.
+
+  Returns:
+    The CRC32C of the concatenation.
+  """
+  if len2 <= 0:
+    return crc1
+  p, n, k = 1 << 31, len2, 3  # x^0; x^(8 * len2) = x^(len2 * 2^3)
+  while n:
+    if n & 1:
+      p = _multmodp(_X2N[k & 31], p)
+    n >>= 1
+    k += 1
+  return _multmodp(p, crc1) ^ crc2
+
+
 class GraphBinWriter:
   """Writes sections one after the other; `close()` writes the table and the header.
 
@@ -274,17 +363,10 @@ class GraphBinWriter:
       return
     f.write(b"\0" * _pad(f.tell()))
     table_offset = f.tell()
-    fits = all(len(s.name.encode()) <= NAME_BYTES[VERSION] for s in self._sections)
-    version = VERSION if fits else 2
-    entry = ENTRIES[version]
-    table = b"".join(
-        entry.pack(s.name.encode(), s.dtype.encode(), len(s.shape), *(list(s.shape) + [0] * (4 - len(s.shape))),
-                   s.offset, s.nbytes, s.crc32c)
-        for s in self._sections)
+    header, table = pack_tail(self._sections, table_offset)
     f.write(table)
-    size = f.tell()
     f.seek(0)
-    f.write(HEADER.pack(MAGIC, version, len(self._sections), table_offset, size, google_crc32c.value(table)))
+    f.write(header)
     f.close()
 
 

@@ -3,6 +3,7 @@
     python scripts/make_sample_ogb.py OUT_DIR [--seed=0]
     python scripts/make_sample_ogb.py OUT_DIR --big=2400000,62000000,100 [--seed=0]
     python scripts/make_sample_ogb.py OUT_DIR --mag=1.0 [--seed=0]
+    python scripts/make_sample_ogb.py OUT_DIR --papers=0.01 [--seed=0]
 
 Each folder looks like an OGB download after unzip (the folder that holds
 `raw/` and `split/`, e.g. `dataset/ogbn_arxiv`): gzip CSV without header,
@@ -451,8 +452,9 @@ def _write_features(writer: GzipCsvWriter, rng: np.random.Generator, rows: int, 
 
 
 def _write_homogeneous(out: str | os.PathLike, seed: int, num_nodes: int, num_edges: int,
-                       feat_dim: int, name: str, level: int) -> OgbTruth:
-  meta = _meta(name, HOMOGENEOUS)
+                       feat_dim: int, name: str, level: int, meta: OgbMeta | None = None,
+                       labelled: float | None = None) -> OgbTruth:
+  meta = meta or _meta(name, HOMOGENEOUS)
   if meta.kind != "node":
     raise ValueError(f"{name} is a {meta.kind} data set; use write_link")
   if num_nodes < 10 or num_edges < 10:
@@ -469,13 +471,17 @@ def _write_homogeneous(out: str | os.PathLike, seed: int, num_nodes: int, num_ed
   with GzipCsvWriter(raw / "node-feat.csv.gz", level) as w:
     node_feat = _write_features(w, rng, num_nodes, feat_dim)
   node_label = rng.integers(0, meta.num_classes, (num_nodes, 1))
+  has_label = None
   write_csv_gz(raw / "node-label.csv.gz", node_label, level=level)
+  # papers100M: only the `labelled` fraction of nodes is in a split (a one-column CSV has no empty cell
+  # for a missing label: an empty line is an empty row)
+  has_label = None if labelled is None else rng.random(num_nodes) < labelled
   node_extra = {}
   if "node_year" in meta.node_files:
     years = 2020 - np.minimum(rng.geometric(0.12, (num_nodes, 1)) - 1, 49)
     write_csv_gz(raw / "node_year.csv.gz", years, level=level)
     node_extra["node_year"] = years
-    split = _year_split(years)
+    split = _year_split(years, None if has_label is None else np.flatnonzero(has_label))
   else:
     split = _ranked_split(rng, num_nodes, (0.08, 0.02))
   _write_idx_split(stage / "split" / meta.split, split)
@@ -503,6 +509,31 @@ def write_big_homogeneous(out: str | os.PathLike, num_nodes: int, num_edges: int
   Writes with gzip level 1; the returned arrays are the only full copies held.
   """
   return _write_homogeneous(out, seed, num_nodes, num_edges, feat_dim, name, _BIG_LEVEL)
+
+
+# ogbn-papers100M's sizes (ogb 1.3.6): write_papers_csv scales them.
+PAPERS_NUM_NODES = 111_059_956
+PAPERS_NUM_EDGES = 1_615_685_872
+PAPERS_FEAT_DIM = 128
+PAPERS_LABELLED = 1_546_782 / PAPERS_NUM_NODES  # train + valid + test nodes
+
+
+def write_papers_csv(out: str | os.PathLike, seed: int, scale: float = 0.01) -> OgbTruth:
+  """An ogbn-papers100M-shaped folder in OGB's raw CSV layout, papers100M's counts times `scale`.
+
+  The homogeneous layout (raw/edge.csv.gz, node-feat.csv.gz with 128 features,
+  node-label.csv.gz, node_year.csv.gz, split/time by year over the 1.4 % of
+  nodes papers100M labels), written with gzip level 1:
+  `scale=0.01` gives about 1.11 M nodes and 16.2 M edges, the graph build's
+  1/100 scale model. OGB ships papers100M as `data.npz`; this is the CSV form
+  of the same shape, which the converter reads as it reads arxiv.
+  """
+  if not 0 < scale <= 1:
+    raise ValueError(f"scale must be in (0, 1], got {scale}")
+  meta = dataclasses.replace(OGB_META["ogbn-papers100M"], layout=HOMOGENEOUS)
+  return _write_homogeneous(out, seed, max(10, round(PAPERS_NUM_NODES * scale)),
+                            max(10, round(PAPERS_NUM_EDGES * scale)), PAPERS_FEAT_DIM, meta.name, _BIG_LEVEL,
+                            meta=meta, labelled=PAPERS_LABELLED)
 
 
 def write_heterogeneous_node(out: str | os.PathLike, seed: int, num_nodes: dict[str, int] | None = None,
@@ -854,13 +885,17 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("out_dir")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--big", default="", help="NODES,EDGES,FEAT: one products-like folder instead")
+  parser.add_argument("--papers", type=float, default=None,
+                      help="SCALE: one ogbn-papers100M-shaped folder in the raw CSV layout, its counts times SCALE")
   parser.add_argument("--mag", type=float, default=None,
                       help="SCALE: one ogbn-mag-shaped folder instead, ogbn-mag's counts times SCALE (1.0: full size)")
   args = parser.parse_args(argv)
-  if args.big and args.mag is not None:
-    parser.error("--big and --mag each write one folder: give one of them")
+  if sum((bool(args.big), args.mag is not None, args.papers is not None)) > 1:
+    parser.error("--big, --mag and --papers each write one folder: give one of them")
   start = time.perf_counter()
-  if args.mag is not None:
+  if args.papers is not None:
+    truths = [write_papers_csv(Path(args.out_dir) / "ogbn_papers100M", args.seed, args.papers)]
+  elif args.mag is not None:
     truths = [write_mag(Path(args.out_dir) / OGB_META["ogbn-mag"].dir_name, args.seed, args.mag)]
   elif args.big:
     nodes, edges, feat = (int(v) for v in args.big.split(","))

@@ -1,25 +1,26 @@
-"""Building the `.graphbin`: edges read in chunks and keyed by source-node partition, each
-partition sorted into a part file, then one step streams the parts, node arrays and splits
-into the final file and publishes it in the run's generation folder.
+"""Building the `.graphbin`: edges read in chunks and keyed by source-node partition; each
+partition sorted by one worker, which writes its share of `indptr`, `indices` and the edge arrays
+as pieces of the final file; node arrays written as pieces by the workers that read them; then one
+step joins the pieces (pipelines.ogb_graphs.pieces: concatenated locally, composed on gs://) with the
+splits and the section table, in the run's generation folder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+import dataclasses
+import json
 import math
-import os
-import shutil
-import tempfile
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 import numpy as np
 
 from formats import files as fs
-from formats.graphbin import GraphBin, GraphBinWriter, index_dtype
-from formats.manifest import FileInfo, sha256_file
-from pipelines.core import fileio
+from formats.graphbin import META, index_dtype
+from formats.manifest import FileInfo
 from pipelines.ogb_graphs.csr import csr_from_coo, interleave_inverse
+from pipelines.ogb_graphs.pieces import Piece, PieceWriter, SectionParts, glue_array, join_gcs, join_local, layout
 from pipelines.ogb_graphs.plan import (
     PIPELINE, EdgeSource, GraphPlan, cast_like_ogb, open_input, read_small, relation_types)
 from pipelines.ogb_graphs.read import (
@@ -27,9 +28,33 @@ from pipelines.ogb_graphs.read import (
 from pipelines.ogb_graphs.reverse import reverse_relations
 
 PARTS_DIR = "_parts"
+NPZ_EDGE_CHUNK = 1 << 22  # edges per chunk of a data.npz edge_index
+NODE_PIECE_BYTES = 256 << 20  # a stored data.npz node array is written in pieces of about this size
 
 
-def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error"
+class CountingFile:
+  """A binary file whose `read`s are counted (`count`: bytes read so far), for the bytes_read counter."""
+
+  def __init__(self, f):
+    self._f = f
+    self.count = 0
+
+  def read(self, n: int = -1) -> bytes:
+    data = self._f.read(n)
+    self.count += len(data)
+    return data
+
+  def __getattr__(self, name):
+    return getattr(self._f, name)
+
+  def __enter__(self) -> CountingFile:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._f.close()
+
+
+def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error", opener=open_input
                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray, dict]]:
   """(first edge index, src, dst, {extra section: rows}) in file order.
 
@@ -40,14 +65,20 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error"
   first, second = (1, 0) if source.reverse_of else (0, 1)  # the file's columns that are src and dst
   if source.npz_range is not None:
     a, b = source.npz_range
-    with open_input(source.path) as f:
+    with opener(source.path) as f:
+      # A deflated edge_index (one source for all edges) is streamed: row `first` and row `second`
+      # side by side, each decompressed once from the member's start (row 1's stream passes over row 0).
       member = NpzMember(f, source.path, "edge_index")
-      src, dst = member.read(a, b, row=first).astype(np.int64), member.read(a, b, row=second).astype(np.int64)
-    check_ids(src, source.num_rows, f"{source.path}:edge_index[{first}]", a, unit="element")
-    check_ids(dst, source.num_cols, f"{source.path}:edge_index[{second}]", a, unit="element")
-    yield a, src, dst, {}
+      srcs = member.chunks(a, b, NPZ_EDGE_CHUNK, row=first)
+      dsts = member.chunks(a, b, NPZ_EDGE_CHUNK, row=second)
+      for k, (src, dst) in enumerate(zip(srcs, dsts)):
+        at = a + k * NPZ_EDGE_CHUNK
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+        check_ids(src, source.num_rows, f"{source.path}:edge_index[{first}]", at, unit="element")
+        check_ids(dst, source.num_cols, f"{source.path}:edge_index[{second}]", at, unit="element")
+        yield at, src, dst, {}
     return
-  handles = [open_input(source.path)] + [open_input(p) for _, p in source.extras]
+  handles = [opener(source.path)] + [opener(p) for _, p in source.extras]
   try:
     edges = read_csv_chunks(handles[0], source.path, "int", 2, chunk_rows)
     extra_iters = [read_csv_chunks(h, p, "auto", None, chunk_rows, nonfinite=nonfinite)
@@ -86,12 +117,23 @@ class _ReadEdgesFn(beam.DoFn):
 
   def setup(self):
     self._edges = Metrics.counter(PIPELINE, "edges_read")
+    self._bytes = Metrics.counter(PIPELINE, "bytes_read")
 
   def process(self, source: EdgeSource):
     key_rel = ("csc:" if source.reverse else "") + source.relation
     part_size = self._plan.rows_per_partition(key_rel)
-    for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat")):
+    opened: list[CountingFile] = []
+
+    def opener(path: str) -> CountingFile:
+      opened.append(CountingFile(open_input(path)))
+      return opened[-1]
+
+    counted = 0
+    for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat"), opener):
       self._edges.inc(len(src))
+      now = sum(f.count for f in opened)
+      self._bytes.inc(now - counted)
+      counted = now
       # As the section stores them (docs/graphbin.md): `edge/feat` as features, other edge files as OGB types them.
       extras = {k: cast_like_ogb(v, "float" if k == "edge/feat" else "auto", self._feature_dtype) for k, v in extras.items()}
       pos = np.arange(first, first + len(src), dtype=np.int64)
@@ -108,81 +150,149 @@ class _ReadEdgesFn(beam.DoFn):
         idx = order[np.searchsorted(part[order], p, "left"):np.searchsorted(part[order], p, "right")]
         yield (key_rel, int(p)), (int(pos[idx[0]]), src[idx], dst[idx], pos[idx],
                                   {k: v[idx] for k, v in extras.items()})
+    self._bytes.inc(sum(f.count for f in opened) - counted)
+
+
+def csr_keys(plan: GraphPlan, csc: bool) -> list[str]:
+  """The CSRs the file holds, in file order: each relation, then its CSC ("csc:<relation>") with --csc."""
+  keys = []
+  for relation in dict.fromkeys(s.relation for s in plan.edge_files):  # a binary layout has many sources, one CSR
+    keys.append(relation)
+    if csc:
+      keys.append("csc:" + relation)
+  return keys
+
+
+def csr_shape(plan: GraphPlan, key_rel: str) -> tuple[int, int, int]:
+  """(rows, columns, partitions) of the CSR `key_rel` ("<relation>" or "csc:<relation>")."""
+  relation = key_rel.removeprefix("csc:")
+  head, tail = relation_types(relation)
+  reverse = key_rel.startswith("csc:")
+  n_rows, n_cols = plan.num_nodes[tail if reverse else head], plan.num_nodes[head if reverse else tail]
+  return n_rows, n_cols, max(1, math.ceil(n_rows / plan.rows_per_partition(key_rel)))
+
+
+def all_partitions(plan: GraphPlan, csc: bool) -> list[tuple[str, int]]:
+  """Every (CSR, partition) of the file: each gets a sort step, edges or not (it writes its share of indptr)."""
+  return [(key, p) for key in csr_keys(plan, csc) for p in range(csr_shape(plan, key)[2])]
+
+
+def _piece_name(parts_dir: str, key_rel: str, p: int, section: str) -> str:
+  return fs.join(parts_dir, f"{key_rel.replace(':', '_') or 'graph'}-{p:06d}-{section.replace('/', '~')}.bin")
 
 
 class _BuildPartFn(beam.DoFn):
-  """All chunks of one partition → a part file (local CSR of its node range)."""
+  """All chunks of one partition → its pieces of the file: `indptr` rows (offset by the edges of the
+  partitions before it, from the side input of counts), `indices` and the edge arrays in CSR order."""
 
   def __init__(self, plan: GraphPlan, parts_dir: str):
     self._plan = plan
     self._parts_dir = parts_dir
 
-  def process(self, element):
-    # One temp folder per part, removed here: runners do not promise to call teardown.
-    tmp = tempfile.mkdtemp(prefix="ogb-parts-")
-    try:
-      yield self._build(element, tmp)
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
+  def setup(self):
+    self._sorted = Metrics.counter(PIPELINE, "partitions_sorted")
+    self._written = Metrics.counter(PIPELINE, "bytes_written")
 
-  def _build(self, element, tmp: str):
+  def process(self, element, counts):
     (key_rel, p), chunks = element
-    chunks = sorted(chunks, key=lambda c: c[0])  # file order, whatever order the shuffle gave
+    chunks = sorted((c for c in chunks if c is not None), key=lambda c: c[0])  # file order, whatever the shuffle gave
+    before = sum(counts.get((key_rel, q), 0) for q in range(p))
+    got = sum(len(c[1]) for c in chunks)
+    if got != counts.get((key_rel, p), 0):  # a runner that lost or repeated a chunk
+      raise RuntimeError(f"{key_rel or 'graph'} partition {p}: {got} edges grouped, {counts.get((key_rel, p), 0)} read")
     relation = key_rel.removeprefix("csc:")
     part_size = self._plan.rows_per_partition(key_rel)
-    src = np.concatenate([c[1] for c in chunks])
-    dst = np.concatenate([c[2] for c in chunks])
+    n_rows, n_cols, _ = csr_shape(self._plan, key_rel)
+    start = p * part_size
+    rows = min(part_size, n_rows - start)
+    prefix = ("csc/" if key_rel.startswith("csc:") else "") + (f"rel/{relation}/" if relation else "")
+    src = np.concatenate([c[1] for c in chunks]) if chunks else np.zeros(0, np.int64)
+    dst = np.concatenate([c[2] for c in chunks]) if chunks else np.zeros(0, np.int64)
     extras = {}
-    for k in chunks[0][4]:
+    for k in (chunks[0][4] if chunks else {}):
       kinds = {c[4][k].dtype.kind for c in chunks}
       if len(kinds) > 1:  # one chunk all integers, another not: never widen silently
         raise OgbFormatError(f"{dict(self._plan_extras(relation))[k]}: integer and non-integer rows mixed "
                              f"(section {k})")
       extras[k] = np.concatenate([c[4][k] for c in chunks])
-    start = p * part_size
-    head, tail = relation_types(relation)
-    rows_total = self._plan.num_nodes[tail if key_rel.startswith("csc:") else head]
-    rows = min(part_size, rows_total - start)
-    cols = self._plan.num_nodes[head if key_rel.startswith("csc:") else tail]
-    indptr, indices, order = csr_from_coo(src - start, dst, rows, cols)
-    dest = fs.join(self._parts_dir, f"{key_rel.replace(':', '_') or 'graph'}-{p:06d}.graphbin")
-    local = fileio.local_staging_path(dest, tmp)
-    with GraphBinWriter(local) as w:
-      w.add("indptr", indptr)
-      w.add("indices", indices.astype(index_dtype(cols), copy=False))
-      for name, values in sorted(extras.items()):
-        w.add(name, values[order])
-    fileio.publish(local, dest)
-    return key_rel, p, len(src), dest
+    indptr, indices, order = csr_from_coo(src - start, dst, rows, n_cols)
+    yield self._write(prefix + "indptr", key_rel, p, indptr[1:] + before, "<i8")
+    if len(src):
+      yield self._write(prefix + "indices", key_rel, p, indices, index_dtype(n_cols).str)
+    for name, values in sorted(extras.items()):
+      yield self._write(prefix + name, key_rel, p, values[order], values.dtype.str,
+                        dict(self._plan_extras(relation)).get(name, ""))
+    self._sorted.inc()
 
+  def _write(self, section: str, key_rel: str, p: int, arr: np.ndarray, dtype: str, source: str = "") -> Piece:
+    with PieceWriter(_piece_name(self._parts_dir, key_rel, p, section)) as w:
+      w.write_array(arr, dtype)
+    self._written.inc(w.nbytes)
+    stored = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
+    return Piece(section, p, w.dest, w.nbytes, w.crc32c, stored.str, len(arr), tuple(arr.shape[1:]), source)
 
   def _plan_extras(self, relation: str) -> tuple[tuple[str, str], ...]:
     return next((s.extras for s in self._plan.edge_files if s.relation == relation), ())
 
 
-def _node_array_chunks(path: str, kind: str, feature_dtype: str, n: int, nonfinite: str = "error",
-                       count_file: str = "num-node-list") -> Iterator[np.ndarray]:
-  """Rows of a node file (CSV or `file.npz#key`), cast as the section will store them.
+@dataclasses.dataclass(frozen=True)
+class NodeUnit:
+  """Rows [start, stop) of one node file, written as one piece: a whole CSV (gzip is read from its
+  start), a whole deflated npz member (streamed once), or a row range of a stored npz member."""
 
-  The file must hold one row per node and no value that `nonfinite` refuses.
-  """
-  if "#" in path:
+  section: str
+  path: str  # a CSV, or `file.npz#key`
+  kind: str  # "float" (features), "int" or "auto"
+  num_nodes: int  # rows the file must hold
+  start: int = 0
+  stop: int = -1  # -1: to the end
+
+
+def node_units(plan: GraphPlan) -> list[NodeUnit]:
+  """The node files as units of work: a stored npz member in row ranges of about NODE_PIECE_BYTES, the rest whole."""
+  units = []
+  for section, path, kind in plan.node_files:
+    t = section.split("/")[1] if plan.layout == "heterogeneous" else ""
+    n = plan.num_nodes[t]
+    if "#" not in path:
+      units.append(NodeUnit(section, path, kind, n))
+      continue
     file, key = path.split("#", 1)
     with open_input(file) as f:
       member = NpzMember(f, file, key)
+    if member.compressed or not member.shape or member.shape[0] != n:  # a bad shape is named by the unit
+      units.append(NodeUnit(section, path, kind, n))
+      continue
+    row_bytes = max(1, int(np.prod(member.shape[1:], dtype=np.int64)) * member.dtype.itemsize)
+    step = max(1, NODE_PIECE_BYTES // row_bytes)
+    units += [NodeUnit(section, path, kind, n, a, min(n, a + step)) for a in range(0, max(n, 1), step)]
+  return units
+
+
+def _node_array_chunks(unit: NodeUnit, feature_dtype: str, nonfinite: str, count_file: str,
+                       opener=open_input) -> Iterator[np.ndarray]:
+  """Rows of a node unit, cast as the section will store them.
+
+  The file must hold one row per node and no value that `nonfinite` refuses.
+  """
+  path, kind, n = unit.path, unit.kind, unit.num_nodes
+  if "#" in path:
+    file, key = path.split("#", 1)
+    with opener(file) as f:
+      member = NpzMember(f, file, key)
       if not member.shape or member.shape[0] != n:
         raise OgbFormatError(f"{member.name}: shape {member.shape} for {n} nodes ({count_file})")
-      step = 1 << 20
-      for a in range(0, n, step):
-        arr = member.read(a, min(n, a + step))
+      a = unit.start
+      for arr in member.chunks(unit.start, n if unit.stop < 0 else unit.stop, 1 << 20):
         bad = first_nonfinite(arr, nonfinite)
         if bad is not None:
           raise OgbFormatError(f"{member.name}: row {a + bad}: non-finite value "
                                "(--allow_nonfinite=true keeps NaN/inf)")
+        a += len(arr)
         yield cast_like_ogb(arr, kind, feature_dtype)
     return
   rows = 0
-  with open_input(path) as f:
+  with opener(path) as f:
     for line, arr in read_csv_chunks(f, path, "auto", nonfinite=nonfinite):
       rows += len(arr)
       if rows > n:
@@ -191,63 +301,104 @@ def _node_array_chunks(path: str, kind: str, feature_dtype: str, n: int, nonfini
   check_rows(path, rows, n, "nodes", count_file)
 
 
+class _NodeArrayFn(beam.DoFn):
+  """A NodeUnit → its piece of the file (rows checked, one dtype throughout)."""
+
+  def __init__(self, plan: GraphPlan, feature_dtype: str, parts_dir: str):
+    self._plan, self._feature_dtype, self._parts_dir = plan, feature_dtype, parts_dir
+
+  def setup(self):
+    self._rows = Metrics.counter(PIPELINE, "node_rows_read")
+    self._bytes = Metrics.counter(PIPELINE, "bytes_read")
+    self._written = Metrics.counter(PIPELINE, "bytes_written")
+
+  def process(self, unit: NodeUnit):
+    plan = self._plan
+    opened: list[CountingFile] = []
+
+    def opener(path: str) -> CountingFile:
+      opened.append(CountingFile(open_input(path)))
+      return opened[-1]
+
+    dest = fs.join(self._parts_dir, f"{unit.section.replace('/', '~')}-{unit.start:012d}.bin")
+    first, rows, counted = None, 0, 0
+    with PieceWriter(dest) as w:
+      for c in _node_array_chunks(unit, self._feature_dtype, plan.nonfinite(unit.section), plan.node_count_file,
+                                  opener):
+        if first is None:
+          first = c
+        elif c.dtype.kind != first.dtype.kind:
+          raise OgbFormatError(f"{unit.path}: integer and non-integer rows mixed (section {unit.section})")
+        w.write_array(c, first.dtype)
+        rows += len(c)
+        self._rows.inc(len(c))
+        now = sum(f.count for f in opened)
+        self._bytes.inc(now - counted)
+        counted = now
+    self._written.inc(w.nbytes)
+    dtype = "" if first is None else first.dtype.newbyteorder("<").str if first.dtype.itemsize > 1 else first.dtype.str
+    yield Piece(unit.section, unit.start, w.dest, w.nbytes, w.crc32c, dtype, rows,
+                () if first is None else tuple(first.shape[1:]), unit.path)
 
 
 class _AssembleFn(beam.DoFn):
-  """Streams parts, node arrays and splits into the .graphbin, publishes it in the run's
-  generation and removes the parts; yields its `FileInfo` (the commit is shared: core.sink)."""
+  """Joins the pieces, the node type offsets and the splits into the .graphbin in the run's generation
+  (pieces.join_local / join_gcs), removes the pieces and yields its `FileInfo` (the commit is shared: core.sink)."""
 
-  def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, generation: str):
+  def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, generation: str,
+               compose_sources: int = fs.COMPOSE_MAX_SOURCES):
     self._plan, self._output, self._file = plan, output, file_name
     self._generation = generation
     self._feature_dtype, self._csc = feature_dtype, csc
+    self._compose_sources = compose_sources
 
-  def process(self, _, parts):
+  def setup(self):
+    self._written = Metrics.counter(PIPELINE, "bytes_written")
+
+  def process(self, _, pieces):
     plan = self._plan
-    by_rel: dict[str, dict[int, tuple[int, str]]] = {}
-    for key_rel, p, count, path in parts:
-      by_rel.setdefault(key_rel, {})[p] = (count, path)
-    tmp = tempfile.mkdtemp(prefix="ogb-assemble-")
-    try:
-      local = os.path.join(tmp, self._file)
-      meta = self._meta()
-      with GraphBinWriter(local) as w:
-        w.add_meta(meta)
-        for source in plan.edge_files if plan.layout != "binary" else plan.edge_files[:1]:
-          self._write_csr(w, source.relation, by_rel.get(source.relation, {}), source.extras, reverse=False)
-          if self._csc:
-            self._write_csr(w, source.relation, by_rel.get("csc:" + source.relation, {}), (), reverse=True)
-        for section, path, kind in plan.node_files:
-          t = section.split("/")[1] if plan.layout == "heterogeneous" else ""
-          n = plan.num_nodes[t]
-          chunks = _node_array_chunks(path, kind, self._feature_dtype, n, plan.nonfinite(section),
-                                      plan.node_count_file)
-          first = next(chunks, None)
-          if first is None:  # a type without nodes
-            continue
-          with w.stream(section, first.dtype.str, (n, first.shape[1])) as s:
-            s.write(first)
-            for c in chunks:
-              if c.dtype.kind != first.dtype.kind:
-                raise OgbFormatError(f"{path}: integer and non-integer rows mixed (section {section})")
-              s.write(c.astype(first.dtype, copy=False))
-        if plan.layout == "heterogeneous":
-          counts = [plan.num_nodes[t] for t in sorted(plan.num_nodes)]
-          w.add("node_type_offsets", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-        for prefix, path in plan.split_files:
-          self._write_split(w, prefix, path)
-      digest, size = sha256_file(local), os.path.getsize(local)
-      GraphBin(local, verify=False)  # the file parses: header, table, shapes
-      fileio.publish(local, fs.join(self._output, self._relative(self._file)))
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
+    by_section: dict[str, list[Piece]] = {}
+    for piece in pieces:
+      by_section.setdefault(piece.section, []).append(piece)
+    for v in by_section.values():
+      v.sort(key=lambda piece: piece.order)
+    sections = [SectionParts(META, "|u1", (len(self._meta_bytes()),), (self._meta_bytes(),))]
+    for key_rel in csr_keys(plan, self._csc):
+      sections += self._csr_sections(key_rel, by_section)
+    for section, path, _ in plan.node_files:
+      got = by_section.get(section, [])
+      typed = [piece for piece in got if piece.rows]
+      if not typed:  # a type without nodes
+        continue
+      first = typed[0]
+      for piece in typed:
+        if np.dtype(piece.dtype).kind != np.dtype(first.dtype).kind:
+          raise OgbFormatError(f"{path}: integer and non-integer rows mixed (section {section})")
+      n = sum(piece.rows for piece in got)
+      sections.append(SectionParts(section, first.dtype, (n, *first.inner), tuple(got)))
+    if plan.layout == "heterogeneous":
+      counts = [plan.num_nodes[t] for t in sorted(plan.num_nodes)]
+      offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+      sections.append(SectionParts("node_type_offsets", "<i8", offsets.shape, (glue_array(offsets),)))
+    for prefix, path in plan.split_files:
+      sections += self._split_sections(prefix, path)
+    segments, _ = layout(sections)
+    dest = fs.join(self._output, self._relative(self._file))
     parts_dir = fs.join(self._output, self._relative(PARTS_DIR))
-    fs.delete_many(fs.walk(parts_dir))  # the parts live in this run's generation
+    if fs.is_gcs(dest):
+      digest, size = join_gcs(segments, dest, parts_dir, self._compose_sources)
+    else:
+      digest, size = join_local(segments, dest)
+    self._written.inc(size)
+    fs.delete_many(fs.walk(parts_dir))  # the pieces live in this run's generation
     fs.remove_empty_dirs(parts_dir)
     yield FileInfo(self._relative(self._file), size, digest, "graphbin")
 
   def _relative(self, name: str) -> str:
     return f"{self._generation}/{name}" if self._generation else name
+
+  def _meta_bytes(self) -> bytes:
+    return json.dumps(self._meta(), sort_keys=True).encode()
 
   def _meta(self) -> dict:
     plan = self._plan
@@ -261,74 +412,50 @@ class _AssembleFn(beam.DoFn):
       meta["reverse_relations"] = added
     return meta
 
-  def _write_csr(self, w: GraphBinWriter, relation: str, parts: dict[int, tuple[int, str]],
-                 extras: Sequence[tuple[str, str]], reverse: bool) -> None:
+  def _csr_sections(self, key_rel: str, by_section: dict[str, list[Piece]]) -> list[SectionParts]:
     plan = self._plan
-    head, tail = relation_types(relation)
-    rows_type, cols_type = (tail, head) if reverse else (head, tail)
-    n_rows, n_cols = plan.num_nodes[rows_type], plan.num_nodes[cols_type]
-    part_size = plan.rows_per_partition(("csc:" if reverse else "") + relation)
-    num_parts = max(1, math.ceil(n_rows / part_size))
-    total = sum(c for c, _ in parts.values())
-    prefix = ("csc/" if reverse else "") + (f"rel/{relation}/" if relation else "")
-    opened: dict[int, GraphBin] = {}
-    tmp = tempfile.mkdtemp(prefix="ogb-part-")
+    relation = key_rel.removeprefix("csc:")
+    n_rows, n_cols, num_parts = csr_shape(plan, key_rel)
+    prefix = ("csc/" if key_rel.startswith("csc:") else "") + (f"rel/{relation}/" if relation else "")
+    indptr = by_section.get(prefix + "indptr", [])
+    if [piece.order for piece in indptr] != list(range(num_parts)):
+      raise RuntimeError(f"{prefix}indptr: pieces of partitions {[piece.order for piece in indptr]}, "
+                         f"expected 0..{num_parts - 1}")
+    indices = by_section.get(prefix + "indices", [])
+    total = sum(piece.rows for piece in indices)
+    out = [SectionParts(prefix + "indptr", "<i8", (n_rows + 1,), (glue_array(np.zeros(1, np.int64)), *indptr)),
+           SectionParts(prefix + "indices", index_dtype(n_cols).str, (total,), tuple(indices))]
+    extras = () if key_rel.startswith("csc:") else next(
+        (s.extras for s in plan.edge_files if s.relation == relation), ())
+    for section, path in extras:
+      got = by_section.get(prefix + section, [])
+      if not got:
+        continue
+      first = got[0]
+      for piece in got:
+        if piece.dtype != first.dtype:
+          raise OgbFormatError(f"{path}: integer and non-integer rows mixed (section {prefix + section})")
+      rows = sum(piece.rows for piece in got)
+      if rows != total:
+        raise RuntimeError(f"{prefix + section}: {rows} rows for {total} edges")
+      out.append(SectionParts(prefix + section, first.dtype, (total, *first.inner), tuple(got)))
+    return out
 
-    def part(p: int) -> GraphBin | None:
-      if p not in parts:
-        return None
-      if p not in opened:
-        opened.clear()
-        path = parts[p][1]
-        local = path if not fs.is_gcs(path) else os.path.join(tmp, os.path.basename(path))
-        if local != path:
-          fs.download(path, local)
-        opened[p] = GraphBin(local)
-      return opened[p]
-
-    try:
-      with w.stream(prefix + "indptr", "<i8", (n_rows + 1,)) as s:
-        s.write(np.zeros(1, np.int64))
-        offset = 0
-        for p in range(num_parts):
-          rows = min(part_size, n_rows - p * part_size)
-          g = part(p)
-          local = np.zeros(rows, np.int64) if g is None else np.asarray(g["indptr"][1:])
-          s.write(local + offset)
-          offset += 0 if g is None else int(g["indptr"][-1])
-      if offset != total:
-        raise RuntimeError(f"{relation or 'graph'}: parts hold {total} edges, indptr ends at {offset}")
-      idtype = index_dtype(n_cols).str
-      with w.stream(prefix + "indices", idtype, (total,)) as s:
-        for p in range(num_parts):
-          g = part(p)
-          if g is not None:
-            s.write(g["indices"])
-      for section, path in extras:
-        first = next((part(p)[section] for p in range(num_parts) if part(p) is not None), None)
-        if first is None:
-          continue
-        with w.stream(prefix + section, first.dtype.str, (total, *first.shape[1:])) as s:
-          for p in range(num_parts):
-            g = part(p)
-            if g is not None:
-              if g[section].dtype != first.dtype:
-                raise OgbFormatError(f"{path}: integer and non-integer rows mixed (section {prefix + section})")
-              s.write(g[section])
-    finally:
-      opened.clear()
-      shutil.rmtree(tmp, ignore_errors=True)
-
-  def _write_split(self, w: GraphBinWriter, prefix: str, path: str) -> None:
+  def _split_sections(self, prefix: str, path: str) -> list[SectionParts]:
     if path.endswith(".pt"):
       with open_input(path) as f:
         arrays = load_pt_split(f, path)
+      out = []
       for key, arr in sorted(arrays.items()):
-        w.add(f"{prefix}/{key}", np.asarray(arr))
-      return
+        arr = np.asarray(arr)
+        if arr.dtype.kind not in "iufb":
+          raise TypeError(f"section {prefix}/{key!r}: dtype {arr.dtype} is not numeric")
+        data = glue_array(arr)
+        dtype = np.dtype(arr.dtype).newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
+        out.append(SectionParts(f"{prefix}/{key}", dtype.str, arr.shape, (data,)))
+      return out
     t = prefix.split("/")[2] if self._plan.layout == "heterogeneous" else ""
     ids = read_small(path, "int", 1)[:, 0]
     check_ids(ids, self._plan.num_nodes[t] if self._plan.task == "node" else 2**62, path, 1)
-    w.add(prefix, ids.astype(np.int64))
-
-
+    ids = ids.astype(np.int64)
+    return [SectionParts(prefix, "<i8", ids.shape, (glue_array(ids),))]

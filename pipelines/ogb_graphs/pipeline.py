@@ -33,7 +33,8 @@ from pipelines.core.converter import ConvertUnits, Converter, Files, OutputPlan,
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, ConverterOptions, bool_flag, common_config, dataset_name, int_flag
 from pipelines.core.sink import InputSummary
-from pipelines.ogb_graphs.assemble import PARTS_DIR, _AssembleFn, _BuildPartFn, _ReadEdgesFn
+from pipelines.ogb_graphs.assemble import (
+    PARTS_DIR, _AssembleFn, _BuildPartFn, _NodeArrayFn, _ReadEdgesFn, all_partitions, node_units)
 from pipelines.ogb_graphs.plan import PIPELINE, GraphPlan, csv_path, plan_graph, read_counts
 from pipelines.ogb_graphs.property import GraphUnits, graph_features_from_plan
 from pipelines.ogb_graphs.read import OgbMissingFileError
@@ -72,6 +73,7 @@ class OgbGraphsConfig:
   edges_per_partition: int = DEFAULT_EDGES_PER_PARTITION
   allow_nonfinite: bool = False
   add_reverse_relations: bool = False  # heterogeneous: also store each relation's reverse (rev_<relation>)
+  compose_sources: int = fs.COMPOSE_MAX_SOURCES  # gs:// objects per compose request (tests lower it)
 
 
 def _ogb_name(options: PipelineOptions, root: str) -> str:
@@ -162,21 +164,37 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
     sources = list(graph.edge_files)
     if config.csc:
       sources += [dataclasses.replace(s, reverse=True, extras=()) for s in graph.edge_files]
-    parts = (
+    parts_dir = fs.join(common.output, common.generation, PARTS_DIR)
+    chunks = (
         p
         | "EdgeSources" >> beam.Create(sources)
         | "SpreadSources" >> beam.Reshuffle()
         | "ReadEdges" >> beam.ParDo(_ReadEdgesFn(graph, config.feature_dtype))
-        | "GroupByPartition" >> beam.GroupByKey()
-        | "SortPartitions" >> beam.ParDo(_BuildPartFn(graph, fs.join(common.output, common.generation, PARTS_DIR)))
     )
+    counts = (chunks
+              | "ChunkSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1][1])))
+              | "EdgesPerPartition" >> beam.CombinePerKey(sum))
+    every = p | "EveryPartition" >> beam.Create([(key, None) for key in all_partitions(graph, config.csc)])
+    edge_pieces = (
+        (chunks, every)
+        | "WithEmptyPartitions" >> beam.Flatten()
+        | "GroupByPartition" >> beam.GroupByKey()
+        | "SortPartitions" >> beam.ParDo(_BuildPartFn(graph, parts_dir), counts=beam.pvalue.AsDict(counts))
+    )
+    node_pieces = (
+        p
+        | "NodeFiles" >> beam.Create(node_units(graph))
+        | "SpreadNodeFiles" >> beam.Reshuffle()
+        | "ReadNodeArrays" >> beam.ParDo(_NodeArrayFn(graph, config.feature_dtype, parts_dir))
+    )
+    pieces = (edge_pieces, node_pieces) | "AllPieces" >> beam.Flatten()
     files = (
         p
         | "AssembleTrigger" >> beam.Create([None])
         | "Assemble" >> beam.ParDo(
             _AssembleFn(graph, common.output, common.name + ".graphbin", config.feature_dtype, config.csc,
-                        common.generation),
-            parts=beam.pvalue.AsList(parts))
+                        common.generation, config.compose_sources),
+            pieces=beam.pvalue.AsList(pieces))
     )
     summary = {
         "layout": graph.layout, "task": graph.task, "num_nodes": graph.num_nodes,
