@@ -1,6 +1,6 @@
 """Benchmarks `pipelines.image_folder` on the DirectRunner against a plain Python loop.
 
-    python scripts/bench_image_folder.py [--work=bench_work] [--num_images=2000]
+    python scripts/bench_image_folder.py [--work=bench_work] [--num_images=6000]
         [--image_size=224,224] [--encoding=jpeg|raw] [--format=array_record|tfrecord]
         [--num_shards=0] [--rounds=3] [--json=results.json]
 
@@ -42,8 +42,8 @@ from pipelines.core.sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
 import make_sample_images  # noqa: E402
 
 NUM_CLASSES = 10
-IN_PROCESS_TARGET = 1.25  # in-process DirectRunner: at most this times the loop's time
-MULTI_PROCESS_TARGET = 1.0  # 2 workers: faster than the loop
+IN_PROCESS_TARGET = 1.1  # in-process DirectRunner, one worker: at most this times the loop's time (issue 14)
+MULTI_PROCESS_TARGET = 0.8  # 2 worker processes: at most this times the loop's time (issue 14)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,11 +133,12 @@ def timed(variant: str, output: str, expected: int, fn: Callable[[str], int]) ->
 
 
 def alternated(variants: Sequence[tuple[str, str, Callable[[str], int]]], rounds: int, expected: int) -> list[Result]:
-  """Each round runs every variant once, in order; medians of the times and of the ratios
-  to the first variant's time in the same round."""
+  """Each round runs every variant once, the order rotated by one each round (no variant always
+  runs first, on a cold cache, or last); medians of the times and of the ratios to the first
+  variant's time in the same round."""
   times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
   for r in range(rounds):
-    for name, output, fn in variants:
+    for name, output, fn in variants[r % len(variants):] + variants[:r % len(variants)]:
       times[name].append(timed(name, output, expected, fn))
     print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()), flush=True)
   base = times[variants[0][0]]
@@ -148,7 +149,7 @@ def alternated(variants: Sequence[tuple[str, str, Callable[[str], int]]], rounds
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--work", default="bench_work", help="cache of the input and outputs (git-ignored)")
-  ap.add_argument("--num_images", type=int, default=2000)
+  ap.add_argument("--num_images", type=int, default=6000)
   ap.add_argument("--image_size", default="224,224")
   ap.add_argument("--encoding", default="jpeg")
   ap.add_argument("--format", default="array_record")
@@ -191,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   checks = [
       (f"in-process DirectRunner within {IN_PROCESS_TARGET}x of the loop's time",
        results[1].ratio, results[1].ratio <= IN_PROCESS_TARGET),
-      ("2 workers faster than the loop", results[2].ratio, results[2].ratio < MULTI_PROCESS_TARGET),
+      (f"2 worker processes within {MULTI_PROCESS_TARGET}x of the loop's time", results[2].ratio,
+       results[2].ratio <= MULTI_PROCESS_TARGET),
   ]
   print()
   for text, ratio, ok in checks:

@@ -6,6 +6,9 @@ toolkit, pydicom's decoders or array_record fails only after the job started.
 
 - one-line UsageErrors for what Dataflow cannot work with: no --project or
   --region, a --temp_location / --input / --output that is not gs://;
+- the `upload_graph` experiment: the job's graph (which carries a shard plan
+  made at launch, ~13 MB compressed for ImageNet) is staged to GCS, because
+  Dataflow refuses job requests over 10 MB;
 - unless the user chose how workers get their code (--setup_file,
   --extra_package(s), --requirements_file or --sdk_container_image), it builds
   a wheel of this project (staged with --extra_package) and a requirements file
@@ -27,7 +30,7 @@ import sys
 import tempfile
 
 from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, WorkerOptions)
+    DebugOptions, GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions, WorkerOptions)
 
 from pipelines.core.errors import UsageError
 
@@ -175,6 +178,9 @@ def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipeli
   if not is_dataflow(options):
     return
   check(options, common)
+  # A shard plan made at launch travels inside the job's graph (ImageNet's: about 13 MB compressed);
+  # Dataflow refuses a job request over 10 MB unless the graph is staged to GCS instead.
+  options.view_as(DebugOptions).add_experiment("upload_graph")
   setup = options.view_as(SetupOptions)
   if (setup.setup_file or setup.extra_packages or setup.requirements_file
       or options.view_as(WorkerOptions).sdk_container_image):

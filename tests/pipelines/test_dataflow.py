@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions
+from apache_beam.options.pipeline_options import DebugOptions, GoogleCloudOptions, SetupOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from pipelines import registry
@@ -35,7 +35,8 @@ def gcs_inputs(gcs_emulator, tmp_path_factory):
 
 # Steps a converter's job must have, beyond the commit every job ends with.
 EXPECTED_STEPS = {
-    "image_folder": {"ListFiles", "Convert", "Write"},
+    "image_folder": {"ShardPlan", "Convert", "Finalize"},  # planned at launch: no listing step
+    "array_folder": {"ShardPlan", "Convert", "Finalize"},
     "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "ReadVolumes", "Write"},
     "ogb_graphs": {"EdgeSources", "ReadEdges", "GroupByPartition", "SortPartitions", "Assemble", "Commit"},
 }
@@ -63,7 +64,9 @@ def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, g
   assert "apache-beam" not in names and all("==" in r for r in requirements)
   steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
   assert EXPECTED_STEPS.get(pipeline, set()) <= steps
-  assert {"Write", "Commit"} & steps  # every job ends in the shared commit
+  assert {"Write", "Commit", "Finalize"} & steps  # every job ends in the shared commit
+  # A plan made at launch travels in the job's graph: staged to GCS, not sent in the request (10 MB limit).
+  assert "upload_graph" in job.options.view_as(DebugOptions).experiments
   gcp = job.options.view_as(GoogleCloudOptions)
   assert (gcp.project, gcp.region) == ("toolkit-test", "europe-west4")
   assert gcp.temp_location.startswith(f"gs://{gcs_emulator}/tmp")  # Beam appends the job's own folder
