@@ -8,8 +8,10 @@
 The input is any tree of files: many patients, studies and series mixed,
 meaningless names, non-DICOM files. Headers are read first (no pixel data) and
 grouped into candidate series; each series is planned (sorted along its slice
-normal, checked for missing slices, irregular spacing, tilt and duplicates) and
-only then are its pixels decoded, one volume per element. One record per
+normal, checked for missing slices, irregular spacing, tilt and duplicates).
+The plans are the work units of a shard plan (`pipelines.core.shards`): one
+step per shard reads, assembles, encodes and writes its series, so no volume
+crosses a stage boundary (docs/ct_volumes.md, "Stages"). One record per
 volume: `volume` ([depth, rows, columns] HU), `spacing` (z, y, x mm), `origin`
 (LPS mm of voxel [0, 0, 0]), `direction` (3x3, columns = the directions of the
 column, row and slice axes), `num_slices`, `series_id`, `patient_id` (salted
@@ -20,6 +22,7 @@ errors/rejected.jsonl with its reason. Splits are assigned per patient.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 import io
 import logging
 import re
@@ -28,14 +31,13 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
-import dataclasses
-
 from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines.core import inputs
-from pipelines.core.converter import ConvertUnits, Converter, OutputPlan, Records, UnitConverter, counters
+from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, int_flag
+from pipelines.core.shards import ConvertShards, PlanUnit, plan_shards
 from pipelines.core.sink import InputSummary, Record, Reject
 from pipelines.ct_volumes.assembly import (
     DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
@@ -198,7 +200,11 @@ class _PlanFn(beam.DoFn):
 
 
 class _VolumeUnits(UnitConverter):
-  """VolumePlan → one Record with the HU volume, or Rejects for all its files."""
+  """VolumePlan → one Record with the HU volume, or Rejects for all its files.
+
+  Runs inside its shard's step (`ConvertShards`): the volume is read, assembled
+  and encoded here, and only its encoded record is kept, until the shard is written.
+  """
 
   def __init__(self, splits, features_by_dtype: dict[str, Features], read_policy: inputs.ReadPolicy,
                max_volume_voxels: int = MAX_VOLUME_VOXELS):
@@ -235,9 +241,28 @@ class _VolumeUnits(UnitConverter):
         "num_slices": len(plan.slices), "series_id": plan.series_id, "patient_id": plan.patient_id,
         "sorted_by": plan.sorted_by,
     })
+    del volume  # the shard keeps the encoded record only
     self._count.volumes_written.inc()
     self._count.slices_used.inc(len(plan.slices))
     yield Record(split, plan.key, payload, num_inputs=len(plan.slices))
+
+
+def plan_unit(plan: VolumePlan, splits: Sequence[tuple[str, float]], policy: str) -> PlanUnit:
+  """A series' unit in the shard plan: its split (by patient), its record key, the plan, its volume's bytes.
+
+  Args:
+    plan: the series' volume plan (headers only).
+    splits: (name, fraction) pairs from `parse_splits`.
+    policy: --volume_dtype (auto counts 4 bytes a voxel for a non-integral rescale, else 2).
+
+  Returns:
+    The `PlanUnit`; its `nbytes` is voxels × the dtype's size: the record's size within a few hundred
+    bytes (with `auto`, twice that when another series makes the whole output float32).
+  """
+  first = plan.slices[0]
+  itemsize = 4 if policy == "float32" or (policy == "auto" and not plan.integral_rescale) else 2
+  return PlanUnit(split_of(plan.patient_id, splits), plan.key, plan,
+                  len(plan.slices) * first.rows * first.columns * itemsize)
 
 
 def _volume_dtype(needs_float: bool, policy: str) -> str:
@@ -315,18 +340,23 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
                 "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
                 "max_volume_voxels": config.max_volume_voxels})
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> Records:
-    """See Converter.expand: headers per file, grouped into series and planned, then one volume per series.
+  def expand(self, p: beam.Pipeline, common: CommonConfig, config: CtVolumesConfig,
+             plan: OutputPlan) -> ShardsWritten:
+    """See Converter.expand: headers per file, grouped into series and planned; the series are then the
+    units of a shard plan, and each shard's series are read, assembled, encoded and written in one step.
+
+    Only headers and plans (paths, geometry) cross a stage: no volume is shuffled.
 
     Args:
       p: the pipeline the steps are added to.
-      common: the input tree and the read policy.
+      common: the input tree, the read policy and the workers.
       config: the salt, splits, dtype policy, tolerance and size limits.
-      plan: unused beyond the shared spec (CT lists its whole tree on the workers).
+      plan: the features and splits of the output spec (CT lists its whole tree on the workers).
 
     Returns:
-      One record per volume, the rejected files, the frame accounting and the run-time schema.
+      The shards written, the rejected files, the frame accounting and the run-time schema.
     """
+    spec = self.output_spec(common, plan)
     features_by_dtype = {d: volume_features(d) for d in ("int16", "float32")}
     read_policy = common.read_policy
     listed = (
@@ -358,8 +388,11 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         | "AnyNeedsFloat" >> beam.CombineGlobally(any)
         | "VolumeDtype" >> beam.Map(_volume_dtype, config.volume_dtype)
     )
-    volumes = planned.plans | "ReadVolumes" >> ConvertUnits(
-        _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels), PIPELINE,
+    units = planned.plans | "SeriesUnits" >> beam.Map(plan_unit, config.splits, config.volume_dtype)
+    shard_plan = plan_shards(p, units, spec, common.workers)
+    volumes = shard_plan.tasks | "ReadVolumes" >> ConvertShards(
+        _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels), spec, PIPELINE,
+        totals=shard_plan.totals, workers=common.workers,
         dtype=beam.pvalue.AsSingleton(dtype), raw_paths=beam.pvalue.AsDict(raw_paths))
     rejects = (
         (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes.rejects, listing_rejects)
@@ -384,4 +417,4 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
                                   warnings=beam.pvalue.AsList(warnings))
     )
     features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])
-    return Records(volumes.records, rejects, summary, features)
+    return ShardsWritten(volumes.results, shard_plan.planned, rejects, summary, features)

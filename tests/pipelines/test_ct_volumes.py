@@ -6,7 +6,12 @@ import collections
 import glob
 import json
 import os
+import pickle
 
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.pipeline import PipelineVisitor
 import make_sample_ct as ct
 import numpy as np
 import pydicom
@@ -17,7 +22,9 @@ from formats import arrayrecord, files, tfrecord
 from formats.manifest import Manifest
 from formats.output import verify as verify_output
 from pipelines import ct_volumes
-from pipelines.ct_volumes.headers import salted_hash
+from pipelines.ct_volumes.assembly import plan_volumes
+from pipelines.ct_volumes.headers import read_slices, salted_hash
+from pipelines.ct_volumes.pipeline import plan_unit
 from tests.conftest import upload_tree
 
 pytestmark = pytest.mark.slow
@@ -212,6 +219,81 @@ def test_reruns_are_byte_identical(tree, converted, tmp_path):
   assert [s.sha256 for sp in m.splits.values() for s in sp.shards] == [
       s.sha256 for sp in m2.splits.values() for s in sp.shards]
   assert verify_output(again, m2) == 0
+
+
+def test_a_series_unit_carries_its_split_key_and_size(tree):
+  root, truths = tree
+  t = next(t for t in truths if t.expected == ct.VOLUME and len(t.files) == t.hu.shape[0])
+  slices = [s for f in t.files for s in read_slices(open(f, "rb"), f, SALT)]
+  (plan,), _ = plan_volumes(slices)
+  splits = ct_volumes.parse_splits("train=0.5,validation=0.25,test=0.25")
+  unit = plan_unit(plan, splits, "int16")
+  assert (unit.split, unit.key, unit.unit) == (ct_volumes.split_of(plan.patient_id, splits), plan.key, plan)
+  assert unit.nbytes == t.hu.size * 2 and plan_unit(plan, splits, "float32").nbytes == t.hu.size * 4
+
+
+class _Pcollections(PipelineVisitor):
+  """Every PCollection of a pipeline, with the label of the step that makes it, except those inside a
+  CombinePerKey (the runner replaces that step's inside by its lifted combine: a probe there breaks it)."""
+
+  def __init__(self):
+    self.found: list[tuple[str, beam.PCollection]] = []
+
+  def visit_value(self, value, producer_node):
+    node = producer_node
+    while node is not None:
+      if isinstance(node.transform, beam.CombinePerKey):
+        return
+      node = node.parent
+    if isinstance(value, beam.PCollection):
+      self.found.append((producer_node.full_label, value))
+
+
+class _ElementBytes(beam.DoFn):
+  """Records the pickled size of each element of one PCollection in a distribution named after it."""
+
+  def __init__(self, label: str):
+    self._label = label
+
+  def process(self, element):
+    if isinstance(element, tuple) and len(element) == 2 and not isinstance(element[1], (bytes, str)) and hasattr(
+        element[1], "__iter__") and not hasattr(element[1], "_fields"):
+      element = (element[0], list(element[1]))  # a GroupByKey's values: materialized to be pickled
+    Metrics.distribution("element_bytes", self._label).update(len(pickle.dumps(element, pickle.HIGHEST_PROTOCOL)))
+
+
+def test_no_volume_crosses_a_stage(tmp_path, monkeypatch):
+  """Each series is read, assembled, encoded and written in its shard's one step: no element of any
+  PCollection of the job (headers, plans, shard tasks, results, side inputs) comes near one volume's
+  bytes. Every PCollection the converter builds gets a probe that pickles each element."""
+  src = str(tmp_path / "in")
+  for k in range(3):
+    ct.write_big_series(os.path.join(src, f"s{k}"), 48, rows=256, cols=256, seed=k)
+  volume_bytes = 48 * 256 * 256 * 2  # int16: 6 MiB
+  build = ct_volumes.CtVolumes.build
+  probed: list[str] = []
+
+  def probed_build(self, p, common, config):
+    out = build(self, p, common, config)
+    visitor = _Pcollections()
+    p.visit(visitor)
+    for i, (label, pcoll) in enumerate(visitor.found):
+      probed.append(label)
+      _ = pcoll | f"ElementBytes{i}" >> beam.ParDo(_ElementBytes(label))
+    return out
+
+  monkeypatch.setattr(ct_volumes.CtVolumes, "build", probed_build)
+  out = str(tmp_path / "out")
+  result = ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--splits=train=1.0",
+                           "--num_shards=1"])
+  m = Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+  assert m.num_records == 3 and m.splits["train"].shards[0].num_bytes > 3 * volume_bytes
+  sizes = {r.key.metric.name: r.committed.max
+           for r in result.metrics().query(MetricsFilter().with_namespace("element_bytes"))["distributions"]}
+  assert {"ReadHeaders/ParDo(_ReadHeadersFn)", "PlanVolumes/ParDo(_PlanFn)"} <= set(sizes) <= set(probed)
+  assert any(name.startswith("ReadVolumes/") for name in sizes)
+  largest = max(sizes, key=sizes.get)
+  assert sizes[largest] < volume_bytes // 8, (largest, sizes[largest])
 
 
 @pytest.mark.gcs
