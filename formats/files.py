@@ -401,15 +401,17 @@ class LocalCopy:
 
 
 COMPOSE_MAX_SOURCES = 32  # GCS composes at most 32 objects per request
+COMPOSE_RETRY_S = 120.0  # how long a compose request is retried on transient errors (the client's default)
 
 
-def compose(sources: list[str], dest: str, scratch: str, max_sources: int = COMPOSE_MAX_SOURCES) -> None:
+def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32) -> None:
   """Joins gs:// objects, in order, into `dest` by object composition (no byte passes through here).
 
   At most `max_sources` objects per compose request: more are composed in a tree, each level
   joining runs of `max_sources` into intermediate objects `<scratch>/compose-<level>-<i>`, which
   are deleted once `dest` exists (and when a compose fails). Every request is retried on transient
-  errors: composing the same sources into the same name again gives the same object.
+  errors for `COMPOSE_RETRY_S` seconds: composing the same sources into the same name again gives the
+  same object.
 
       compose([f"gs://b/run/_parts/p{i}" for i in range(100)], "gs://b/run/g.graphbin", "gs://b/run/_parts")
 
@@ -427,11 +429,12 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = COMP
 
   if not sources:
     raise ValueError(f"compose into {dest}: no sources")
-  if not 2 <= max_sources <= COMPOSE_MAX_SOURCES:
-    raise ValueError(f"max_sources must be in [2, {COMPOSE_MAX_SOURCES}], got {max_sources}")
+  if not 2 <= max_sources <= 32:
+    raise ValueError(f"max_sources must be in [2, 32] (GCS composes at most 32 per request), got {max_sources}")
   bucket = _split_gcs(dest)[0]
   if any(not is_gcs(p) or _split_gcs(p)[0] != bucket for p in [*sources, scratch]):
     raise ValueError(f"compose into {dest}: every source and the scratch folder must be in gs://{bucket}")
+  retry = DEFAULT_RETRY.with_timeout(COMPOSE_RETRY_S)
   made: list[str] = []
   try:
     level, layer = 0, list(sources)
@@ -441,10 +444,10 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = COMP
       for i, group in enumerate(groups):
         name = join(scratch, f"compose-{level}-{i:06d}")
         made.append(name)
-        _compose_once(group, name, DEFAULT_RETRY)
+        _compose_once(group, name, retry)
         layer.append(name)
       level += 1
-    _compose_once(layer, dest, DEFAULT_RETRY)
+    _compose_once(layer, dest, retry)
   finally:
     delete_many(made)
 

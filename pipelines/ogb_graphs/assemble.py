@@ -345,12 +345,10 @@ class _AssembleFn(beam.DoFn):
   """Joins the pieces, the node type offsets and the splits into the .graphbin in the run's generation
   (pieces.join_local / join_gcs), removes the pieces and yields its `FileInfo` (the commit is shared: core.sink)."""
 
-  def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, generation: str,
-               compose_sources: int = fs.COMPOSE_MAX_SOURCES):
+  def __init__(self, plan: GraphPlan, output: str, file_name: str, feature_dtype: str, csc: bool, generation: str):
     self._plan, self._output, self._file = plan, output, file_name
     self._generation = generation
     self._feature_dtype, self._csc = feature_dtype, csc
-    self._compose_sources = compose_sources
 
   def setup(self):
     self._written = Metrics.counter(PIPELINE, "bytes_written")
@@ -386,7 +384,7 @@ class _AssembleFn(beam.DoFn):
     dest = fs.join(self._output, self._relative(self._file))
     parts_dir = fs.join(self._output, self._relative(PARTS_DIR))
     if fs.is_gcs(dest):
-      digest, size = join_gcs(segments, dest, parts_dir, self._compose_sources)
+      digest, size = join_gcs(segments, dest, parts_dir)
     else:
       digest, size = join_local(segments, dest)
     self._written.inc(size)

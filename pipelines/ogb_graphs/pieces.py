@@ -235,8 +235,8 @@ def join_local(segments: Sequence[Segment], dest: str) -> tuple[str, int]:
   return h.hexdigest(), size
 
 
-def join_gcs(segments: Sequence[Segment], dest: str, scratch: str,
-             max_sources: int = fs.COMPOSE_MAX_SOURCES) -> tuple[str, int]:
+def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: int | None = None
+             ) -> tuple[str, int]:
   """Composes the segments into the gs:// object `dest`; returns its (hex SHA-256, size).
 
   Glue segments are uploaded to `<scratch>/glue-<i>` first. After the compose, the object is read
@@ -248,7 +248,8 @@ def join_gcs(segments: Sequence[Segment], dest: str, scratch: str,
     dest: the final gs:// object.
     scratch: a gs:// folder in the same bucket for glue and intermediate objects (the caller
       deletes it afterwards).
-    max_sources: objects per compose request (formats.files.compose).
+    max_sources: objects per compose request (formats.files.compose); None: `fs.COMPOSE_MAX_SOURCES`
+      as it is when called (tests lower it to build a deeper tree).
 
   Returns:
     (hex SHA-256, size) of the composed object.
@@ -265,7 +266,7 @@ def join_gcs(segments: Sequence[Segment], dest: str, scratch: str,
       sources.append(name)
     else:
       sources.append(seg.path)
-  fs.compose(sources, dest, scratch, max_sources)
+  fs.compose(sources, dest, scratch, max_sources or fs.COMPOSE_MAX_SOURCES)
   size = file_size(segments)
   obj = gcs_download.remote_object(dest)
   if obj.size != size:

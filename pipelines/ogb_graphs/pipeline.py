@@ -73,7 +73,6 @@ class OgbGraphsConfig:
   edges_per_partition: int = DEFAULT_EDGES_PER_PARTITION
   allow_nonfinite: bool = False
   add_reverse_relations: bool = False  # heterogeneous: also store each relation's reverse (rev_<relation>)
-  compose_sources: int = fs.COMPOSE_MAX_SOURCES  # gs:// objects per compose request (tests lower it)
 
 
 def _ogb_name(options: PipelineOptions, root: str) -> str:
@@ -193,7 +192,7 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
         | "AssembleTrigger" >> beam.Create([None])
         | "Assemble" >> beam.ParDo(
             _AssembleFn(graph, common.output, common.name + ".graphbin", config.feature_dtype, config.csc,
-                        common.generation, config.compose_sources),
+                        common.generation),
             pieces=beam.pvalue.AsList(pieces))
     )
     summary = {

@@ -139,10 +139,19 @@ def read_csv_chunks(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None 
       if not stream.readline():
         return
       line = 2
-    for block in _line_blocks(stream, chunk_rows):
-      rows, ncols = _check_block(block, name, line, ncols)
-      arr = None if dtype == "str" else _fast_numbers(block, rows, ncols, dtype)
-      if arr is None or (arr.dtype.kind == "f" and nonfinite != "allow" and not np.isfinite(arr).all()):
+    for block, rows in _line_blocks(stream, chunk_rows):
+      # Fast path: pandas parses plain numbers; a block it takes whole, rows of `ncols` numbers each (the
+      # first line's count when not known yet) without a non-finite value, passes every check below
+      # (a short or empty row would hold NaN, a long one fails the parse, a stray byte is >= 128).
+      arr = None
+      if dtype != "str" and np.frombuffer(block, np.uint8).max(initial=0) < 128:
+        guess = ncols or block[:block.find(b"\n")].count(b",") + 1
+        arr = _fast_numbers(block, rows, guess, dtype)
+        if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
+          arr = None
+        ncols = guess if arr is not None else ncols
+      if arr is None:
+        rows, ncols = _check_block(block, name, line, ncols)
         values = _cells(block, name, line, rows, ncols)  # the text of each cell: the checks' messages quote it
         if dtype == "str":
           arr = values
@@ -160,29 +169,42 @@ def read_csv_chunks(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None 
     raise OgbFormatError(f"{name}: line {line}: unreadable gzip stream: {e}") from None
 
 
-def _line_blocks(stream: BinaryIO, rows: int) -> Iterator[bytes]:
-  """Blocks of exactly `rows` whole lines (fewer in the last), each line ending in a newline."""
+def _line_blocks(stream: BinaryIO, rows: int) -> Iterator[tuple[bytes, int]]:
+  """(block, lines) of exactly `rows` whole lines (fewer in the last), each line ending in a newline.
+
+  Newlines are counted per read; only the read where a block ends is searched for its cut.
+  """
   pending: list[bytes] = []
+  counts: list[int] = []
   count, eof = 0, False
   while True:
     while count < rows and not eof:
       data = stream.read(_READ_BYTES)
       if data:
         pending.append(data)
-        count += data.count(b"\n")
+        counts.append(data.count(b"\n"))
+        count += counts[-1]
       else:
         eof = True
-    buf = b"".join(pending)
-    if eof and buf and not buf.endswith(b"\n"):
-      buf += b"\n"
-      count += 1
     if count < rows:
+      buf = b"".join(pending)
+      if buf and not buf.endswith(b"\n"):
+        buf += b"\n"
+        count += 1
       if buf:
-        yield buf
+        yield buf, count
       return
-    cut = int(np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)[rows - 1]) + 1
-    yield buf[:cut]
-    pending, count = [buf[cut:]], count - rows
+    need, i = rows, 0
+    while counts[i] < need:
+      need -= counts[i]
+      i += 1
+    piece = pending[i]
+    cut = int(np.flatnonzero(np.frombuffer(piece, np.uint8) == 10)[need - 1]) + 1
+    yield b"".join(pending[:i] + [piece[:cut]]), rows
+    rest = piece[cut:]
+    pending = ([rest] if rest else []) + pending[i + 1:]
+    counts = ([counts[i] - need] if rest else []) + counts[i + 1:]
+    count -= rows
 
 
 def _split_block(block: bytes, name: str, line: int, ncols: int | None) -> tuple[np.ndarray, int]:
