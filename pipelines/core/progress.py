@@ -89,10 +89,21 @@ class Progress:
     self._units = Metrics.counter(namespace, f"{stage}_units")
     self._records = Metrics.counter(namespace, f"{stage}_records")
     self._bytes = Metrics.counter(namespace, f"{stage}_bytes")
+    self._gauge_units = Metrics.gauge(namespace, f"{stage}_planned_units")
+    self._gauge_bytes = Metrics.gauge(namespace, f"{stage}_planned_bytes")
+    self.set_totals(total_units, total_bytes)
+
+  def has_totals(self) -> bool:
+    """Whether the stage's planned totals are known (an ETA can be given)."""
+    return bool(self._total_units)
+
+  def set_totals(self, total_units: int, total_bytes: int) -> None:
+    """The planned totals, when they become known after the stage started (a plan made on the workers)."""
+    self._total_units, self._total_bytes = total_units, total_bytes
     if total_units:
-      Metrics.gauge(namespace, f"{stage}_planned_units").set(total_units)
+      self._gauge_units.set(total_units)
     if total_bytes:
-      Metrics.gauge(namespace, f"{stage}_planned_bytes").set(total_bytes)
+      self._gauge_bytes.set(total_bytes)
 
   def add(self, units: int = 0, records: int = 0, bytes_out: int = 0) -> None:
     """Counts work done; logs the stage's rates every `TOOLKIT_PROGRESS_SECONDS`."""

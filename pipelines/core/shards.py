@@ -372,6 +372,9 @@ class _ConvertShardFn(beam.DoFn):
     self._rejects_out = Metrics.counter(self._namespace, "rejects_made")
 
   def process(self, task: ShardTask, **side_inputs):
+    plan_totals = side_inputs.pop(_TOTALS, None)
+    if plan_totals is not None and not self._progress.has_totals():  # planned on the workers: known now
+      self._progress.set_totals(*plan_totals)
     # Imported here: converter.py imports this module (the Event type lives there).
     from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
     spec, split = self._spec, task.split
@@ -431,6 +434,9 @@ class _ConvertShardFn(beam.DoFn):
     return ShardInfo(name, len(payloads), size, digest)
 
 
+_TOTALS = "_toolkit_plan_totals"  # the side input carrying a plan's totals when it was made on the workers
+
+
 class ConvertShards(beam.PTransform):
   """PCollection[ShardTask] → (results: ShardResult, rejects: Reject, events: Event).
 
@@ -439,12 +445,16 @@ class ConvertShards(beam.PTransform):
   Each task is converted, written, hashed and published by one worker in one
   step; the tasks are spread over the workers first (a Reshuffle).
   `side_inputs` reach `UnitConverter.convert` by name. `totals` (units, bytes
-  planned) feed the progress log's ETA; `workers` is how many workers share them.
+  planned: a tuple, or a PCollection of one tuple when the plan was made on the
+  workers) feed the progress log's ETA; `workers` is how many workers share them.
   """
 
-  def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int] = (0, 0),
-               workers: int = 1, **side_inputs):
+  def __init__(self, converter, spec: OutputSpec, namespace: str, totals=(0, 0), workers: int = 1,
+               **side_inputs):
     super().__init__()
+    if isinstance(totals, beam.PCollection):
+      side_inputs[_TOTALS] = beam.pvalue.AsSingleton(totals)
+      totals = (0, 0)
     self._fn = _ConvertShardFn(converter, spec, namespace, totals, workers)
     self._side_inputs = side_inputs
 
@@ -598,7 +608,7 @@ class Planned(NamedTuple):
 
   tasks: beam.PCollection
   planned: beam.PCollection
-  totals: tuple[int, int]  # (units, estimated bytes) when planned at launch; (0, 0) when on the workers
+  totals: Any  # (units, estimated bytes): a tuple when planned at launch, a PCollection of one when on the workers
 
 
 def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int) -> Planned:
@@ -618,7 +628,10 @@ def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int) -> Plan
     tasks, layouts = units | "PlanOnWorkers" >> PlanOnWorkers(
         spec.seed, spec.num_shards, spec.target_shard_bytes, min_shards)
     planned = layouts | "ShardCounts" >> beam.MapTuple(lambda split, layout: (split, layout.num_shards))
-    return Planned(tasks, planned, (0, 0))
+    totals = (layouts
+              | "SplitTotals" >> beam.MapTuple(lambda split, layout: (layout.num_units, layout.nbytes))
+              | "PlanTotals" >> beam.CombineGlobally(lambda ts: tuple(map(sum, zip(*ts))) or (0, 0)))
+    return Planned(tasks, planned, totals)
   units = list(units)
   plan = plan_in_memory(units, spec.seed, spec.num_shards, spec.target_shard_bytes, min_shards)
   counts = collections.Counter()

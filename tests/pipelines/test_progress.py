@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
+
+import pytest
 
 from pipelines.core import progress
 from tests.conftest import REPO
@@ -46,3 +49,14 @@ def test_a_run_prints_its_stage_rates_after_the_summary(class_folder, tmp_path):
   lines = proc.stdout.strip().splitlines()
   assert lines[0].startswith("pipelines.image_folder: 18 records in 1 shards")
   assert lines[1].startswith("pipelines.image_folder: rates over ") and "convert_shards 21 units" in lines[1]
+
+
+@pytest.mark.parametrize("plan", ["launcher", "workers"])
+def test_workers_log_progress_against_the_plan_however_it_was_made(class_folder, tmp_path, plan):
+  proc = subprocess.run(
+      [sys.executable, "-m", "pipelines.image_folder", f"--input={class_folder}", f"--output={tmp_path / 'o'}",
+       "--image_size=16,16", f"--plan={plan}"], cwd=REPO, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "TOOLKIT_PROGRESS_SECONDS": "0"})
+  assert proc.returncode == 0, proc.stderr
+  lines = [ln for ln in proc.stderr.splitlines() if "convert_shards: " in ln]
+  assert lines and "convert_shards: 21/21 units on this worker" in lines[-1] and "ETA 0s" in lines[-1]
