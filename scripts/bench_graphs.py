@@ -24,6 +24,9 @@ Parts, in order (each a ratio within this one run; the machine is shared and swi
     threads without the gather and on 2 threads with it.
  4. download: a .graphbin from the GCS emulator, parallel ranged reads vs one stream
     (scripts/bench_graph_download.py).
+ 5. convert (only when named): the whole `ogb_graphs` conversion of an ogbn-papers100M-shaped CSV
+    folder (papers100M x --convert_scale) against pandas + scipy + GraphBinWriter in one process,
+    alternated rounds, medians; each step's peak RSS alone (scripts/bench_convert_graph.py).
 Sampled edges are the edges a batch keeps (the sum of its edge masks; the numpy loop counts the
 edges it draws). Checks: sampled edges exist in the graph, features match, batches are the same on
 1 and 2 threads. Prints tables and the targets; exits 0 whether they are met or not (this is a
@@ -379,7 +382,10 @@ def dgl_variant(python: str, path: str, count: int, gather: bool) -> Callable[[i
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--work", default="bench_work", help="cache of the generated graphs (git-ignored)")
-  ap.add_argument("--parts", default="csr,homo,hetero,download", help="which benchmarks, comma-separated")
+  ap.add_argument("--parts", default="csr,homo,hetero,download",
+                  help="which benchmarks, comma-separated (also: convert)")
+  ap.add_argument("--convert_scale", type=float, default=0.01,
+                  help="convert: papers100M's counts times this (scripts/bench_convert_graph.py)")
   ap.add_argument("--num_nodes", type=int, default=PRODUCTS_NODES)
   ap.add_argument("--num_edges", type=int, default=PRODUCTS_EDGES)
   ap.add_argument("--feat_dim", type=int, default=100)
@@ -398,8 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--json", default=None, help="also write the results here")
   a = ap.parse_args(argv)
   parts = set(a.parts.split(","))
-  if parts - {"csr", "homo", "hetero", "download"}:
-    ap.error(f"--parts: unknown {sorted(parts - {'csr', 'homo', 'hetero', 'download'})}")
+  if parts - {"csr", "homo", "hetero", "download", "convert"}:
+    ap.error(f"--parts: unknown {sorted(parts - {'csr', 'homo', 'hetero', 'download', 'convert'})}")
   if a.num_nodes < 2 or a.num_nodes >= 2**31 or a.feat_dim < 1 or a.batches < 1 or a.repeats < 1 or a.profile < 0:
     ap.error("need 2 <= --num_nodes < 2**31, --feat_dim, --batches and --repeats >= 1, --profile >= 0")
   if a.rounds < 1 or a.hetero_batches < 1 or not 0 < a.mag_scale <= 1:
@@ -546,6 +552,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"vs old {got['speedup_vs_old']:.2f}x")
       targets.append((f"download, {name}: {a.download_streams} streams faster than one",
                       f"{got['speedup_vs_one_stream']:.2f}x", got["speedup_vs_one_stream"] > 1))
+
+  # 5. the whole ogb_graphs conversion against pandas + scipy + GraphBinWriter (scripts/bench_convert_graph.py)
+  if "convert" in parts:
+    import bench_convert_graph
+
+    got = bench_convert_graph.main([f"--work={work}", f"--scale={a.convert_scale}", f"--rounds={a.rounds}",
+                                    "--workers=0,2", "--steps"])
+    report["convert"] = got
+    lines.append("")
+    lines.append(f"ogb_graphs conversion of a papers100M-shaped CSV folder x{a.convert_scale:g}, median of "
+                 f"{a.rounds} alternated rounds (ratio to pandas + scipy + GraphBinWriter in one process)")
+    lines += [f"  {v:<44} {r['median_s']:7.1f} s {r['ratio']:6.2f}x  " + " ".join(f"{x:.1f}" for x in r["seconds"])
+              for v, r in got["variants"].items()]
+    ratio = got["variants"]["ogb_graphs, DirectRunner in process"]["ratio"]
+    targets.append(("whole ogb_graphs conversion <= 2x the single-process path", f"{ratio:.2f}x", ratio <= 2))
 
   print()
   print("\n".join(lines))
