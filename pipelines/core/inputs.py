@@ -331,7 +331,12 @@ def _list_local(root: str, input_root: str | None = None) -> Listing:
 
 def _list_gcs(root: str, budget: float) -> Listing:
   bucket, name = fs.split_gcs(root)
-  prefix = name.rstrip("/") + "/" if name else ""
+  return _list_gcs_prefix(bucket, name.rstrip("/") + "/" if name else "", budget)
+
+
+def _list_gcs_prefix(bucket: str, prefix: str, budget: float) -> Listing:
+  """Every object under exactly `prefix` (no folder rule applied: `a//` stays `a//`)."""
+  root = f"gs://{bucket}/{prefix}"
 
   def names(timeout: float) -> list[tuple[str, int]]:
     blobs = fs.gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
@@ -339,6 +344,51 @@ def _list_gcs(root: str, budget: float) -> Listing:
 
   found = sorted(n for n in with_retries(names, f"listing {root}", budget) if not n[0].endswith("/"))
   return Listing([InputFile(f"gs://{bucket}/{n}") for n, _ in found], [], [size for _, size in found])
+
+
+def list_gcs_level(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS) -> tuple[Listing, list[str]]:
+  """The files directly in a gs:// `folder` (with sizes) and its sub-folders' exact prefixes: one level.
+
+  What lets the workers list a big tree in parallel: each sub-folder is then
+  listed whole (`list_tree`) by whichever worker gets it.
+
+  Args:
+    folder: a gs:// folder.
+    budget: seconds to retry transient errors.
+
+  Returns:
+    (the level's files, sorted; the sub-folders as gs://bucket/<prefix ending in '/'>, sorted;
+    list one whole with `list_gcs_prefix`).
+
+  Raises:
+    TransientInputError: listing kept failing for `budget` seconds.
+  """
+  bucket, name = fs.split_gcs(folder)
+  prefix = name.rstrip("/") + "/" if name else ""
+
+  def level(timeout: float) -> tuple[list[tuple[str, int]], list[str]]:
+    it = fs.gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=None, timeout=timeout)
+    blobs = [(b.name, b.size or 0) for b in it]  # the prefixes are known once the pages are read
+    return blobs, sorted(it.prefixes)
+
+  blobs, prefixes = with_retries(level, f"listing {folder}", budget)
+  found = sorted(b for b in blobs if not b[0].endswith("/"))
+  return (Listing([InputFile(f"gs://{bucket}/{n}") for n, _ in found], [], [size for _, size in found]),
+          [f"gs://{bucket}/{p}" for p in prefixes])
+
+
+def list_gcs_prefix(location: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS) -> Listing:
+  """Every object under a sub-folder prefix from `list_gcs_level` (exactly that prefix).
+
+  Args:
+    location: gs://bucket/<prefix ending in '/'>.
+    budget: seconds to retry transient errors.
+
+  Returns:
+    The files, sorted, with sizes.
+  """
+  bucket, prefix = fs.split_gcs(location)
+  return _list_gcs_prefix(bucket, prefix, budget)
 
 
 def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None) -> Listing:
@@ -498,10 +548,24 @@ def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS,
 
 # ---------------------------------------------------------------- Beam
 
+class _Level(NamedTuple):
+  """A gs:// folder to list one level of (files, and the sub-folders to fan out)."""
+
+  path: str
+
+
+class _Prefix(NamedTuple):
+  """A gs:// sub-folder from a `_Level`, listed whole by its exact prefix."""
+
+  path: str
+
+
 class _ListFolderFn(beam.DoFn):
-  """(key, folder InputFile) → (key, InputFile) per file; (key, InputFile, reason) per reject."""
+  """(key, folder InputFile) → (key, InputFile) per file; (key, InputFile, reason) per reject;
+  for a `_Level`, (key, sub-folder InputFile) per sub-folder on the `below` output."""
 
   REJECTS = "rejects"
+  BELOW = "below"
 
   def __init__(self, budget: float, input_root: str | None, with_sizes: bool = False):
     self._budget = budget
@@ -510,7 +574,14 @@ class _ListFolderFn(beam.DoFn):
 
   def process(self, element) -> Iterator:
     key, folder = element
-    listing = list_tree(folder.location, self._budget, self._input_root)
+    if isinstance(folder, _Level):  # a gs:// folder's first level: its files here, its sub-folders fanned out
+      listing, below = list_gcs_level(folder.path, self._budget)
+      for sub in below:
+        yield beam.pvalue.TaggedOutput(self.BELOW, (key, _Prefix(sub)))
+    elif isinstance(folder, _Prefix):
+      listing = list_gcs_prefix(folder.path, self._budget)
+    else:
+      listing = list_tree(folder.location, self._budget, self._input_root)
     for f, size in zip(listing.files, listing.sizes, strict=True):
       yield (key, f, size) if self._with_sizes else (key, f)
     for f, reason in listing.rejects:
@@ -525,7 +596,11 @@ class ListFiles(beam.PTransform):
       listed = folders | ListFiles(budget)
       listed.files, listed.rejects
 
-  Each folder is listed by one worker; the files are spread over workers after.
+  A local folder is listed by one worker. A gs:// folder is listed one level
+  first (its files and sub-folders, with the delimiter); each sub-folder is then
+  listed whole by whichever worker gets it, so an archive of a million objects in
+  a thousand patient folders is listed by many workers at once. The files are
+  spread over workers after.
   """
 
   def __init__(self, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None,
@@ -536,6 +611,20 @@ class ListFiles(beam.PTransform):
     self._with_sizes = with_sizes
 
   def expand(self, folders):
-    return folders | "ListFolder" >> beam.ParDo(
-        _ListFolderFn(self._budget, self._input_root, self._with_sizes)).with_outputs(
-        _ListFolderFn.REJECTS, main="files")
+    fn = _ListFolderFn(self._budget, self._input_root, self._with_sizes)
+    # gs:// folders are listed one level first, and their sub-folders by whichever worker gets them:
+    # a tree of a million objects is not listed by one worker (local folders are one worker's disk).
+    levels = folders | "GcsLevels" >> beam.MapTuple(lambda key, f: (key, _Level(f.path) if is_gcs(f.path) else f))
+    first = levels | "ListLevel" >> beam.ParDo(fn).with_outputs(_ListFolderFn.REJECTS, _ListFolderFn.BELOW,
+                                                               main="files")
+    below = (first[_ListFolderFn.BELOW]
+             | "SpreadFolders" >> beam.Reshuffle()
+             | "ListBelow" >> beam.ParDo(fn).with_outputs(_ListFolderFn.REJECTS, main="files"))
+    return _Listed(
+        (first.files, below.files) | "AllFiles" >> beam.Flatten(),
+        (first[_ListFolderFn.REJECTS], below[_ListFolderFn.REJECTS]) | "AllRejects" >> beam.Flatten())
+
+
+class _Listed(NamedTuple):
+  files: beam.PCollection
+  rejects: beam.PCollection
