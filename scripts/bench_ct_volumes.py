@@ -279,12 +279,17 @@ def profile_pipeline(data: CtInput, output: str, path: str, top: int = 25) -> No
 
 
 _MEMORY_CHILD = """
-import json, os, resource, shutil, sys, tempfile
+import json, os, shutil, sys, tempfile
 sys.path[:0] = [{repo!r}, {scripts!r}]
 import bench_ct_volumes as b
 from pipelines.ct_volumes import pipeline as ct
 from pipelines.core import inputs, shards
 from pipelines.core.sink import OutputSpec
+
+def status(field):  # kB, of this process's memory (not ru_maxrss: Linux keeps the parent's across exec)
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
 plan = b.plan_series({folder!r})
 features = {{d: ct.volume_features(d) for d in ("int16", "float32")}}
 out = tempfile.mkdtemp(prefix="bench-ct-memory-", dir={work!r})
@@ -294,13 +299,15 @@ fn = shards._ConvertShardFn(ct._VolumeUnits((("train", 1.0),), features, inputs.
                             ct.PIPELINE, (1, 0), 1)
 fn.setup()
 task = shards.make_task("train", 0, 1, [plan], 0)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with open("/proc/self/clear_refs", "w") as f:
+  f.write("5")  # resets VmHWM to the current RSS
+before = status("VmRSS")
 results = list(fn.process(task, dtype="int16", raw_paths={{}}))
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = status("VmHWM")
 info = results[-1].info
 shutil.rmtree(out)
 print(json.dumps({{"voxels": len(plan.slices) * plan.slices[0].rows * plan.slices[0].columns,
-                  "rss_before_kib": before, "rss_peak_kib": after, "shard_bytes": info.num_bytes,
+                  "rss_before_kib": before, "rss_peak_kib": peak, "shard_bytes": info.num_bytes,
                   "records": info.num_records}}))
 """
 
@@ -420,10 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if a.memory:
     memory = measure_memory(data, work)
     volume_mb = memory["voxels"] * 2 / 1e6
-    print(f"\nmemory: one series of {memory['voxels'] / 512 / 512:.0f} slices of 512x512 ({volume_mb:.0f} MB int16) "
-          f"read + assembled + encoded + written by the shard step: peak RSS {memory['rss_peak_kib'] / 1024:.0f} MiB "
-          f"({memory['rss_before_kib'] / 1024:.0f} MiB before the step; +{(memory['rss_peak_kib'] - memory['rss_before_kib']) / 1024:.0f} MiB, "
-          f"{(memory['rss_peak_kib'] - memory['rss_before_kib']) * 1024 / 1e6 / volume_mb:.2f}x the volume); "
+    before, peak = memory["rss_before_kib"] / 1024, memory["rss_peak_kib"] / 1024
+    grown_mb = (peak - before) * 1024 * 1024 / 1e6
+    print(f"\nmemory: one series of {memory['voxels'] // (512 * 512)} slices of 512x512 ({volume_mb:.0f} MB "
+          f"int16), read + assembled + encoded + written by the shard step: peak RSS {peak:.0f} MiB "
+          f"({before:.0f} MiB before the step: +{grown_mb:.0f} MB, {grown_mb / volume_mb:.2f}x the volume); "
           f"local disk: the shard, {memory['shard_bytes'] / 1e6:.0f} MB")
   if a.profile:
     profile_pipeline(data, output, a.profile)

@@ -11,7 +11,7 @@ grouped into candidate series; each series is planned (sorted along its slice
 normal, checked for missing slices, irregular spacing, tilt and duplicates).
 The plans are the work units of a shard plan (`pipelines.core.shards`): one
 step per shard reads, assembles, encodes and writes its series, so no volume
-crosses a stage boundary (docs/ct_volumes.md, "Stages"). One record per
+crosses a stage boundary (docs/ct_volumes.md, "How the job runs"). One record per
 volume: `volume` ([depth, rows, columns] HU), `spacing` (z, y, x mm), `origin`
 (LPS mm of voxel [0, 0, 0]), `direction` (3x3, columns = the directions of the
 column, row and slice axes), `num_slices`, `series_id`, `patient_id` (salted
