@@ -47,10 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
 import logging
 import math
-import os
 import pickle
-import shutil
-import tempfile
 from typing import Any, NamedTuple
 import zlib
 
@@ -58,14 +55,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 import numpy as np
 
-from formats import adapters
 from formats import files as fs
 from formats.features import Features
-from formats.manifest import REJECTED_FILENAME, Manifest, Rejected, ShardInfo, SplitInfo, sha256_file
-from pipelines.core import fileio
+from formats.manifest import ShardInfo, SplitInfo
 from pipelines.core.progress import Progress
 from pipelines.core.sink import (
-    _NAMESPACE, InputSummary, OutputSpec, Record, Reject, commit_output, sort_key)
+    _NAMESPACE, InputSummary, OutputSpec, Record, Reject, commit_records, sort_key, write_shard)
 
 BUCKET_BITS = 16
 NUM_BUCKETS = 1 << BUCKET_BITS
@@ -404,7 +399,7 @@ class _ConvertShardFn(beam.DoFn):
     for (a, _), (b, _) in zip(records, records[1:]):
       if a == b:
         raise RuntimeError(f"split {split!r}: two records of shard {task.index} have the same key")
-    info = self._write(task, [p for _, p in records])
+    info = write_shard(self._spec, task.split, task.index, task.num_shards, [p for _, p in records])
     self._progress.add(bytes_out=info.num_bytes)
     self._shards.inc()
     self._records_out.inc(len(records))
@@ -415,24 +410,6 @@ class _ConvertShardFn(beam.DoFn):
     for e in events:
       yield beam.pvalue.TaggedOutput("events", e)
     yield ShardResult(split, task.index, info, task.num_units, used, rejected)
-
-  def _write(self, task: ShardTask, payloads: list[bytes]) -> ShardInfo:
-    spec = self._spec
-    name = spec.relative(spec.shard_name(task.split, task.index, task.num_shards).filename)
-    dest = fs.join(spec.output, name)
-    tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")  # removed here: runners need not call teardown
-    local = fileio.local_staging_path(dest, tmpdir)
-    try:
-      adapters.get(spec.file_format).write_file(local, payloads)
-      size = os.path.getsize(local)
-      digest = sha256_file(local)
-      fileio.publish(local, dest)
-    finally:
-      if os.path.exists(local):
-        os.remove(local)
-      shutil.rmtree(tmpdir, ignore_errors=True)
-    return ShardInfo(name, len(payloads), size, digest)
-
 
 _TOTALS = "_toolkit_plan_totals"  # the side input carrying a plan's totals when it was made on the workers
 
@@ -512,24 +489,9 @@ class _FinalizeShardsFn(beam.DoFn):
         splits[split] = info
       else:  # every unit of the split was rejected: its empty shard files are not part of the output
         fs.delete_many([fs.join(spec.output, r.info.path) for r in shard_results])
-    # TFDS cannot open a split without records: neither the manifest nor the metadata lists one.
-    empty = sorted((set(spec.splits) | set(by_split)) - set(splits))
-    empty_warning = (f"empty splits left out: {', '.join(empty)} (no records)",) if empty else ()
-    rejects = sorted([*rejects, *self._launcher_rejects])
     used = sum(r.inputs_used for rs in by_split.values() for r in rs)
-    rejected_units = sum(r.units for r in rejects)
-    if summary is not None and used + rejected_units != summary.num_inputs:
-      raise RuntimeError(
-          f"{summary.num_inputs} input units but {used} in records + {rejected_units} rejected: "
-          "an input was lost or counted twice")
-    by_reason = collections.Counter(r.reason.split(":")[0] for r in rejects)
-    manifest = Manifest(
-        name=spec.name, file_format=spec.file_format, features=spec.features, splits=splits,
-        rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
-        source=spec.source,
-        warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + empty_warning,
-        kind=spec.kind)
-    commit_output(spec, manifest, rejects)
+    manifest = commit_records(spec, splits, set(spec.splits) | set(by_split), [*rejects, *self._launcher_rejects],
+                              summary, used)
     yield manifest.to_json()
 
 

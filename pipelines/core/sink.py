@@ -285,6 +285,35 @@ class OutputSpec:
     return f"{self.generation}/{name}" if self.generation else name
 
 
+def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, payloads: Sequence[bytes]) -> ShardInfo:
+  """Writes one shard locally, hashes it and publishes it to the output in one atomic step.
+
+  Args:
+    spec: the output.
+    split: the shard's split.
+    index: its index in [0, num_shards).
+    num_shards: the split's shard count (part of the name).
+    payloads: the records, in order.
+
+  Returns:
+    The shard's manifest entry (path relative to the output, records, bytes, SHA-256).
+  """
+  name = spec.relative(spec.shard_name(split, index, num_shards).filename)
+  dest = fs.join(spec.output, name)
+  tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")  # removed here: runners need not call teardown
+  local = fileio.local_staging_path(dest, tmpdir)
+  try:
+    adapters.get(spec.file_format).write_file(local, payloads)
+    size = os.path.getsize(local)
+    digest = sha256_file(local)
+    fileio.publish(local, dest)
+  finally:
+    if os.path.exists(local):
+      os.remove(local)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+  return ShardInfo(name, len(payloads), size, digest)
+
+
 class _WriteShardFn(beam.DoFn):
   """Writes one shard locally, then publishes it to the output in one step."""
 
@@ -299,26 +328,14 @@ class _WriteShardFn(beam.DoFn):
   def process(self, element, plans):
     (split, index), groups = element
     plan = plans[split]
-    shard = self._spec.shard_name(split, index, plan.num_shards)
-    dest = fs.join(self._spec.output, self._spec.relative(shard.filename))
     items = [item for group in groups for item in group]
     payloads = [p for _, p in sorted(items, key=lambda kv: kv[0])]
-    # One temp folder per shard, removed here: runners do not promise to call teardown.
-    tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")
-    local = fileio.local_staging_path(dest, tmpdir)
-    try:
-      adapters.get(self._spec.file_format).write_file(local, payloads)
-      size = os.path.getsize(local)
-      digest = sha256_file(local)
-      fileio.publish(local, dest)
-    finally:
-      if os.path.exists(local):
-        os.remove(local)
-      shutil.rmtree(tmpdir, ignore_errors=True)
+    info = write_shard(self._spec, split, index, plan.num_shards, payloads)
+    size = info.num_bytes
     self._records.inc(len(payloads))
     self._bytes.inc(size)
     self._shards.inc()
-    yield split, index, ShardInfo(self._spec.relative(shard.filename), len(payloads), size, digest)
+    yield split, index, info
 
 
 class _FinalizeFn(beam.DoFn):
@@ -348,33 +365,53 @@ class _FinalizeFn(beam.DoFn):
         )
       if split_info.num_records:
         splits[split] = split_info
-    # TFDS cannot open a split without records (a split of one empty shard file is refused by
-    # both as_data_source and as_dataset), so neither the manifest nor the metadata lists one.
-    empty = sorted((set(spec.splits) | set(plans)) - set(splits))
-    empty_warning = (f"empty splits left out: {', '.join(empty)} (no records)",) if empty else ()
-
-    rejects = sorted([*rejects, *self._launcher_rejects])
-    used = sum(plan.num_inputs for plan in plans.values())
-    rejected_units = sum(r.units for r in rejects)
-    if summary is not None and used + rejected_units != summary.num_inputs:
-      raise RuntimeError(
-          f"{summary.num_inputs} input units but {used} in records + {rejected_units} rejected: "
-          "an input was lost or counted twice"
-      )
-    by_reason = collections.Counter(r.reason.split(":")[0] for r in rejects)
-    manifest = Manifest(
-        name=spec.name,
-        file_format=spec.file_format,
-        features=spec.features,
-        splits=splits,
-        rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
-        source=spec.source,
-        warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + empty_warning,
-        kind=spec.kind,
-    )
-
-    commit_output(spec, manifest, rejects)
+    manifest = commit_records(spec, splits, set(spec.splits) | set(plans), [*rejects, *self._launcher_rejects],
+                              summary, sum(plan.num_inputs for plan in plans.values()))
     yield manifest.to_json()
+
+
+def commit_records(spec: OutputSpec, splits: Mapping[str, SplitInfo], all_splits, rejects: Sequence[Reject],
+                   summary: InputSummary | None, used: int) -> Manifest:
+  """The end of a record output: the input accounting, then the manifest committed (`commit_output`).
+
+  Args:
+    spec: the output.
+    splits: the splits that hold records, with their shards.
+    all_splits: every split planned or expected; those without records get the manifest's warning.
+    rejects: every reject (the launcher's included).
+    summary: the input units found (None: not checked).
+    used: the input units the records were made from.
+
+  Returns:
+    The committed manifest.
+
+  Raises:
+    RuntimeError: records + rejects do not account for every input unit found.
+  """
+  # TFDS cannot open a split without records (a split of one empty shard file is refused by
+  # both as_data_source and as_dataset), so neither the manifest nor the metadata lists one.
+  empty = sorted(set(all_splits) - set(splits))
+  empty_warning = (f"empty splits left out: {', '.join(empty)} (no records)",) if empty else ()
+  rejects = sorted(rejects)
+  rejected_units = sum(r.units for r in rejects)
+  if summary is not None and used + rejected_units != summary.num_inputs:
+    raise RuntimeError(
+        f"{summary.num_inputs} input units but {used} in records + {rejected_units} rejected: "
+        "an input was lost or counted twice"
+    )
+  by_reason = collections.Counter(r.reason.split(":")[0] for r in rejects)
+  manifest = Manifest(
+      name=spec.name,
+      file_format=spec.file_format,
+      features=spec.features,
+      splits=dict(splits),
+      rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
+      source=spec.source,
+      warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + empty_warning,
+      kind=spec.kind,
+  )
+  commit_output(spec, manifest, rejects)
+  return manifest
 
 
 def commit_output(spec: OutputSpec, manifest: Manifest, rejects: Sequence[Reject]) -> None:
