@@ -1,4 +1,11 @@
-"""The shard sink every pipeline ends with: shuffle, shard, write, finalize.
+"""The record types every converter shares, the older record sink, and the commit every output ends with.
+
+`Record`, `Reject`, `InputSummary`, `OutputSpec`, `sort_key`, `write_shard`
+(one shard written, hashed and published), `commit_records` (the input
+accounting and the manifest) and `commit_output` (the switch) serve both record
+paths: shards as work units (`pipelines.core.shards`, used by image_folder,
+array_folder and ct_volumes) and `WriteOutput` below (graph-property records of
+ogb_graphs), which shards records after they are converted.
 
 Records arrive as `Record(split, key, payload)`; rejected inputs as `Reject`.
 `WriteOutput` turns them into a complete output folder:
