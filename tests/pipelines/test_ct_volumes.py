@@ -296,6 +296,25 @@ def test_no_volume_crosses_a_stage(tmp_path, monkeypatch):
   assert sizes[largest] < volume_bytes // 8, (largest, sizes[largest])
 
 
+def test_the_shard_count_moves_only_shard_boundaries(tree, converted, tmp_path):
+  """Series are planned into shards before their pixels are read: more shards change where a split's
+  records are cut, never the records or their order (series rejected while reading pixels included)."""
+  out, m, _ = converted
+  again = str(tmp_path / "three")
+  m3 = convert(tree[0], again, "--splits=train=0.5,validation=0.25,test=0.25", "--num_shards=3")
+
+  def concatenated(folder, manifest):
+    by_split = collections.defaultdict(list)
+    for split_name, split in manifest.splits.items():
+      for shard in split.shards:
+        by_split[split_name] += list(arrayrecord.read_file(files.join(folder, shard.path)))
+    return dict(by_split)
+
+  assert {n: len(s.shards) for n, s in m3.splits.items()} != {n: len(s.shards) for n, s in m.splits.items()}
+  assert concatenated(again, m3) == concatenated(out, m)
+  assert errors(again) == errors(out)
+
+
 @pytest.mark.gcs
 def test_on_the_gcs_emulator(tree, converted, gcs_emulator):
   root, _ = tree
