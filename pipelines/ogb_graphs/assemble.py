@@ -335,6 +335,7 @@ class _NodeArrayFn(beam.DoFn):
         now = sum(f.count for f in opened)
         self._bytes.inc(now - counted)
         counted = now
+    self._bytes.inc(sum(f.count for f in opened) - counted)
     self._written.inc(w.nbytes)
     dtype = "" if first is None else first.dtype.newbyteorder("<").str if first.dtype.itemsize > 1 else first.dtype.str
     yield Piece(unit.section, unit.start, w.dest, w.nbytes, w.crc32c, dtype, rows,

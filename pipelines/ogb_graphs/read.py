@@ -200,11 +200,14 @@ def _line_blocks(stream: BinaryIO, rows: int) -> Iterator[tuple[bytes, int]]:
       i += 1
     piece = pending[i]
     cut = int(np.flatnonzero(np.frombuffer(piece, np.uint8) == 10)[need - 1]) + 1
-    yield b"".join(pending[:i] + [piece[:cut]]), rows
+    block = b"".join(pending[:i] + [piece[:cut]])
     rest = piece[cut:]
-    pending = ([rest] if rest else []) + pending[i + 1:]
+    pending = ([rest] if rest else []) + pending[i + 1:]  # the reads are dropped before the block is used
     counts = ([counts[i] - need] if rest else []) + counts[i + 1:]
     count -= rows
+    del piece
+    yield block, rows
+    del block
 
 
 def _split_block(block: bytes, name: str, line: int, ncols: int | None) -> tuple[np.ndarray, int]:
@@ -246,27 +249,47 @@ def _cells(block: bytes, name: str, line: int, rows: int, ncols: int) -> np.ndar
   return values
 
 
+_PARSE_BYTES = 64 << 20  # pandas parses a block in runs of whole lines of about this size (bounds its buffers)
+
+
 def _fast_numbers(block: bytes, rows: int, ncols: int, dtype: str) -> np.ndarray | None:
   """A checked block parsed by pandas' own number parser, or None where the text path must decide.
 
   The same numbers `_to_numbers` gives from the cells' text (pandas parses floats correctly rounded,
-  as Python does: tests/pipelines/test_ogb_read.py compares them), at a fraction of the cost: no
-  Python string per cell. None for anything but plain int64 / float64 columns (an empty cell, a
-  word, an integer outside int64): the text path then gives the value or names the cell.
+  as Python does: tests/pipelines/test_ogb_pieces.py compares them bit for bit), at a fraction of
+  the cost: no Python string per cell. None for anything but plain int64 / float64 columns (an empty
+  cell, a word, an integer outside int64): the text path then gives the value or names the cell.
+  The block is parsed in runs of whole lines (`_PARSE_BYTES`), so pandas' own buffers stay small;
+  the block is integers when every run is, else every run is taken as float64, as one parse of the
+  whole block would give it.
   """
-  try:
-    frame = pd.read_csv(io.BytesIO(block), header=None, na_filter=False, quoting=csv.QUOTE_NONE,
-                        skip_blank_lines=False, engine="c", low_memory=False)
-  except (ValueError, OverflowError, pd.errors.ParserError):
+  runs, at = [], 0
+  while at < len(block):
+    cut = block.find(b"\n", min(len(block), at + _PARSE_BYTES) - 1) + 1 or len(block)
+    try:
+      frame = pd.read_csv(io.BytesIO(block[at:cut]), header=None, na_filter=False, quoting=csv.QUOTE_NONE,
+                          skip_blank_lines=False, engine="c", low_memory=False)
+    except (ValueError, OverflowError, pd.errors.ParserError):
+      return None
+    kinds = {str(t) for t in frame.dtypes}
+    if frame.shape[1] != ncols or not kinds <= {"int64", "float64"}:
+      return None
+    runs.append(frame.to_numpy(np.int64 if kinds == {"int64"} else np.float64))
+    del frame
+    at = cut
+  if sum(len(r) for r in runs) != rows:
     return None
-  kinds = {str(t) for t in frame.dtypes}
-  if frame.shape != (rows, ncols) or not kinds <= {"int64", "float64"}:
-    return None
-  if kinds == {"int64"} and dtype in ("int", "auto"):
-    return frame.to_numpy(np.int64)
+  if all(r.dtype == np.int64 for r in runs) and dtype in ("int", "auto"):
+    out = np.concatenate(runs) if len(runs) != 1 else runs[0]
+    return out
   if dtype == "int":
     return None  # a float cell in an integer file: the text path names it
-  return frame.to_numpy(np.float64)
+  out = np.empty((rows, ncols), np.float64)
+  i = 0
+  for r in runs:
+    out[i:i + len(r)] = r
+    i += len(r)
+  return out
 
 
 def _to_numbers(values: np.ndarray, name: str, line: int, dtype: str) -> np.ndarray:

@@ -223,3 +223,20 @@ def test_gcs_a_compose_that_keeps_failing_switches_no_manifest(arxiv, gcs_faults
   gcs_faults.clear_faults()
   assert load_manifest(out) == first  # the earlier output stays the complete one
   assert verify(out, first) == 0
+
+
+def test_counters_of_the_graph_stages(tmp_path):
+  from apache_beam.metrics.metric import MetricsFilter
+
+  t = mo.write_homogeneous_node(tmp_path / "ogbn_arxiv", 0, num_nodes=300, num_edges=2000)
+  result = ogb_graphs.run([f"--input={t.folder}", f"--output={tmp_path / 'out'}", "--edges_per_partition=500"])
+  got: dict[str, int] = {}
+  for r in result.metrics().query(MetricsFilter().with_namespace("pipelines.ogb_graphs"))["counters"]:
+    got[r.key.metric.name] = got.get(r.key.metric.name, 0) + r.committed  # summed over the steps
+  m = load_manifest(str(tmp_path / "out"))
+  raw = t.folder / "raw"
+  assert got["edges_read"] == 2000
+  assert got["node_rows_read"] == 300 * 3  # node-feat, node-label, node_year
+  assert got["partitions_sorted"] == 4  # 2000 edges, 500 a partition
+  assert got["bytes_read"] == sum(os.path.getsize(raw / f) for f in os.listdir(raw) if f.startswith(("edge", "node")))
+  assert got["bytes_written"] > m.files[0].num_bytes  # the pieces, then the file
