@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 import dataclasses
 import logging
 import math
@@ -370,46 +370,91 @@ class _ConvertShardFn(beam.DoFn):
     plan_totals = side_inputs.pop(_TOTALS, None)
     if plan_totals is not None and not self._progress.has_totals():  # planned on the workers: known now
       self._progress.set_totals(*plan_totals)
+    # Records are written as they are made when they come in sort-key order (each unit makes the
+    # record its plan key names, and units come in that order): a worker then holds one record,
+    # not the shard. A converter whose records come out of order is buffered and sorted instead.
+    try:
+      state = _ShardState()
+      info = write_shard(self._spec, task.split, task.index, task.num_shards,
+                         self._payloads(task, side_inputs, state, stream=True))
+    except _OutOfOrder:  # nothing was published; convert again, buffered
+      state = _ShardState()
+      info = write_shard(self._spec, task.split, task.index, task.num_shards,
+                         self._payloads(task, side_inputs, state, stream=False))
+    self._progress.add(bytes_out=info.num_bytes)
+    self._shards.inc()
+    self._records_out.inc(info.num_records)
+    self._bytes_out.inc(info.num_bytes)
+    self._rejects_out.inc(len(state.rejects))
+    for r in state.rejects:
+      yield beam.pvalue.TaggedOutput("rejects", r)
+    for e in state.events:
+      yield beam.pvalue.TaggedOutput("events", e)
+    yield ShardResult(task.split, task.index, info, task.num_units, state.used, state.rejected)
+
+  def _payloads(self, task: ShardTask, side_inputs, state: _ShardState, stream: bool) -> Iterator[bytes]:
+    """The shard's payloads in sort-key order, converting its units; accounting into `state`.
+
+    Raises:
+      _OutOfOrder: (stream) a record's sort key is below the previous one's.
+      RuntimeError: a unit made nothing, a record of another split, or two records share a key.
+    """
     # Imported here: converter.py imports this module (the Event type lives there).
     from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
     spec, split = self._spec, task.split
-    records: list[tuple[bytes, bytes]] = []
-    used = rejected = 0
-    rejects, events = [], []
+    buffered: list[tuple[bytes, bytes]] = []
+    last = None
     for unit in task.units():
-      made = len(records) + len(rejects)
-      records_before = len(records)
+      made = state.records + len(state.rejects)
+      records_before = state.records
       for out in self._converter.convert(unit, **side_inputs):
         if isinstance(out, Reject):
-          rejected += out.units
-          rejects.append(out)
+          state.rejected += out.units
+          state.rejects.append(out)
         elif isinstance(out, Event):
-          events.append(out)
+          state.events.append(out)
         elif isinstance(out, Record):
           if out.split != split:
             raise RuntimeError(f"a unit planned into split {split!r} made a record of split {out.split!r}")
-          used += out.num_inputs
-          records.append((sort_key(spec.seed, split, out.key), out.payload))
+          state.used += out.num_inputs
+          state.records += 1
+          key = sort_key(spec.seed, split, out.key)
+          if not stream:
+            buffered.append((key, out.payload))
+            continue
+          if last is not None and key <= last:
+            if key == last:
+              raise RuntimeError(f"split {split!r}: two records of shard {task.index} have the same key")
+            raise _OutOfOrder()
+          last = key
+          yield out.payload
         else:
           raise TypeError(f"a UnitConverter yielded {type(out).__name__}, not a Record, Reject or Event")
-      if len(records) + len(rejects) == made:  # neither a record nor a reject: it would be lost silently
+      if state.records + len(state.rejects) == made:  # neither a record nor a reject: it would be lost silently
         raise RuntimeError(f"split {split!r}: a unit of shard {task.index} made no record and no reject")
-      self._progress.add(units=1, records=len(records) - records_before)
-    records.sort(key=lambda kv: kv[0])
-    for (a, _), (b, _) in zip(records, records[1:]):
+      self._progress.add(units=1, records=state.records - records_before)
+    buffered.sort(key=lambda kv: kv[0])
+    for (a, _), (b, _) in zip(buffered, buffered[1:]):
       if a == b:
         raise RuntimeError(f"split {split!r}: two records of shard {task.index} have the same key")
-    info = write_shard(self._spec, task.split, task.index, task.num_shards, [p for _, p in records])
-    self._progress.add(bytes_out=info.num_bytes)
-    self._shards.inc()
-    self._records_out.inc(len(records))
-    self._bytes_out.inc(info.num_bytes)
-    self._rejects_out.inc(len(rejects))
-    for r in rejects:
-      yield beam.pvalue.TaggedOutput("rejects", r)
-    for e in events:
-      yield beam.pvalue.TaggedOutput("events", e)
-    yield ShardResult(split, task.index, info, task.num_units, used, rejected)
+    for _, payload in buffered:
+      yield payload
+
+
+class _OutOfOrder(Exception):
+  """A streamed shard's record came out of sort-key order (the shard is redone, buffered)."""
+
+
+@dataclasses.dataclass
+class _ShardState:
+  """One shard step's accounting: records made, input units used and rejected, rejects, events."""
+
+  records: int = 0
+  used: int = 0
+  rejected: int = 0
+  rejects: list = dataclasses.field(default_factory=list)
+  events: list = dataclasses.field(default_factory=list)
+
 
 _TOTALS = "_toolkit_plan_totals"  # the side input carrying a plan's totals when it was made on the workers
 

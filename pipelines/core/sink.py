@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
 import hashlib
 import json
@@ -292,7 +292,7 @@ class OutputSpec:
     return f"{self.generation}/{name}" if self.generation else name
 
 
-def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, payloads: Sequence[bytes]) -> ShardInfo:
+def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, payloads: Iterable[bytes]) -> ShardInfo:
   """Writes one shard locally, hashes it and publishes it to the output in one atomic step.
 
   Args:
@@ -300,7 +300,8 @@ def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, paylo
     split: the shard's split.
     index: its index in [0, num_shards).
     num_shards: the split's shard count (part of the name).
-    payloads: the records, in order.
+    payloads: the records, in order (an iterator is written as it yields: nothing is published
+      when it raises).
 
   Returns:
     The shard's manifest entry (path relative to the output, records, bytes, SHA-256).
@@ -310,7 +311,7 @@ def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, paylo
   tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")  # removed here: runners need not call teardown
   local = fileio.local_staging_path(dest, tmpdir)
   try:
-    adapters.get(spec.file_format).write_file(local, payloads)
+    count = adapters.get(spec.file_format).write_file(local, payloads)
     size = os.path.getsize(local)
     digest = sha256_file(local)
     fileio.publish(local, dest)
@@ -318,7 +319,7 @@ def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, paylo
     if os.path.exists(local):
       os.remove(local)
     shutil.rmtree(tmpdir, ignore_errors=True)
-  return ShardInfo(name, len(payloads), size, digest)
+  return ShardInfo(name, count, size, digest)
 
 
 class _WriteShardFn(beam.DoFn):

@@ -37,7 +37,8 @@ def gcs_inputs(gcs_emulator, tmp_path_factory):
 EXPECTED_STEPS = {
     "image_folder": {"ShardPlan", "Convert", "Finalize"},  # planned at launch: no listing step
     "array_folder": {"ShardPlan", "Convert", "Finalize"},
-    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "ReadVolumes", "Write"},
+    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "PlanOnWorkers", "ReadVolumes",
+                   "Finalize"},
     "ogb_graphs": {"EdgeSources", "ReadEdges", "GroupByPartition", "SortPartitions", "Assemble", "Commit"},
 }
 

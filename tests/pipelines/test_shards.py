@@ -173,3 +173,56 @@ def test_records_are_written_in_their_own_sort_key_order(tmp_path):
   got = list(adapters.get("array_record").read_file(str(tmp_path / "gen-x" / "t-train.array_record-00000-of-00001")))
   want = [f"{i}".encode() for i in sorted(range(30), key=lambda i: sort_key(2, "train", f"renamed-{i}"))]
   assert got == want and got != [f"{i}".encode() for _, i in tasks[0].units()]
+
+
+class _Counted(UnitConverter):
+  """Records keyed like their plan units (in order: streamed), or renamed (out of order: buffered);
+  counts its calls in the process (the in-process DirectRunner runs it here)."""
+
+  calls = 0
+
+  def __init__(self, renamed: bool):
+    self._renamed = renamed
+
+  def convert(self, unit):
+    type(self).calls += 1
+    split, i = unit
+    yield Record(split, f"renamed-{i}" if self._renamed else f"{split}/file-{i:05d}.bin", f"{i}".encode())
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_records_in_order_are_streamed_and_others_redone_buffered(tmp_path, renamed):
+  _Counted.calls = 0
+  tasks = shards.plan_in_memory(_units({"train": 30}), 2, 1, 1 << 30)
+  with beam.Pipeline(argv=["--direct_running_mode=in_memory", "--direct_num_workers=1"]) as p:
+    done = p | beam.Create(tasks) | shards.ConvertShards(_Counted(renamed), _spec(str(tmp_path)), "tests.shards")
+    assert_that(done.results | beam.Map(lambda r: (r.info.num_records, r.inputs_used)), equal_to([(30, 30)]))
+  # Streamed: each unit converted once. Out of order: found at the first such record, then all again, buffered.
+  assert (_Counted.calls > 31) if renamed else (_Counted.calls == 30)
+  path = str(tmp_path / "gen-x" / "t-train.array_record-00000-of-00001")
+  keys = [f"renamed-{i}" if renamed else f"train/file-{i:05d}.bin" for i in range(30)]
+  want = [f"{i}".encode() for i in sorted(range(30), key=lambda i: sort_key(2, "train", keys[i]))]
+  assert list(adapters.get("array_record").read_file(path)) == want
+  assert [n for n in os.listdir(tmp_path / "gen-x") if ".tmp-" in n] == []  # the abandoned streamed file is gone
+
+
+class _Big(UnitConverter):
+  """2 MB records keyed like their plan units (in sort-key order)."""
+
+  def convert(self, unit):
+    split, i = unit
+    yield Record(split, f"{split}/file-{i:05d}.bin", bytes([i]) * (2 << 20))
+
+
+def test_a_streamed_shard_holds_one_record_not_the_shard(tmp_path):
+  import tracemalloc
+
+  tasks = shards.plan_in_memory(_units({"train": 30}), 2, 1, 1 << 30)
+  tracemalloc.start()
+  try:
+    with beam.Pipeline(argv=["--direct_running_mode=in_memory", "--direct_num_workers=1"]) as p:
+      _ = p | beam.Create(tasks) | shards.ConvertShards(_Big(), _spec(str(tmp_path)), "tests.shards")
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < 30 << 20, f"peak {peak / 2**20:.0f} MiB for a 60 MiB shard of 2 MiB records"
