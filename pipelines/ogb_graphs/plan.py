@@ -22,6 +22,7 @@ from pipelines.ogb_graphs.read import (
     NpzMember, OgbFormatError, OgbMissingFileError, check_rows, dataset_info, read_csv_all, to_int64)
 
 PIPELINE = "pipelines.ogb_graphs"
+NPZ_EDGE_RANGE = 1 << 22  # edges per EdgeSource of a stored data.npz edge_index
 
 
 def open_input(path: str):
@@ -252,7 +253,10 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
       e = edge_index.shape[1]
       if e != _npz_count(num_edges_list):
         raise OgbFormatError(f"{edge_index.name}: {e} edges, num_edges_list says {_npz_count(num_edges_list)}")
-    chunk = 1 << 22
+      deflated = edge_index.compressed
+    # A stored edge_index is read in parallel ranges; a deflated one cannot be entered mid-way: one
+    # source streams it, inflating it once (each range reader would inflate everything before its range).
+    chunk = max(e, 1) if deflated else NPZ_EDGE_RANGE
     sources = tuple(EdgeSource("", csv_path(raw, "data.npz"), n, n, npz_range=(a, min(e, a + chunk)))
                     for a in range(0, e, chunk))
     with open_input(csv_path(raw, "data.npz")) as f:

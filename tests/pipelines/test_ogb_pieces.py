@@ -144,7 +144,19 @@ def papers(tmp_path_factory):
   return str(t.folder), str(stored)
 
 
-def test_deflated_and_stored_npz_give_the_same_file(papers, tmp_path):
+def test_a_deflated_edge_index_is_one_source_a_stored_one_ranges(papers, monkeypatch):
+  from pipelines.ogb_graphs import plan as plan_module
+
+  monkeypatch.setattr(plan_module, "NPZ_EDGE_RANGE", 6000)
+  deflated, stored = (plan_module.plan_graph(f, "ogbn-papers100M", "auto", 3000) for f in papers)
+  assert [s.npz_range for s in deflated.edge_files] == [(0, 20000)]
+  assert [s.npz_range for s in stored.edge_files] == [(0, 6000), (6000, 12000), (12000, 18000), (18000, 20000)]
+
+
+def test_deflated_and_stored_npz_give_the_same_file(papers, tmp_path, monkeypatch):
+  from pipelines.ogb_graphs import plan as plan_module
+
+  monkeypatch.setattr(plan_module, "NPZ_EDGE_RANGE", 6000)  # several ranges for the stored one
   deflated, stored = papers
   with zipfile.ZipFile(os.path.join(deflated, "raw", "data.npz")) as z:
     assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist())
