@@ -12,9 +12,11 @@
 TFRecord shards with one record per graph.
 
 The CSR build never holds the whole edge list in one worker: edges are read
-in chunks, keyed by source-node range (partition), each partition is sorted
-into a part file, and one step streams the parts, the node arrays and the
-splits into the final file. A bad row or cell, NaN/inf in a feature (unless
+in chunks, keyed by source-node range (partition); each partition is sorted by
+one worker, which writes its share of the file's sections as pieces, node
+files are written as pieces by the workers that read them, and one step joins
+the pieces with the splits and the section table (concatenated locally,
+composed on gs://: no worker holds the whole file; pipelines/ogb_graphs/pieces.py). A bad row or cell, NaN/inf in a feature (unless
 --allow_nonfinite=true), a row count that disagrees with OGB's count files or a
 node id out of range fails the job with `file: line N: reason` (exit 1); no
 manifest is written, so the output never looks complete (docs/ogb_graphs.md).
