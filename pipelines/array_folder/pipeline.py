@@ -220,6 +220,6 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
       )
     done = planned.tasks | "Convert" >> ConvertShards(
         _ArrayUnits(common.input, plan.features, config, common.read_policy), spec, PIPELINE,
-        totals=planned.totals, workers=common.workers)
+        totals=planned.totals, processes=common.processes)
     rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
     return ShardsWritten(done.results, planned.planned, rejects, summary_of(p, count))

@@ -329,7 +329,8 @@ class CommonConfig:
   overwrite: bool = False
   read_policy: inputs.ReadPolicy = inputs.ReadPolicy()
   plan: str = "auto"  # where record converters plan their shards: auto, launcher or workers
-  workers: int = 1  # worker processes the runner may use (`worker_count`): shards are >= 2 per worker
+  workers: int = 1  # workers the runner may use (`worker_count`): automatic shard counts are >= 2 per worker
+  processes: int = 1  # worker processes sharing the work (`process_count`): what a progress ETA divides by
   generation: str = ""
   expected: commit.Version | None = None
 
@@ -363,7 +364,7 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
       file_format=check_file_format(c.file_format), num_shards=int_flag("num_shards", c.num_shards, 0),
       seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options),
-      workers=worker_count(options), plan=plan_flag(c.plan))
+      workers=worker_count(options), processes=process_count(options), plan=plan_flag(c.plan))
 
 
 def plan_flag(value: str) -> str:
@@ -391,11 +392,43 @@ def worker_count(options: PipelineOptions) -> int:
   Returns:
     The count, >= 1.
   """
-  runner = options.view_as(StandardOptions).runner or ""
-  if "Dataflow" in str(runner):
+  if _on_dataflow(options):
     w = options.view_as(WorkerOptions)
     return max(1, int(w.max_num_workers or w.num_workers or 1))
   d = options.view_as(DirectOptions)
   if d.direct_running_mode in ("multi_threading", "multi_processing"):
     return max(1, int(d.direct_num_workers or os.cpu_count() or 1))
   return 1
+
+
+def process_count(options: PipelineOptions) -> int:
+  """How many worker processes share a stage's work: what each one's progress ETA divides by.
+
+  Dataflow: the workers (`worker_count`) × the vCPUs of --machine_type (one SDK
+  process per vCPU; n1-standard-1 when not given). DirectRunner:
+  --direct_num_workers (0: one per CPU) with multi_processing; otherwise 1 (the
+  in-process and multi_threading modes run the whole job in one process).
+
+  Args:
+    options: the parsed options.
+
+  Returns:
+    The count, >= 1.
+  """
+  if _on_dataflow(options):
+    return worker_count(options) * _vcpus(options.view_as(WorkerOptions).machine_type or "n1-standard-1")
+  d = options.view_as(DirectOptions)
+  if d.direct_running_mode == "multi_processing":
+    return max(1, int(d.direct_num_workers or os.cpu_count() or 1))
+  return 1
+
+
+def _on_dataflow(options: PipelineOptions) -> bool:
+  return "dataflow" in str(options.view_as(StandardOptions).runner or "").lower()
+
+
+def _vcpus(machine_type: str) -> int:
+  """vCPUs of a Compute Engine machine type: n2-standard-4 → 4, custom-8-30720 → 8, e2-small → 1."""
+  custom = re.search(r"custom-(\d+)-", machine_type)
+  last = re.search(r"-(\d+)$", machine_type)
+  return max(1, int(custom[1] if custom else last[1] if last else 1))

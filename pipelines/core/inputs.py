@@ -276,7 +276,7 @@ def _inside(path: str, folder: str) -> bool:
   return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def _list_local(root: str, input_root: str | None = None) -> Listing:
+def _list_local(root: str, input_root: str | None = None, max_files: int | None = None) -> Listing:
   """`input_root`: the whole input `root` is one part of; a link from `root` to a folder
   elsewhere in the input would list those files twice (under another label): a reject."""
   files: list[InputFile] = []
@@ -321,6 +321,8 @@ def _list_local(root: str, input_root: str | None = None) -> Listing:
       elif stat.S_ISREG(st.st_mode):
         files.append(InputFile.of(e.path))
         sizes.append(st.st_size)
+        if max_files is not None and len(files) > max_files:
+          raise TooManyFiles(root, max_files)
       else:
         rejects.append((InputFile.of(e.path), f"not a regular file ({_kind(st.st_mode)})"))
     stack.extend(reversed(below))  # depth first, in name order
@@ -329,18 +331,23 @@ def _list_local(root: str, input_root: str | None = None) -> Listing:
 
 # ---------------------------------------------------------------- gs://
 
-def _list_gcs(root: str, budget: float) -> Listing:
+def _list_gcs(root: str, budget: float, max_files: int | None = None) -> Listing:
   bucket, name = fs.split_gcs(root)
-  return _list_gcs_prefix(bucket, name.rstrip("/") + "/" if name else "", budget)
+  return _list_gcs_prefix(bucket, name.rstrip("/") + "/" if name else "", budget, max_files)
 
 
-def _list_gcs_prefix(bucket: str, prefix: str, budget: float) -> Listing:
+def _list_gcs_prefix(bucket: str, prefix: str, budget: float, max_files: int | None = None) -> Listing:
   """Every object under exactly `prefix` (no folder rule applied: `a//` stays `a//`)."""
   root = f"gs://{bucket}/{prefix}"
 
   def names(timeout: float) -> list[tuple[str, int]]:
     blobs = fs.gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
-    return [(b.name, b.size or 0) for b in blobs]
+    out = []
+    for b in blobs:  # page by page: stop as soon as the limit is passed
+      out.append((b.name, b.size or 0))
+      if max_files is not None and len(out) > max_files:
+        raise TooManyFiles(root, max_files)
+    return out
 
   found = sorted(n for n in with_retries(names, f"listing {root}", budget) if not n[0].endswith("/"))
   return Listing([InputFile(f"gs://{bucket}/{n}") for n, _ in found], [], [size for _, size in found])
@@ -391,7 +398,15 @@ def list_gcs_prefix(location: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECON
   return _list_gcs_prefix(bucket, prefix, budget)
 
 
-def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None) -> Listing:
+class TooManyFiles(Exception):
+  """A listing passed its `max_files` (it stopped there)."""
+
+  def __init__(self, folder: str, max_files: int):
+    super().__init__(f"{folder}: more than {max_files} files")
+
+
+def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, input_root: str | None = None,
+              max_files: int | None = None) -> Listing:
   """Every file below `folder` (recursively, literally), sorted, and the rejects.
 
       list_tree("/data/scans[2024]")  # the folder of that name, not a pattern
@@ -401,6 +416,7 @@ def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, inpu
     budget: seconds to retry transient errors while listing gs://.
     input_root: the whole input `folder` is part of (a class folder's input): a
       link into another part of it is a reject.
+    max_files: stop (TooManyFiles) as soon as more files than this are found; None: no limit.
 
   Returns:
     The `Listing`: files, and (entry, reason) of what is not a file.
@@ -408,8 +424,11 @@ def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, inpu
   Raises:
     TransientInputError: listing gs:// kept failing for `budget` seconds.
     OSError: a local `folder` (or a folder above it) cannot be stat'ed.
+    TooManyFiles: more than `max_files` files (the listing stopped there).
   """
-  return _list_gcs(folder, budget) if is_gcs(folder) else _list_local(folder, input_root)
+  if is_gcs(folder):
+    return _list_gcs(folder, budget, max_files)
+  return _list_local(folder, input_root, max_files)
 
 
 # ---------------------------------------------------------------- reading

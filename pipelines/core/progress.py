@@ -1,6 +1,6 @@
 """Progress a person can plan by: records/s, bytes/s and an ETA per stage.
 
-    progress = Progress("pipelines.image_folder", "convert_shards", total_units=6000, workers=2)
+    progress = Progress("pipelines.image_folder", "convert_shards", total_units=6000, processes=2)
     progress.add(units=1)
     progress.add(records=250, bytes_out=12_000_000)
 
@@ -13,10 +13,12 @@ Each stage's figures go two ways:
   reads them back when it ends (`rates_line`).
 - **A log line** every `TOOLKIT_PROGRESS_SECONDS` (default 10) seconds from
   each worker process: units done of the plan, records/s, MB/s written, and an
-  ETA. The counts are shared by every thread of the process (the DirectRunner
-  runs a whole job in one process by default, so there the figures are the
-  job's). A worker only sees its own share; its ETA assumes the job's `workers`
-  go at its rate, so it is an estimate, labelled as one.
+  ETA. The counts are shared by every thread of the process and kept per run
+  (the output's generation). The DirectRunner runs a whole job in one process
+  unless `--direct_running_mode=multi_processing`, so there the figures are the
+  job's. Elsewhere a process sees only its share (Dataflow runs one process per
+  vCPU of each worker); its ETA assumes the job's `processes` go at its rate,
+  so it is an estimate, labelled as one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,23 @@ import time
 from apache_beam.metrics import Metrics
 
 _log = logging.getLogger(__name__)
-_EVERY_S = float(os.environ.get("TOOLKIT_PROGRESS_SECONDS", "10"))
+_DEFAULT_EVERY_S = 10.0
+
+
+def _every_s() -> float:
+  """`TOOLKIT_PROGRESS_SECONDS`, read when a stage starts (a bad value: the default, with a warning)."""
+  text = os.environ.get("TOOLKIT_PROGRESS_SECONDS")
+  if text is None:
+    return _DEFAULT_EVERY_S
+  try:
+    value = float(text)
+    if value >= 0:
+      return value
+  except ValueError:
+    pass
+  _log.warning("TOOLKIT_PROGRESS_SECONDS must be a number of seconds >= 0, got %r: using %g",
+               text, _DEFAULT_EVERY_S)
+  return _DEFAULT_EVERY_S
 
 
 class _Shared:
@@ -42,32 +60,33 @@ class _Shared:
     self.units = self.records = self.bytes = 0
 
 
-_STAGES: dict[tuple[str, str], _Shared] = {}
+_STAGES: dict[tuple[str, str, str], _Shared] = {}
 _STAGES_LOCK = threading.Lock()
 
 
-def _shared(namespace: str, stage: str) -> _Shared:
+def _shared(namespace: str, stage: str, run: str) -> _Shared:
   with _STAGES_LOCK:
-    return _STAGES.setdefault((namespace, stage), _Shared())
+    return _STAGES.setdefault((namespace, stage, run), _Shared())
 
 
-def eta_text(done: int, total: int, rate: float, workers: int) -> str:
-  """'ETA 3m20s' from units done on this worker, the plan's total and this worker's rate (units/s).
+def eta_text(done: int, total: int, rate: float, processes: int) -> str:
+  """'ETA 3m20s' from units done in this process, the plan's total and this process's rate (units/s).
 
   Args:
-    done: units done by this process.
+    done: units done by this process (by all its threads).
     total: units planned for the whole stage (0: unknown).
     rate: this process's units per second.
-    workers: how many processes share the stage.
+    processes: how many processes share the stage (1: this process does the whole stage).
 
   Returns:
     The ETA phrase, or '' when the total or the rate is unknown.
   """
   if total <= 0 or rate <= 0:
     return ""
-  remaining = max(0, total - done * max(1, workers))
-  return f"ETA {_duration(remaining / (rate * max(1, workers)))}" + (
-      f" (if {workers} workers go at this one's rate)" if workers > 1 else "")
+  processes = max(1, processes)
+  remaining = max(0, total - done * processes)
+  return f"ETA {_duration(remaining / (rate * processes))}" + (
+      f" (if {processes} processes go at this one's rate)" if processes > 1 else "")
 
 
 def _duration(seconds: float) -> str:
@@ -80,12 +99,14 @@ def _duration(seconds: float) -> str:
 class Progress:
   """Counts one stage's work in this process; Beam metrics plus a periodic log line with an ETA."""
 
-  def __init__(self, namespace: str, stage: str, total_units: int = 0, total_bytes: int = 0, workers: int = 1):
+  def __init__(self, namespace: str, stage: str, total_units: int = 0, total_bytes: int = 0, processes: int = 1,
+               run: str = ""):
     self._stage = stage
     self._total_units = total_units
     self._total_bytes = total_bytes
-    self._workers = max(1, workers)
-    self._shared = _shared(namespace, stage)
+    self._processes = max(1, processes)
+    self._every_s = _every_s()
+    self._shared = _shared(namespace, stage, run)
     self._units = Metrics.counter(namespace, f"{stage}_units")
     self._records = Metrics.counter(namespace, f"{stage}_records")
     self._bytes = Metrics.counter(namespace, f"{stage}_bytes")
@@ -119,7 +140,7 @@ class Progress:
       s.records += records
       s.bytes += bytes_out
       now = time.monotonic()
-      if now - s.last_log < _EVERY_S:
+      if now - s.last_log < self._every_s:
         return
       s.last_log = now
       line = self.line_locked(now)
@@ -131,7 +152,7 @@ class Progress:
     elapsed = max(now - s.t0, 1e-9)
     rate = s.units / elapsed
     of = f"/{self._total_units}" if self._total_units else ""
-    eta = eta_text(s.units, self._total_units, rate, self._workers)
+    eta = eta_text(s.units, self._total_units, rate, self._processes)
     return (f"{self._stage}: {s.units}{of} units on this worker, {s.records / elapsed:.0f} records/s, "
             f"{s.bytes / elapsed / 1e6:.1f} MB/s written" + (f"; {eta}" if eta else ""))
 

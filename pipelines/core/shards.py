@@ -35,8 +35,8 @@ The record converters' path at scale (docs/dataflow.md):
 
 Shard count: `--num_shards` when given; otherwise enough shards for
 `target_shard_bytes` (128 MB) of estimated output, and at least two per worker
-the job may use (`min_shards`), so that the work balances, but never more
-shards than units.
+the job may use (`min_shards`), so that the work balances, unless that makes
+shards smaller than `MIN_SHARD_BYTES` (4 MB); never more shards than units.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from pipelines.core.progress import Progress
 from pipelines.core.sink import (
     _NAMESPACE, InputSummary, OutputSpec, Record, Reject, commit_records, sort_key, write_shard)
 
+MIN_SHARD_BYTES = 4 << 20  # automatic shard counts stop at 2 per worker or at shards this small
 BUCKET_BITS = 16
 NUM_BUCKETS = 1 << BUCKET_BITS
 _log = logging.getLogger(__name__)
@@ -126,14 +127,18 @@ def shard_count(num_units: int, nbytes: int, num_shards: int, target_shard_bytes
     nbytes: their estimated output bytes.
     num_shards: `--num_shards` (0: automatic).
     target_shard_bytes: the shard size aimed at when automatic.
-    min_shards: the fewest shards when automatic (2 per worker: the work balances).
+    min_shards: the fewest shards when automatic (2 per worker: the work balances), unless
+      that would make them smaller than `MIN_SHARD_BYTES`.
 
   Returns:
     The count: never more than the units, 0 for none.
   """
   if num_units <= 0:
     return 0
-  shards = num_shards or max(min_shards, math.ceil(nbytes / target_shard_bytes), 1)
+  # The per-worker minimum never makes shards smaller than MIN_SHARD_BYTES: a 50-record
+  # validation split is not cut into 200 one-record shards for 100 workers.
+  balanced = min(min_shards, math.ceil(nbytes / MIN_SHARD_BYTES))
+  shards = num_shards or max(balanced, math.ceil(nbytes / target_shard_bytes), 1)
   return min(shards, num_units)
 
 
@@ -237,17 +242,23 @@ def shard_of(boundaries: Sequence[bytes], key: bytes) -> int:
 
 
 class _Histogram(beam.CombineFn):
-  """(bucket, nbytes) → (counts per bucket, total bytes): a fixed 512 KiB however many units."""
+  """(bucket, nbytes) → (counts per bucket, total bytes).
+
+  The accumulator is a dense 512 KiB count array while it adds; Beam ships one
+  per bundle and key to the merge, so `compact` sends only the non-zero buckets
+  (12 bytes each: a bundle of 1,000 units ships ~12 KB, not 512 KiB).
+  """
 
   def create_accumulator(self):
     return np.zeros(NUM_BUCKETS, np.int64), 0
 
   def add_input(self, acc, element):
-    acc[0][element[0]] += 1
-    return acc[0], acc[1] + element[1]
+    counts, nbytes = self._dense(acc)
+    counts[element[0]] += 1
+    return counts, nbytes + element[1]
 
   def add_inputs(self, acc, elements):
-    counts, nbytes = acc
+    counts, nbytes = self._dense(acc)
     buckets = []
     for b, size in elements:
       buckets.append(b)
@@ -258,12 +269,30 @@ class _Histogram(beam.CombineFn):
 
   def merge_accumulators(self, accs):
     counts, nbytes = np.zeros(NUM_BUCKETS, np.int64), 0
-    for c, b in accs:
-      counts += c
-      nbytes += b
+    for acc in accs:
+      if len(acc) == 3:  # compacted: (buckets, counts, bytes)
+        np.add.at(counts, acc[0], acc[1])
+        nbytes += acc[2]
+      else:
+        counts += acc[0]
+        nbytes += acc[1]
     return counts, nbytes
 
+  def compact(self, acc):
+    if len(acc) == 3:
+      return acc
+    (nonzero,) = np.nonzero(acc[0])
+    return nonzero.astype(np.int32), acc[0][nonzero], acc[1]
+
   def extract_output(self, acc):
+    return self._dense(acc)
+
+  @staticmethod
+  def _dense(acc):
+    if len(acc) == 3:
+      counts = np.zeros(NUM_BUCKETS, np.int64)
+      np.add.at(counts, acc[0], acc[1])
+      return counts, acc[2]
     return acc
 
 
@@ -350,17 +379,17 @@ class ShardResult(NamedTuple):
 class _ConvertShardFn(beam.DoFn):
   """ShardTask → the shard written and published (main), its rejects and events (tagged)."""
 
-  def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int], workers: int):
+  def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int], processes: int):
     self._converter = converter
     self._spec = spec
     self._namespace = namespace
     self._totals = totals
-    self._workers = workers
+    self._processes = processes
 
   def setup(self):
     self._converter.setup()
     self._progress = Progress(self._namespace, "convert_shards", total_units=self._totals[0],
-                              total_bytes=self._totals[1], workers=self._workers)
+                              total_bytes=self._totals[1], processes=self._processes, run=self._spec.generation)
     self._shards = Metrics.counter(_NAMESPACE, "shards_written")
     self._records_out = Metrics.counter(_NAMESPACE, "records_written")
     self._bytes_out = Metrics.counter(_NAMESPACE, "bytes_written")
@@ -468,16 +497,17 @@ class ConvertShards(beam.PTransform):
   step; the tasks are spread over the workers first (a Reshuffle).
   `side_inputs` reach `UnitConverter.convert` by name. `totals` (units, bytes
   planned: a tuple, or a PCollection of one tuple when the plan was made on the
-  workers) feed the progress log's ETA; `workers` is how many workers share them.
+  workers) feed the progress log's ETA; `processes` is how many worker processes share
+  them (`CommonConfig.processes`).
   """
 
-  def __init__(self, converter, spec: OutputSpec, namespace: str, totals=(0, 0), workers: int = 1,
+  def __init__(self, converter, spec: OutputSpec, namespace: str, totals=(0, 0), processes: int = 1,
                **side_inputs):
     super().__init__()
     if isinstance(totals, beam.PCollection):
       side_inputs[_TOTALS] = beam.pvalue.AsSingleton(totals)
       totals = (0, 0)
-    self._fn = _ConvertShardFn(converter, spec, namespace, totals, workers)
+    self._fn = _ConvertShardFn(converter, spec, namespace, totals, processes)
     self._side_inputs = side_inputs
 
   def expand(self, tasks):
@@ -572,7 +602,8 @@ class FinalizeShards(beam.PTransform):
 
 PLAN_MODES = ("auto", "launcher", "workers")
 # Files the launcher lists before `--plan=auto` hands the listing to the workers. The launcher
-# holds about 300 bytes per file while it plans (ImageNet's 1.28 M files: ~0.4 GB).
+# holds about 0.8 KB per file while it plans (ImageNet's 1.28 M files: 1.06 GB peak, measured by
+# scripts/bench_plan.py; 2 M files: about 1.6 GB).
 LAUNCHER_LISTING_LIMIT = 2_000_000
 
 
@@ -600,13 +631,14 @@ def list_at_launch(folders: Sequence[tuple[Any, str]], budget: float, input_root
   files, rejects = [], []
   progress = Progress("toolkit", "list_at_launch")
   for key, folder in folders:
-    listing = inputs.list_tree(folder, budget, input_root)
+    try:  # stops as soon as the limit is passed, not after the folder
+      listing = inputs.list_tree(folder, budget, input_root, None if limit is None else limit - len(files))
+    except inputs.TooManyFiles:
+      _log.info("more than %d files: the workers list the input and plan the shards", limit)
+      return None
     files.extend((key, f, size) for f, size in zip(listing.files, listing.sizes, strict=True))
     rejects.extend((key, f, reason) for f, reason in listing.rejects)
     progress.add(units=len(listing.files))
-    if limit is not None and len(files) > limit:
-      _log.info("more than %d files: the workers list the input and plan the shards", limit)
-      return None
   return ListedAtLaunch(files, rejects)
 
 

@@ -392,7 +392,7 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     shard_plan = plan_shards(p, units, spec, common.workers)
     volumes = shard_plan.tasks | "ReadVolumes" >> ConvertShards(
         _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels), spec, PIPELINE,
-        totals=shard_plan.totals, workers=common.workers,
+        totals=shard_plan.totals, processes=common.processes,
         dtype=beam.pvalue.AsSingleton(dtype), raw_paths=beam.pvalue.AsDict(raw_paths))
     rejects = (
         (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes.rejects, listing_rejects)

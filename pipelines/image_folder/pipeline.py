@@ -309,7 +309,7 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
           lambda key, f, reason: Reject(f.path, reason, key[0]))
     done = planned.tasks | "Convert" >> ConvertShards(
         _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy),
-        spec, PIPELINE, totals=planned.totals, workers=common.workers)
+        spec, PIPELINE, totals=planned.totals, processes=common.processes)
     multi_frame = done.events | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False))
     if found.listed is not None:
       counts = (

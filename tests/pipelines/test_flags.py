@@ -236,3 +236,22 @@ def test_summary_line_of_a_file_output():
                files=(FileInfo("gen-1/g.graphbin", 3_400_000, "0" * 64, "graphbin"),))
   assert launch.summary_line("pipelines.ogb_graphs", m, "gs://b/o", 10.0) == (
       "pipelines.ogb_graphs: gen-1/g.graphbin (3.4 MB) -> gs://b/o in 10.0s")
+
+
+@pytest.mark.parametrize("argv,workers,processes", [
+    ([], 1, 1),
+    (["--direct_num_workers=2", "--direct_running_mode=multi_threading"], 2, 1),  # threads of one process
+    (["--direct_num_workers=3", "--direct_running_mode=multi_processing"], 3, 3),
+    (["--runner=DataflowRunner", "--max_num_workers=10", "--machine_type=n2-standard-4"], 10, 40),
+    (["--runner=dataflow", "--num_workers=3"], 3, 3),  # Beam takes the lowercase name too; n1-standard-1
+    (["--runner=DataflowRunner", "--num_workers=2", "--max_num_workers=5", "--machine_type=custom-8-30720"], 5, 40),
+])
+def test_workers_and_processes_from_the_runner_flags(argv, workers, processes):
+  options = flags.parse_options(argv, [])
+  assert (flags.worker_count(options), flags.process_count(options)) == (workers, processes)
+
+
+def test_plan_flag():
+  assert [flags.plan_flag(v) for v in ("auto", "launcher", "workers")] == ["auto", "launcher", "workers"]
+  with pytest.raises(UsageError, match=r"^--plan must be auto, launcher or workers, got 'everywhere'$"):
+    flags.plan_flag("everywhere")

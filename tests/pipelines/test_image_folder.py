@@ -262,7 +262,13 @@ def test_the_workers_plan_writes_the_launchers_bytes(class_folder, tmp_path, sha
   assert [s.num_records for s in ma.splits["train"].shards] == [s.num_records for s in mb.splits["train"].shards]
 
 
-def test_two_workers_get_at_least_four_shards_when_automatic(class_folder, tmp_path):
+def test_two_workers_get_at_least_four_shards_when_automatic(class_folder, tmp_path, monkeypatch):
+  from pipelines.core import shards
+
+  one = convert(class_folder, str(tmp_path / "small"), "--image_size=16,16",
+                "--direct_num_workers=2", "--direct_running_mode=multi_threading")
+  assert len(one.splits["train"].shards) == 1  # 18 tiny images: no shard under MIN_SHARD_BYTES
+  monkeypatch.setattr(shards, "MIN_SHARD_BYTES", 1)
   m = convert(class_folder, str(tmp_path / "o"), "--image_size=16,16",
               "--direct_num_workers=2", "--direct_running_mode=multi_threading")
   assert len(m.splits["train"].shards) == 4
@@ -282,3 +288,23 @@ def test_a_split_whose_every_file_is_rejected_leaves_no_shard_behind(tmp_path):
   names = [os.path.basename(p) for p in glob.glob(os.path.join(out, "gen-*", "*"))]
   assert not [n for n in names if "validation" in n]
   assert inspect.main([out, "--verify"]) == 0
+
+
+def test_plan_auto_hands_the_listing_to_the_workers_past_the_limit(class_folder, tmp_path, monkeypatch):
+  from pipelines.core import inputs, shards
+
+  listed = []
+  real = inputs.list_tree
+  # The launcher's listings (list_at_launch passes max_files; the workers' ListFiles does not).
+  monkeypatch.setattr(inputs, "list_tree", lambda *a, **k: (len(a) == 4 and listed.append(a[3])) or real(*a, **k))
+  a = str(tmp_path / "a")
+  convert(class_folder, a, "--num_shards=3", "--image_size=16,16", "--plan=launcher")
+  monkeypatch.setattr(shards, "LAUNCHER_LISTING_LIMIT", 5)
+  b = str(tmp_path / "b")
+  launcher_calls = len(listed)
+  convert(class_folder, b, "--num_shards=3", "--image_size=16,16")  # --plan=auto
+  assert shard_digests(a) == shard_digests(b)
+  assert set(listed[:launcher_calls]) == {None}  # --plan=launcher: no limit
+  assert listed[launcher_calls:] == [5]  # auto: bounded, and given up at the first folder (it holds more)
+  with pytest.raises(inputs.TooManyFiles):
+    real(os.path.join(class_folder, "cat"), 5, None, 2)

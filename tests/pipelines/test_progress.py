@@ -14,24 +14,38 @@ from tests.conftest import REPO
 
 
 def test_eta_is_the_remaining_plan_at_this_workers_rate():
-  assert progress.eta_text(done=25, total=100, rate=5.0, workers=1) == "ETA 15s"
-  assert progress.eta_text(done=25, total=1000, rate=5.0, workers=2) == (
-      "ETA 1m35s (if 2 workers go at this one's rate)")
-  assert progress.eta_text(done=0, total=7_200_000, rate=1000.0, workers=1) == "ETA 2h00m"
-  assert progress.eta_text(done=5, total=0, rate=5.0, workers=1) == ""  # no plan total: no ETA
-  assert progress.eta_text(done=200, total=100, rate=5.0, workers=1) == "ETA 0s"
+  assert progress.eta_text(done=25, total=100, rate=5.0, processes=1) == "ETA 15s"
+  assert progress.eta_text(done=25, total=1000, rate=5.0, processes=2) == (
+      "ETA 1m35s (if 2 processes go at this one's rate)")
+  assert progress.eta_text(done=0, total=7_200_000, rate=1000.0, processes=1) == "ETA 2h00m"
+  assert progress.eta_text(done=5, total=0, rate=5.0, processes=1) == ""  # no plan total: no ETA
+  assert progress.eta_text(done=200, total=100, rate=5.0, processes=1) == "ETA 0s"
 
 
-def test_the_log_line_counts_every_thread_of_the_process(monkeypatch, caplog):
-  monkeypatch.setattr(progress, "_EVERY_S", 0.0)
+def test_the_log_line_counts_every_thread_of_the_process_per_run(monkeypatch, caplog):
+  import threading
+
+  monkeypatch.setenv("TOOLKIT_PROGRESS_SECONDS", "0")
   monkeypatch.setattr(progress, "_STAGES", {})
-  a = progress.Progress("tests.progress", "stage", total_units=10)
-  b = progress.Progress("tests.progress", "stage", total_units=10)
+  old = progress.Progress("tests.progress", "stage", total_units=100, run="gen-old")
+  old.add(units=90)  # an earlier run in this process: not this run's progress
+  stage = [progress.Progress("tests.progress", "stage", total_units=100, run="gen-new") for _ in range(4)]
+  threads = [threading.Thread(target=lambda p=p: [p.add(units=1, records=1) for _ in range(10)]) for p in stage]
   with caplog.at_level(logging.INFO, logger=progress.__name__):
-    a.add(units=3, records=3)
-    b.add(units=2, records=2, bytes_out=5_000_000)
-  assert "stage: 5/10 units on this worker" in caplog.records[-1].getMessage()
-  assert "ETA" in caplog.records[-1].getMessage()
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    stage[0].add(bytes_out=5_000_000)
+  line = caplog.records[-1].getMessage()
+  assert "stage: 40/100 units on this worker" in line and "ETA" in line and "processes" not in line
+
+
+def test_a_bad_progress_interval_falls_back_with_a_warning(monkeypatch, caplog):
+  monkeypatch.setenv("TOOLKIT_PROGRESS_SECONDS", "often")
+  with caplog.at_level(logging.WARNING, logger=progress.__name__):
+    assert progress._every_s() == 10.0
+  assert "TOOLKIT_PROGRESS_SECONDS must be a number of seconds >= 0, got 'often'" in caplog.text
 
 
 def test_rates_line_reports_each_stage_that_counted():

@@ -51,7 +51,9 @@ def test_plan_in_memory_is_the_sorted_order_cut_into_balanced_shards(num_shards)
 
 def test_automatic_shard_count_follows_bytes_and_workers_but_never_exceeds_units():
   assert shards.shard_count(100, 10 << 20, 0, 1 << 20) == 10
-  assert shards.shard_count(100, 10, 0, 1 << 20, min_shards=8) == 8  # 2 per worker of 4
+  assert shards.shard_count(100, 400 << 20, 0, 1 << 30, min_shards=8) == 8  # 2 per worker of 4
+  assert shards.shard_count(100, 10 << 20, 0, 1 << 30, min_shards=8) == 3  # but no shard under 4 MB
+  assert shards.shard_count(100, 10, 0, 1 << 20, min_shards=8) == 1
   assert shards.shard_count(3, 10 << 20, 0, 1 << 20, min_shards=8) == 3
   assert shards.shard_count(100, 10 << 20, 5, 1 << 20, min_shards=8) == 5  # --num_shards wins
   assert shards.shard_count(0, 0, 5, 1) == 0
@@ -226,3 +228,63 @@ def test_a_streamed_shard_holds_one_record_not_the_shard(tmp_path):
   finally:
     tracemalloc.stop()
   assert peak < 30 << 20, f"peak {peak / 2**20:.0f} MiB for a 60 MiB shard of 2 MiB records"
+
+
+def test_compacted_histograms_merge_to_the_dense_one():
+  h = shards._Histogram()
+  rng = random.Random(4)
+  parts = [[(rng.randrange(shards.NUM_BUCKETS), rng.randrange(100)) for _ in range(n)] for n in (0, 1, 500, 3000)]
+  accs = [h.add_inputs(h.create_accumulator(), part) for part in parts]
+  compacted = [h.compact(a) for a in accs]
+  assert all(c[0].nbytes + c[1].nbytes <= 12 * max(1, len(p)) for c, p in zip(compacted, parts))
+  dense = h.extract_output(h.merge_accumulators(accs))
+  mixed = h.extract_output(h.merge_accumulators([compacted[0], accs[1], compacted[2], compacted[3]]))
+  want = np.bincount([b for p in parts for b, _ in p], minlength=shards.NUM_BUCKETS)
+  assert np.array_equal(dense[0], want) and np.array_equal(mixed[0], want)
+  assert dense[1] == mixed[1] == sum(size for p in parts for _, size in p)
+  assert np.array_equal(h.extract_output(h.add_input(compacted[2], (7, 5)))[0], want_plus(accs[2], 7))
+
+
+def want_plus(acc, bucket):
+  counts = acc[0].copy()
+  counts[bucket] += 1
+  return counts
+
+
+class _Twice(UnitConverter):
+  """Unit 3 makes a record and is also rejected: counted twice."""
+
+  def convert(self, unit):
+    split, i = unit
+    if i == 3:
+      yield Reject(f"{split}/{i}", "also rejected", split)
+    yield Record(split, f"k{i}", f"{i}".encode())
+
+
+def _finalized(tmp_path, converter, n, num_inputs):
+  from pipelines.core.sink import InputSummary
+
+  import dataclasses
+
+  from formats import commit
+
+  generation, expected = commit.begin(str(tmp_path), {"pipeline": "tests"})
+  spec = dataclasses.replace(_spec(str(tmp_path)), generation=generation, expected=expected)
+  units = [shards.PlanUnit("train", f"k{i}", ("train", i)) for i in range(n)]
+  with beam.Pipeline() as p:
+    planned = shards.plan_shards(p, units, spec, 1)
+    done = planned.tasks | shards.ConvertShards(converter, spec, "tests.shards")
+    summary = p | "Summary" >> beam.Create([InputSummary(num_inputs, ())])
+    _ = {"results": done.results, "rejects": done.rejects} | shards.FinalizeShards(
+        spec, planned.planned, summary=summary)
+  return Manifest.loads(open(os.path.join(str(tmp_path), "manifest.json"), "rb").read())
+
+
+def test_finalize_refuses_an_input_counted_twice_or_lost(tmp_path):
+  m = _finalized(tmp_path / "ok", _Renamed(), 10, 10)
+  assert m.num_records == 10 and [s.num_records for s in m.splits["train"].shards] == [3, 3, 4]
+  with pytest.raises(Exception, match="11 input units but 10 in records"):
+    _finalized(tmp_path / "lost", _Renamed(), 10, 11)  # the listing found one more than the plan held
+  with pytest.raises(Exception, match="lost or counted twice"):
+    _finalized(tmp_path / "twice", _Twice(), 10, 10)
+  assert not os.path.exists(tmp_path / "twice" / "manifest.json")
