@@ -1,7 +1,7 @@
 """The `ogb_graphs` conversion against the best single-process path, and its steps' peak memory.
 
     python scripts/bench_convert_graph.py [--work=bench_work] [--scale=0.01] [--rounds=3] [--workers=0,2]
-        [--steps] [--json=out.json]
+        [--layout=csv|npz] [--steps] [--json=out.json]
 
 Used by scripts/bench_graphs.py (`--parts=convert`); runnable alone. On an ogbn-papers100M-shaped
 folder in OGB's raw CSV layout (scripts/make_sample_ogb.py `write_papers_csv`: papers100M's counts
@@ -12,6 +12,9 @@ times --scale, 128 float features; written once under --work):
   `csr_from_coo` does), the arrays written with `GraphBinWriter`: the best single-process path.
 - **ogb_graphs**: `pipelines.ogb_graphs.run` on the DirectRunner in this process, and with
   `--direct_running_mode=multi_processing --direct_num_workers=W` for each W in --workers (W > 0).
+
+With --layout=npz the input is papers100M's own binary layout instead (`raw/data.npz`, stored as
+np.savez writes it, so read in parallel ranges) and plain is np.load + scipy + GraphBinWriter.
 
 Variants alternate within each of --rounds rounds (the order rotated); each ratio is the variant's
 median over the median of plain. With --steps, each step of the conversion (reading the edge
@@ -53,6 +56,60 @@ def ensure_papers(work: str, scale: float, seed: int = 0) -> str:
   with open(base + ".done", "w") as f:
     f.write(f"{time.perf_counter() - t0:.1f}s\n")
   return folder
+
+
+def ensure_papers_npz(work: str, scale: float, seed: int = 0) -> str:
+  """The cached papers100M-shaped binary folder (data.npz), stored uncompressed (np.savez) as the
+  converter reads it in parallel ranges; OGB's node-label.npz and CSV splits beside it."""
+  import make_sample_ogb
+
+  base = os.path.join(work, f"papers_npz_{scale:g}_seed{seed}")
+  folder = os.path.join(base, "ogbn_papers100M")
+  if os.path.exists(base + ".done"):
+    return folder
+  shutil.rmtree(base, ignore_errors=True)
+  make_sample_ogb.write_binary_node(folder, seed, max(10, round(make_sample_ogb.PAPERS_NUM_NODES * scale)),
+                                    max(10, round(make_sample_ogb.PAPERS_NUM_EDGES * scale)),
+                                    make_sample_ogb.PAPERS_FEAT_DIM)
+  data = os.path.join(folder, "raw", "data.npz")
+  with np.load(data) as z:
+    arrays = {k: z[k] for k in z.files}
+  np.savez(data, **arrays)
+  open(base + ".done", "w").close()
+  return folder
+
+
+def plain_npz(folder: str, out: str) -> float:
+  """np.load + scipy + GraphBinWriter, one process (the binary layout's plain path); returns seconds."""
+  import pandas as pd
+  import scipy.sparse
+
+  from formats.graphbin import GraphBinWriter
+
+  t0 = time.perf_counter()
+  raw = os.path.join(folder, "raw")
+  with np.load(os.path.join(raw, "data.npz")) as z:
+    ei, n = z["edge_index"], int(z["num_nodes_list"].sum())
+    e = ei.shape[1]
+    m = scipy.sparse.coo_array((ei[1].astype(np.int32), (ei[0].astype(np.int32), np.arange(e, dtype=np.int32))),
+                               shape=(n, e)).tocsr()
+    del ei
+    feat, year = z["node_feat"], z["node_year"]
+  with np.load(os.path.join(raw, "node-label.npz")) as z:
+    label = z["node_label"]
+  splits = {s: pd.read_csv(os.path.join(folder, "split", "time", f"{s}.csv.gz"), header=None).to_numpy()[:, 0]
+            for s in ("test", "train", "valid")}
+  os.makedirs(out, exist_ok=True)
+  with GraphBinWriter(os.path.join(out, "plain.graphbin")) as w:
+    w.add_meta({"name": "plain"})
+    w.add("indptr", m.indptr.astype(np.int64))
+    w.add("indices", m.data)
+    w.add("node/feat", feat)
+    w.add("node/label", label)
+    w.add("node/year", year)
+    for s, ids in splits.items():
+      w.add(f"split/time/{s}", ids)
+  return time.perf_counter() - t0
 
 
 def plain(folder: str, out: str) -> float:
@@ -203,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
   ap.add_argument("--scale", type=float, default=0.01, help="papers100M's counts times this")
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--workers", default="0", help="DirectRunner variants: 0 = in process, W = W worker processes")
+  ap.add_argument("--layout", default="csv", choices=("csv", "npz"),
+                  help="csv: OGB's raw CSV layout; npz: papers100M's data.npz (stored), plain = np.load + scipy")
   ap.add_argument("--steps", action="store_true", help="also each step alone in a fresh process: peak RSS")
   ap.add_argument("--json", default=None)
   a = ap.parse_args(argv)
@@ -212,11 +271,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     logging.getLogger(noisy).setLevel(logging.ERROR)
   work = os.path.abspath(a.work)
   os.makedirs(work, exist_ok=True)
-  folder = ensure_papers(work, a.scale)
+  folder = ensure_papers(work, a.scale) if a.layout == "csv" else ensure_papers_npz(work, a.scale)
   raw = os.path.join(folder, "raw")
   sizes = {f: os.path.getsize(os.path.join(raw, f)) for f in sorted(os.listdir(raw))}
-  print(f"input: {folder} ({sum(sizes.values()) / 1e6:.0f} MB gzip CSV)", flush=True)
-  variants = {"plain (pandas + scipy + GraphBinWriter)": lambda: plain(folder, os.path.join(work, "conv_plain"))}
+  print(f"input: {folder} ({sum(sizes.values()) / 1e6:.0f} MB {a.layout})", flush=True)
+  if a.layout == "csv":
+    variants = {"plain (pandas + scipy + GraphBinWriter)": lambda: plain(folder, os.path.join(work, "conv_plain"))}
+  else:
+    variants = {"plain (np.load + scipy + GraphBinWriter)": lambda: plain_npz(folder, os.path.join(work, "conv_plain"))}
   for w in (int(x) for x in a.workers.split(",")):
     name = "ogb_graphs, DirectRunner in process" if w == 0 else f"ogb_graphs, DirectRunner {w} processes"
     variants[name] = (lambda w=w: convert(folder, os.path.join(work, f"conv_{w}"), w))
@@ -239,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   lines = [f"{'conversion (median of %d alternated rounds)' % a.rounds:<44} {'median s':>9} {'ratio':>6}  rounds"]
   lines += [f"{v:<44} {r['median_s']:9.1f} {r['ratio']:6.2f}  " + " ".join(f"{x:.1f}" for x in r["seconds"])
             for v, r in report["variants"].items()]
-  if a.steps:
+  if a.steps and a.layout == "csv":
     report["steps"] = run_steps(folder, work)
     lines.append("")
     lines.append("steps alone, each in a fresh process (peak RSS = VmHWM)")

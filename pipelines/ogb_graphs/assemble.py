@@ -144,12 +144,14 @@ class _ReadEdgesFn(beam.DoFn):
         extras = {k: np.repeat(v, 2, axis=0) for k, v in extras.items()}
       if source.reverse:
         src, dst, extras = dst, src, {}
+      # Ids as the CSR stores them (int32 while they fit): the chunks cross a stage, a third of the bytes.
+      itype = index_dtype(max(source.num_rows, source.num_cols) + 1)
+      src, dst = src.astype(itype, copy=False), dst.astype(itype, copy=False)
       part = src // part_size
       order = np.argsort(part, kind="stable")
       for p in np.unique(part):
         idx = order[np.searchsorted(part[order], p, "left"):np.searchsorted(part[order], p, "right")]
-        yield (key_rel, int(p)), (int(pos[idx[0]]), src[idx], dst[idx], pos[idx],
-                                  {k: v[idx] for k, v in extras.items()})
+        yield (key_rel, int(p)), (int(pos[idx[0]]), src[idx], dst[idx], {k: v[idx] for k, v in extras.items()})
     self._bytes.inc(sum(f.count for f in opened) - counted)
 
 
@@ -208,14 +210,15 @@ class _BuildPartFn(beam.DoFn):
     prefix = ("csc/" if key_rel.startswith("csc:") else "") + (f"rel/{relation}/" if relation else "")
     src = np.concatenate([c[1] for c in chunks]) if chunks else np.zeros(0, np.int64)
     dst = np.concatenate([c[2] for c in chunks]) if chunks else np.zeros(0, np.int64)
+    src = src - np.asarray(p * self._plan.rows_per_partition(key_rel), src.dtype)  # rows within the partition
     extras = {}
-    for k in (chunks[0][4] if chunks else {}):
-      kinds = {c[4][k].dtype.kind for c in chunks}
+    for k in (chunks[0][3] if chunks else {}):
+      kinds = {c[3][k].dtype.kind for c in chunks}
       if len(kinds) > 1:  # one chunk all integers, another not: never widen silently
         raise OgbFormatError(f"{dict(self._plan_extras(relation))[k]}: integer and non-integer rows mixed "
                              f"(section {k})")
-      extras[k] = np.concatenate([c[4][k] for c in chunks])
-    indptr, indices, order = csr_from_coo(src - start, dst, rows, n_cols)
+      extras[k] = np.concatenate([c[3][k] for c in chunks])
+    indptr, indices, order = csr_from_coo(src, dst, rows, n_cols)
     yield self._write(prefix + "indptr", key_rel, p, indptr[1:] + before, "<i8")
     if len(src):
       yield self._write(prefix + "indices", key_rel, p, indices, index_dtype(n_cols).str)
