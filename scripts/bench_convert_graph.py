@@ -19,8 +19,8 @@ np.savez writes it, so read in parallel ranges) and plain is np.load + scipy + G
 Variants alternate within each of --rounds rounds (the order rotated); each ratio is the variant's
 median over the median of plain. With --steps, each step of the conversion (reading the edge
 file, one sort partition, the node features, the join) is also run alone in a fresh process and its
-peak RSS reported (ru_maxrss of that process), with a bare process's for reference, and the local
-disk the pieces and the file take.
+peak RSS reported (ru_maxrss of that process), with a bare process's for reference. With --gcs, one more run writes to gs:// on a local GCS emulator
+in a child process: its time, peak RSS and the peak size of its TMPDIR (pieces stream to GCS).
 """
 
 from __future__ import annotations
@@ -236,6 +236,53 @@ def _step_node_feat(folder: str, parts_dir: str) -> list:
 
 
 
+def gcs_run(folder: str, work: str) -> dict:
+  """The conversion with its output on a local GCS emulator (gcp-storage-emulator, in memory), in a
+  child process with its own TMPDIR: wall time, the child's peak RSS (VmHWM) and TMPDIR's peak size
+  (polled every 0.5 s): pieces stream to GCS, so nothing should land on local disk."""
+  import socket
+  import subprocess
+  import urllib.request
+
+  exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  emu = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--default-bucket=bench", "--in-memory"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    host = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+      try:
+        urllib.request.urlopen(f"{host}/storage/v1/b/bench", timeout=1).read()
+        break
+      except Exception:
+        time.sleep(0.2)
+    tmp = os.path.join(work, "gcs_tmpdir")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": host, "TMPDIR": tmp, "PYTHONPATH": REPO}
+    code = ("import json, sys, time; t = time.perf_counter(); from pipelines import ogb_graphs; "
+            "ogb_graphs.run(sys.argv[1:]); "
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
+            "print('RESULT', json.dumps({'seconds': time.perf_counter() - t, 'peak_rss_gb': int(hwm) * 1024 / 1e9}))")
+    child = subprocess.Popen([sys.executable, "-c", code, f"--input={folder}", "--output=gs://bench/out"], env=env,
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    peak = 0
+    while child.poll() is None:
+      peak = max(peak, sum(os.path.getsize(os.path.join(d, f)) for d, _, fs_ in os.walk(tmp) for f in fs_))
+      time.sleep(0.5)
+    out = child.stdout.read()
+    if child.returncode:
+      raise RuntimeError(f"gs:// conversion failed ({child.returncode})")
+    got = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT ")).split(" ", 1)[1])
+    got["tmpdir_peak_bytes"] = peak
+    return got
+  finally:
+    emu.terminate()
+    emu.wait(timeout=30)
+
+
 def run_steps(folder: str, work: str) -> dict:
   parts_dir = os.path.join(work, "steps_parts")
   shutil.rmtree(parts_dir, ignore_errors=True)
@@ -263,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   ap.add_argument("--layout", default="csv", choices=("csv", "npz"),
                   help="csv: OGB's raw CSV layout; npz: papers100M's data.npz (stored), plain = np.load + scipy")
   ap.add_argument("--steps", action="store_true", help="also each step alone in a fresh process: peak RSS")
+  ap.add_argument("--gcs", action="store_true", help="also once with the output on a local GCS emulator")
   ap.add_argument("--json", default=None)
   a = ap.parse_args(argv)
   import logging
@@ -306,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     lines.append("")
     lines.append("steps alone, each in a fresh process (peak RSS = VmHWM)")
     lines += [f"  {k:<70} {v['peak_rss_gb']:6.2f} GB {v['seconds']:7.1f} s" for k, v in report["steps"].items()]
+  if a.gcs:
+    report["gcs"] = got = gcs_run(folder, work)
+    lines.append("")
+    lines.append(f"output on gs:// (GCS emulator, in memory), one run in a child process: {got['seconds']:.1f} s, "
+                 f"peak RSS {got['peak_rss_gb']:.2f} GB, TMPDIR peak {got['tmpdir_peak_bytes']} bytes")
   print("\n".join(lines), flush=True)
   if a.json:
     with open(a.json, "w") as f:
