@@ -18,8 +18,9 @@ np.savez writes it, so read in parallel ranges) and plain is np.load + scipy + G
 
 Variants alternate within each of --rounds rounds (the order rotated); each ratio is the variant's
 median over the median of plain. With --steps, each step of the conversion (reading the edge
-file, one sort partition, the node features, the join) is also run alone in a fresh process and its
-peak RSS reported (ru_maxrss of that process), with a bare process's for reference. With --gcs, one more run writes to gs:// on a local GCS emulator
+file, one sort partition, the node features) is also run alone in a fresh process and its peak
+RSS reported (VmHWM of that process), with a bare process's for reference. With --gcs, one more
+run writes to gs:// on a local GCS emulator
 in a child process: its time, peak RSS and the peak size of its TMPDIR (pieces stream to GCS).
 """
 
