@@ -80,12 +80,29 @@ def ensure_papers_npz(work: str, scale: float, seed: int = 0) -> str:
   return folder
 
 
-def plain_npz(folder: str, out: str) -> float:
-  """np.load + scipy + GraphBinWriter, one process (the binary layout's plain path); returns seconds."""
+def _write_plain(folder: str, out: str, m, feat, label, year) -> None:
+  """The plain paths' common end: the time splits read with pandas, then one GraphBinWriter file."""
   import pandas as pd
-  import scipy.sparse
 
   from formats.graphbin import GraphBinWriter
+
+  splits = {s: pd.read_csv(os.path.join(folder, "split", "time", f"{s}.csv.gz"), header=None).to_numpy()[:, 0]
+            for s in ("test", "train", "valid")}
+  os.makedirs(out, exist_ok=True)
+  with GraphBinWriter(os.path.join(out, "plain.graphbin")) as w:
+    w.add_meta({"name": "plain"})
+    w.add("indptr", m.indptr.astype(np.int64))
+    w.add("indices", m.data)
+    w.add("node/feat", feat)
+    w.add("node/label", label)
+    w.add("node/year", year)
+    for s, ids in splits.items():
+      w.add(f"split/time/{s}", ids)
+
+
+def plain_npz(folder: str, out: str) -> float:
+  """np.load + scipy + GraphBinWriter, one process (the binary layout's plain path); returns seconds."""
+  import scipy.sparse
 
   t0 = time.perf_counter()
   raw = os.path.join(folder, "raw")
@@ -98,18 +115,7 @@ def plain_npz(folder: str, out: str) -> float:
     feat, year = z["node_feat"], z["node_year"]
   with np.load(os.path.join(raw, "node-label.npz")) as z:
     label = z["node_label"]
-  splits = {s: pd.read_csv(os.path.join(folder, "split", "time", f"{s}.csv.gz"), header=None).to_numpy()[:, 0]
-            for s in ("test", "train", "valid")}
-  os.makedirs(out, exist_ok=True)
-  with GraphBinWriter(os.path.join(out, "plain.graphbin")) as w:
-    w.add_meta({"name": "plain"})
-    w.add("indptr", m.indptr.astype(np.int64))
-    w.add("indices", m.data)
-    w.add("node/feat", feat)
-    w.add("node/label", label)
-    w.add("node/year", year)
-    for s, ids in splits.items():
-      w.add(f"split/time/{s}", ids)
+  _write_plain(folder, out, m, feat, label, year)
   return time.perf_counter() - t0
 
 
@@ -117,8 +123,6 @@ def plain(folder: str, out: str) -> float:
   """pandas + scipy + GraphBinWriter, one process; returns seconds."""
   import pandas as pd
   import scipy.sparse
-
-  from formats.graphbin import GraphBinWriter
 
   t0 = time.perf_counter()
   raw = os.path.join(folder, "raw")
@@ -131,18 +135,7 @@ def plain(folder: str, out: str) -> float:
   feat = pd.read_csv(os.path.join(raw, "node-feat.csv.gz"), header=None, dtype=np.float32).to_numpy()
   label = pd.read_csv(os.path.join(raw, "node-label.csv.gz"), header=None).to_numpy()
   year = pd.read_csv(os.path.join(raw, "node_year.csv.gz"), header=None).to_numpy()
-  splits = {s: pd.read_csv(os.path.join(folder, "split", "time", f"{s}.csv.gz"), header=None).to_numpy()[:, 0]
-            for s in ("test", "train", "valid")}
-  os.makedirs(out, exist_ok=True)
-  with GraphBinWriter(os.path.join(out, "plain.graphbin")) as w:
-    w.add_meta({"name": "plain"})
-    w.add("indptr", m.indptr.astype(np.int64))
-    w.add("indices", m.data)
-    w.add("node/feat", feat)
-    w.add("node/label", label)
-    w.add("node/year", year)
-    for s, ids in splits.items():
-      w.add(f"split/time/{s}", ids)
+  _write_plain(folder, out, m, feat, label, year)
   return time.perf_counter() - t0
 
 
