@@ -7,10 +7,11 @@ source scripts/_env.sh
 toolkit_env "pipelines,tf,grain,xla,graph,test"
 # Airflow lives in its own venv (its pins differ from TensorFlow's and torch_xla's needs).
 if [ ! -x .venv-airflow/bin/python ]; then
+  warn_low_disk 3
   "$(ls .venv/bin/python3.11 2>/dev/null || echo python3)" -m venv .venv-airflow
 fi
 .venv-airflow/bin/python -m pip install --quiet --upgrade pip
-pip_retry .venv-airflow/bin/python -m pip install --quiet -c constraints-airflow.txt -e ".[airflow]" pytest
+pip_install .venv-airflow/bin/python -c constraints-airflow.txt -e ".[airflow]" pytest
 
 status=0
 for suite in ".venv/bin/python -m pytest tests" ".venv-airflow/bin/python -m pytest tests/airflow"; do

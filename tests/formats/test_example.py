@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf  # installed by the test command: the cross-check against TensorFlow
 
 from formats import example as ex
-
-tf = pytest.importorskip("tensorflow")  # installed by the test command; the cross-check needs it
 
 
 def _tf_example(d):

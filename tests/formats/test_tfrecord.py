@@ -1,10 +1,9 @@
 import io
 
 import pytest
+import tensorflow as tf  # installed by the test command: the cross-check against TensorFlow
 
 from formats import tfrecord
-
-tf = pytest.importorskip("tensorflow")
 
 RECORDS = [b"", b"a", b"hello" * 1000, bytes(range(256))]
 
