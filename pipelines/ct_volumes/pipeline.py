@@ -299,11 +299,15 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
 
     Args:
       o: --id_salt, --splits, --volume_dtype, --slice_tolerance and the size limits.
-      common: not used.
+      common: its --plan, which must leave the plan to the workers.
 
     Raises:
-      UsageError: --id_salt is missing, or another of those flags has a bad value.
+      UsageError: --id_salt is missing, another of those flags has a bad value, or
+        --plan=launcher (a series is known only after its headers are read, on the workers).
     """
+    if common.plan == "launcher":
+      raise UsageError("--plan=launcher: ct_volumes plans its series on the workers, after reading their "
+                       "headers; use --plan=auto or --plan=workers")
     if not o.id_salt:
       raise UsageError("--id_salt is required: the secret that makes patient and series hashes unlinkable")
     splits = parse_splits(o.splits)

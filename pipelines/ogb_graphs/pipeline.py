@@ -104,11 +104,15 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
     Args:
       o: --add_inverse_edges, --feature_dtype, --csc, --edges_per_partition, --allow_nonfinite,
         --add_reverse_relations.
-      common: its input folder names the data set when --name is not given.
+      common: its input folder names the data set when --name is not given; its --plan must
+        be auto (a graph has no shard plan: its edges are partitioned on the workers).
 
     Raises:
       UsageError: one of those flags has a bad value.
     """
+    if common.plan != "auto":
+      raise UsageError(f"--plan={common.plan}: ogb_graphs makes no shard plan (edges are partitioned "
+                       "on the workers); leave --plan at auto")
     if o.add_inverse_edges not in ("auto", "true", "false"):
       raise UsageError(f"--add_inverse_edges must be auto, true or false, got {o.add_inverse_edges!r}")
     if o.feature_dtype not in ("float32", "float16"):

@@ -66,6 +66,7 @@ def test_image_folder_flag_messages_are_unchanged(folder, tmp_path, args, messag
     (["--id_salt=x", "--max_file_bytes=lots"], "--max_file_bytes"),
     (["--id_salt=x", "--max_volume_voxels=-1"], "--max_volume_voxels"),
     (["--id_salt=x", "--image_size=4,4"], "unrecognized arguments: --image_size=4,4"),
+    (["--id_salt=x", "--plan=launcher"], "--plan=launcher: ct_volumes plans its series on the workers"),
 ])
 def test_ct_volumes_flags(folder, tmp_path, args, message):
   _refused(ct_volumes.run, ["--input={src}", "--output={out}", *args], message, folder, str(tmp_path / "out"))
@@ -81,6 +82,8 @@ def ogb_folder(tmp_path_factory) -> str:
     (["--add_inverse_edges=maybe"], "--add_inverse_edges must be auto, true or false"),
     (["--feature_dtype=int8"], "--feature_dtype must be float32 or float16"),
     (["--name=ogbn-unknown"], "pass --add_inverse_edges"),  # not in ogb's master.csv: found at launch
+    (["--plan=launcher"], "--plan=launcher: ogb_graphs makes no shard plan"),
+    (["--plan=workers"], "--plan=workers: ogb_graphs makes no shard plan"),
 ])
 def test_ogb_graphs_flags(ogb_folder, tmp_path, args, message):
   _refused(ogb_graphs.run, ["--input={src}", "--output={out}", *args], message, ogb_folder, str(tmp_path / "out"))
