@@ -407,9 +407,9 @@ class _ConvertShardFn(beam.DoFn):
       info = write_shard(self._spec, task.split, task.index, task.num_shards,
                          self._payloads(task, side_inputs, state, stream=True))
     except _OutOfOrder:  # nothing was published; convert again, buffered
-      state = _ShardState()
+      counted, state = state.units_counted, _ShardState()
       info = write_shard(self._spec, task.split, task.index, task.num_shards,
-                         self._payloads(task, side_inputs, state, stream=False))
+                         self._payloads(task, side_inputs, state, stream=False, counted=counted))
     self._progress.add(bytes_out=info.num_bytes)
     self._shards.inc()
     self._records_out.inc(info.num_records)
@@ -421,8 +421,12 @@ class _ConvertShardFn(beam.DoFn):
       yield beam.pvalue.TaggedOutput("events", e)
     yield ShardResult(task.split, task.index, info, task.num_units, state.used, state.rejected)
 
-  def _payloads(self, task: ShardTask, side_inputs, state: _ShardState, stream: bool) -> Iterator[bytes]:
+  def _payloads(self, task: ShardTask, side_inputs, state: _ShardState, stream: bool,
+                counted: int = 0) -> Iterator[bytes]:
     """The shard's payloads in sort-key order, converting its units; accounting into `state`.
+
+    The first `counted` units were already counted in the progress figures (by a streamed
+    attempt that stopped at an out-of-order record): converted again, they are not counted twice.
 
     Raises:
       _OutOfOrder: (stream) a record's sort key is below the previous one's.
@@ -461,7 +465,9 @@ class _ConvertShardFn(beam.DoFn):
           raise TypeError(f"a UnitConverter yielded {type(out).__name__}, not a Record, Reject or Event")
       if state.records + len(state.rejects) == made:  # neither a record nor a reject: it would be lost silently
         raise RuntimeError(f"split {split!r}: a unit of shard {task.index} made no record and no reject")
-      self._progress.add(units=1, records=state.records - records_before)
+      if state.units_counted >= counted:
+        self._progress.add(units=1, records=state.records - records_before)
+      state.units_counted += 1
     buffered.sort(key=lambda kv: kv[0])
     for (a, _), (b, _) in zip(buffered, buffered[1:]):
       if a == b:
@@ -483,6 +489,7 @@ class _ShardState:
   rejected: int = 0
   rejects: list = dataclasses.field(default_factory=list)
   events: list = dataclasses.field(default_factory=list)
+  units_counted: int = 0  # units converted to the end, so far (each counted once in the progress)
 
 
 _TOTALS = "_toolkit_plan_totals"  # the side input carrying a plan's totals when it was made on the workers

@@ -7,6 +7,7 @@ import os
 import random
 
 import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.util import assert_that, equal_to
 import numpy as np
 import pytest
@@ -196,11 +197,17 @@ class _Counted(UnitConverter):
 def test_records_in_order_are_streamed_and_others_redone_buffered(tmp_path, renamed):
   _Counted.calls = 0
   tasks = shards.plan_in_memory(_units({"train": 30}), 2, 1, 1 << 30)
-  with beam.Pipeline(argv=["--direct_running_mode=in_memory", "--direct_num_workers=1"]) as p:
-    done = p | beam.Create(tasks) | shards.ConvertShards(_Counted(renamed), _spec(str(tmp_path)), "tests.shards")
-    assert_that(done.results | beam.Map(lambda r: (r.info.num_records, r.inputs_used)), equal_to([(30, 30)]))
+  p = beam.Pipeline(argv=["--direct_running_mode=in_memory", "--direct_num_workers=1"])
+  done = p | beam.Create(tasks) | shards.ConvertShards(_Counted(renamed), _spec(str(tmp_path)), "tests.shards")
+  assert_that(done.results | beam.Map(lambda r: (r.info.num_records, r.inputs_used)), equal_to([(30, 30)]))
+  result = p.run()
+  result.wait_until_finish()
   # Streamed: each unit converted once. Out of order: found at the first such record, then all again, buffered.
   assert (_Counted.calls > 31) if renamed else (_Counted.calls == 30)
+  # ...and the progress counts each unit and record once either way.
+  counters = {r.key.metric.name: r.committed for r in result.metrics().query(
+      MetricsFilter().with_namespace("tests.shards"))["counters"]}
+  assert (counters["convert_shards_units"], counters["convert_shards_records"]) == (30, 30)
   path = str(tmp_path / "gen-x" / "t-train.array_record-00000-of-00001")
   keys = [f"renamed-{i}" if renamed else f"train/file-{i:05d}.bin" for i in range(30)]
   want = [f"{i}".encode() for i in sorted(range(30), key=lambda i: sort_key(2, "train", keys[i]))]
