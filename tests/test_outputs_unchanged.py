@@ -5,7 +5,8 @@ output to {file: sha256}. Data files (shards, .graphbin, rejected.jsonl, TFDS
 metadata) are compared as bytes; manifest.json as its JSON with the
 run-specific parts normalised (the generation folder's random name, the input
 folder's temporary path). Markers of the commit protocol (`_toolkit_run.json`,
-the lock file) are left out: they record times.
+the lock file) are left out: they record times; so are the shard records that
+resumed runs reuse shards by (`_toolkit_shards/`): they name the code's digest.
 
 The fingerprints live in tests/golden_outputs.json. A change that is meant to
 change an output regenerates them with TOOLKIT_REGEN_GOLDEN=1 and says why in
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slow
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden_outputs.json")
 _GENERATION = re.compile(r"gen-\d{8}T\d{6}-[0-9a-f]{8}")
 _VOLATILE = {"_toolkit_run.json", ".manifest.lock"}
+_BOOKKEEPING = {"_toolkit_shards"}  # pipelines/core/reuse.py's records: they carry the code's digest
 # Keys a later change may add to manifest.json without changing what the output holds.
 _ADDED_MANIFEST_KEYS = {"kind"}
 
@@ -43,7 +45,8 @@ def _normalise_text(text: str, input_root: str, output: str) -> str:
 def fingerprint(output: str, input_root: str) -> dict[str, str]:
   """{path relative to the output (generation normalised): sha256 of its normalised bytes}."""
   out = {}
-  for folder, _, names in os.walk(output):
+  for folder, dirs, names in os.walk(output):
+    dirs[:] = [d for d in dirs if d not in _BOOKKEEPING]
     for name in names:
       if name in _VOLATILE:
         continue

@@ -108,6 +108,9 @@ class _ArrayUnits(UnitConverter):
   def setup(self):
     self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
 
+  def input_paths(self, unit):
+    return [unit[1].location]
+
   def convert(self, unit):
     split, f = unit
     rel = f.path[len(self._root):]

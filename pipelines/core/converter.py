@@ -192,7 +192,7 @@ class Converter(abc.ABC):
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
         splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
         source=plan.source, generation=common.generation, expected=common.expected,
-        kind=plan.kind or self.kind)
+        kind=plan.kind or self.kind, reuse_shards=common.reuse_shards)
 
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
     """Adds the whole conversion to `p`: plan, expand, then write and commit.
@@ -238,6 +238,22 @@ class UnitConverter(abc.ABC):
 
   def setup(self) -> None:
     """Called once per worker before the first unit."""
+
+  def input_paths(self, unit, **side_inputs) -> Sequence[str] | None:
+    """The locations of the inputs `unit` is read from (local or gs://), or None when unknown.
+
+    A shard whose units all name their inputs can be reused by a later run of the same plan
+    while those inputs are unchanged (pipelines/core/reuse.py); None converts it every time.
+
+    Args:
+      unit: one unit, as `convert` receives it.
+      **side_inputs: as for `convert`.
+
+    Returns:
+      The input locations, or None.
+    """
+    del unit, side_inputs
+    return None
 
   @abc.abstractmethod
   def convert(self, unit, **side_inputs) -> Iterable[Record | Reject | Event]:

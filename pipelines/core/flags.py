@@ -27,6 +27,10 @@ from formats.output import is_output
 from pipelines.core import inputs
 from pipelines.core.errors import UsageError
 
+MODES = ("rebuild", "append")
+DEFAULT_KEEP_REPLACED = "7d"  # formats.commit.DEFAULT_KEEP_REPLACED_SECONDS, as a flag
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
 # Beam's numeric flags and their smallest sensible value (Beam itself does not check them).
 _BEAM_INT_MINIMUMS = {
     "direct_num_workers": 0,  # 0: one worker per CPU
@@ -61,6 +65,15 @@ class ConverterOptions(PipelineOptions):
                         help="true: replace an output folder that already holds a complete output.")
     parser.add_argument("--max_input_bytes", default=str(inputs.DEFAULT_MAX_INPUT_BYTES),
                         help="Largest input file read; a larger one is a reject (default 2 GiB).")
+    parser.add_argument("--mode", default="rebuild",
+                        help="rebuild (default: the output is made from the whole input) or append (convert only "
+                             "the inputs the current output does not hold, into new shards of the same splits).")
+    parser.add_argument("--reuse_shards", default="true",
+                        help="true (default): copy shards an earlier run of the same plan published (a failed or "
+                             "killed run's) instead of converting them again; false converts every shard.")
+    parser.add_argument("--keep_replaced", default=DEFAULT_KEEP_REPLACED,
+                        help="How long a replaced output generation is kept for the readers still on it, e.g. 7d "
+                             "(default), 12h, 30m, 0 (remove at once).")
     parser.add_argument("--transient_retry_seconds", default=str(int(inputs.DEFAULT_TRANSIENT_RETRY_SECONDS)),
                         help="How long to retry an input that answers a transient error (HTTP 5xx/429, "
                              "timeout, dropped connection) before the job fails (default 300).")
@@ -207,6 +220,25 @@ def seconds_flag(name: str, value) -> float:
   return x
 
 
+def duration_flag(name: str, value) -> float:
+  """A duration: a number with an optional unit s, m, h or d ("7d", "12h", "90", "0").
+
+  Args:
+    name: the flag (no `--`), named in the error.
+    value: the flag's value as given.
+
+  Returns:
+    Seconds, >= 0.
+
+  Raises:
+    UsageError: not a non-negative number with one of those units.
+  """
+  m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value))
+  if not m:
+    raise UsageError(f"--{name} must be a duration such as 7d, 12h, 30m, 90s or 0, got {value!r}")
+  return float(m[1]) * _DURATION_UNITS[m[2] or "s"]
+
+
 def bool_flag(name: str, value) -> bool:
   """A true/false flag.
 
@@ -269,7 +301,7 @@ def check_file_format(value: str) -> str:
 
 
 def check_input_output(input_flag: str | None, output_flag: str | None, overwrite_flag,
-                       input_kind: str = "a folder") -> tuple[str, str, bool]:
+                       input_kind: str = "a folder", append: bool = False) -> tuple[str, str, bool]:
   """(input root, output root, overwrite) after the checks every converter makes.
 
   Local paths become absolute. The input must exist, the output must not be
@@ -280,6 +312,7 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
     output_flag: the --output flag.
     overwrite_flag: the --overwrite flag, as given.
     input_kind: the expected input, for the "--input is required" message.
+    append: --mode=append: the output must already hold a complete output (no --overwrite needed).
 
   Returns:
     (input root, output root, overwrite); local roots are absolute paths.
@@ -305,7 +338,11 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   if fs.is_gcs(output) and output.count("/") > 2 and fs.exists(output) or (
       not fs.is_gcs(output) and os.path.lexists(output) and not os.path.isdir(output)):
     raise UsageError(f"--output {output_flag!r} is a file; it must be a folder (or not exist yet)")
-  if is_output(output) and not overwrite:
+  if append:
+    if not is_output(output):
+      raise UsageError(f"--mode=append needs a complete output at --output {output_flag!r}; there is none "
+                       "(run with --mode=rebuild first)")
+  elif is_output(output) and not overwrite:
     raise UsageError(f"--output {output_flag!r} already holds a complete output; pass --overwrite=true to replace it")
   return root, output, overwrite
 
@@ -331,11 +368,16 @@ class CommonConfig:
   plan: str = "auto"  # where record converters plan their shards: auto, launcher or workers
   workers: int = 1  # workers the runner may use (`worker_count`): automatic shard counts are >= 2 per worker
   processes: int = 1  # worker processes sharing the work (`process_count`): what a progress ETA divides by
+  mode: str = "rebuild"  # rebuild (the whole input) or append (only inputs the output does not hold)
+  reuse_shards: bool = True  # copy shards an earlier run of the same plan published
+  keep_replaced_seconds: float = 7 * 86400.0  # how long clean-up keeps replaced generations
   generation: str = ""
   expected: commit.Version | None = None
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
+    if self.mode not in MODES:
+      raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
     if self.file_format not in naming.FILE_FORMATS:
       raise ValueError(f"file_format must be one of {naming.FILE_FORMATS}, got {self.file_format!r}")
     if self.num_shards < 0 or self.seed < 0:
@@ -359,12 +401,26 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
     UsageError: a shared flag is missing or has a bad value.
   """
   c = options.view_as(ConverterOptions)
-  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind)
+  mode = mode_flag(c.mode)
+  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind, append=mode == "append")
   return CommonConfig(
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
       file_format=check_file_format(c.file_format), num_shards=int_flag("num_shards", c.num_shards, 0),
       seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options),
-      workers=worker_count(options), processes=process_count(options), plan=plan_flag(c.plan))
+      workers=worker_count(options), processes=process_count(options), plan=plan_flag(c.plan), mode=mode,
+      reuse_shards=bool_flag("reuse_shards", c.reuse_shards),
+      keep_replaced_seconds=duration_flag("keep_replaced", c.keep_replaced))
+
+
+def mode_flag(value: str) -> str:
+  """--mode: rebuild or append.
+
+  Raises:
+    UsageError: any other value.
+  """
+  if value not in MODES:
+    raise UsageError(f"--mode must be {' or '.join(MODES)}, got {value!r}")
+  return value
 
 
 def plan_flag(value: str) -> str:

@@ -145,7 +145,8 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
     commit.finish(output, common.generation)
   if is_output(output):
     seconds = time.monotonic() - t0
-    print(summary_line(prog, load_manifest(output), output, seconds), flush=True)
+    reused = stage_counters(result, "toolkit").get("shards_reused", 0)
+    print(summary_line(prog, load_manifest(output), output, seconds, reused), flush=True)
     rates = progress.rates_line(prog, stage_counters(result, prog), seconds)
     if rates:
       print(rates, flush=True)
@@ -175,7 +176,7 @@ def stage_counters(result: PipelineResult, namespace: str) -> dict[str, int]:
   return out
 
 
-def summary_line(prog: str, m: Manifest, output: str, seconds: float) -> str:
+def summary_line(prog: str, m: Manifest, output: str, seconds: float, reused: int = 0) -> str:
   """The line a run prints when it is done (and its warnings, one line each).
 
   Args:
@@ -183,6 +184,7 @@ def summary_line(prog: str, m: Manifest, output: str, seconds: float) -> str:
     m: the committed manifest.
     output: the output folder.
     seconds: how long the run took.
+    reused: shards copied from earlier runs instead of converted (pipelines/core/reuse.py).
 
   Returns:
     The summary: files or records, shards, sizes, rejects; then one line per warning.
@@ -194,7 +196,8 @@ def summary_line(prog: str, m: Manifest, output: str, seconds: float) -> str:
   size = sum(s.num_bytes for s in m.splits.values())
   lines = [f"{prog}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "
            f"{', '.join(f'{k}={v.num_records}' for k, v in m.splits.items())}), "
-           f"{m.rejected.count} rejected -> {output} in {seconds:.1f}s"]
+           f"{m.rejected.count} rejected -> {output} in {seconds:.1f}s"
+           + (f" ({reused} of {shards} shards reused from earlier runs)" if reused else "")]
   lines += [f"{prog}: warning: {w}" for w in m.warnings]
   return "\n".join(lines)
 

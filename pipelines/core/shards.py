@@ -45,6 +45,8 @@ import bisect
 import collections
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 import dataclasses
+import hashlib
+import itertools
 import logging
 import math
 import pickle
@@ -55,9 +57,11 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 import numpy as np
 
+from formats import commit
 from formats import files as fs
 from formats.features import Features
 from formats.manifest import ShardInfo, SplitInfo
+from pipelines.core import reuse
 from pipelines.core.progress import Progress
 from pipelines.core.sink import (
     _NAMESPACE, InputSummary, OutputSpec, Record, Reject, commit_records, sort_key, write_shard)
@@ -377,14 +381,22 @@ class ShardResult(NamedTuple):
 
 
 class _ConvertShardFn(beam.DoFn):
-  """ShardTask → the shard written and published (main), its rejects and events (tagged)."""
+  """ShardTask → the shard written and published (main), its rejects and events (tagged).
 
-  def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int], processes: int):
+  A shard whose plan digest names a shard an earlier run published (`reusable`, found at
+  launch) is copied from there once its bytes check out (pipelines/core/reuse.py); any other
+  is converted. Either way the shard's record is written beside it for later runs.
+  """
+
+  def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int], processes: int,
+               identity: str, reusable: Mapping[str, reuse.Reusable]):
     self._converter = converter
     self._spec = spec
     self._namespace = namespace
     self._totals = totals
     self._processes = processes
+    self._identity = identity
+    self._reusable = dict(reusable)
 
   def setup(self):
     self._converter.setup()
@@ -394,11 +406,19 @@ class _ConvertShardFn(beam.DoFn):
     self._records_out = Metrics.counter(_NAMESPACE, "records_written")
     self._bytes_out = Metrics.counter(_NAMESPACE, "bytes_written")
     self._rejects_out = Metrics.counter(self._namespace, "rejects_made")
+    self._reused = Metrics.counter(_NAMESPACE, "shards_reused")
 
   def process(self, task: ShardTask, **side_inputs):
     plan_totals = side_inputs.pop(_TOTALS, None)
     if plan_totals is not None and not self._progress.has_totals():  # planned on the workers: known now
       self._progress.set_totals(*plan_totals)
+    digest = self._plan_digest(task, side_inputs)
+    found = self._reusable.get(digest) if digest else None
+    if found is not None:
+      info = reuse.adopt(self._spec.output, self._spec.generation, found)
+      if info is not None:
+        yield from self._reused_shard(task, digest, found.record, info)
+        return
     # Records are written as they are made when they come in sort-key order (each unit makes the
     # record its plan key names, and units come in that order): a worker then holds one record,
     # not the shard. A converter whose records come out of order is buffered and sorted instead.
@@ -410,6 +430,12 @@ class _ConvertShardFn(beam.DoFn):
       counted, state = state.units_counted, _ShardState()
       info = write_shard(self._spec, task.split, task.index, task.num_shards,
                          self._payloads(task, side_inputs, state, stream=False, counted=counted))
+    if digest:
+      reuse.write_record(self._spec.output, self._spec.generation, reuse.ShardRecord(
+          digest, task.split, task.index, task.num_shards, dataclasses.replace(info, path=info.path.rsplit("/", 1)[-1]),
+          task.num_units, state.used, state.rejected, tuple(tuple(r) for r in state.rejects),
+          tuple(e.name for e in state.events)))
+    self._published()
     self._progress.add(bytes_out=info.num_bytes)
     self._shards.inc()
     self._records_out.inc(info.num_records)
@@ -420,6 +446,40 @@ class _ConvertShardFn(beam.DoFn):
     for e in state.events:
       yield beam.pvalue.TaggedOutput("events", e)
     yield ShardResult(task.split, task.index, info, task.num_units, state.used, state.rejected)
+
+  def _published(self) -> None:
+    """The fault harness's hook after each shard this process published (`shards:published:<n>`, from 1)."""
+    commit.fault_point(f"shards:published:{next(_PUBLISHED_HERE)}")
+
+  def _plan_digest(self, task: ShardTask, side_inputs) -> str:
+    """The task's plan digest ("" when the converter does not name its units' inputs: never reused)."""
+    paths = []
+    for unit in task.units():
+      named = self._converter.input_paths(unit, **side_inputs)
+      if named is None:
+        return ""
+      paths.extend(named)
+    side = repr(sorted((k, sorted(v.items()) if isinstance(v, Mapping) else v) for k, v in side_inputs.items()))
+    return reuse.plan_digest(f"{self._identity}\0{side}", task.split, task.index, task.num_shards,
+                             task.units_blob, reuse.input_versions(paths))
+
+  def _reused_shard(self, task: ShardTask, digest: str, record: reuse.ShardRecord, info: ShardInfo):
+    """What a reused shard reports: its earlier accounting, as if it had been converted now."""
+    # Imported here: converter.py imports this module (the Event type lives there).
+    from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
+    reuse.write_record(self._spec.output, self._spec.generation, record)
+    self._published()
+    self._progress.add(units=task.num_units, records=info.num_records, bytes_out=info.num_bytes)
+    self._reused.inc()
+    self._shards.inc()
+    self._records_out.inc(info.num_records)
+    self._bytes_out.inc(info.num_bytes)
+    self._rejects_out.inc(len(record.rejects))
+    for r in record.rejects:
+      yield beam.pvalue.TaggedOutput("rejects", Reject(*r))
+    for name in record.events:
+      yield beam.pvalue.TaggedOutput("events", Event(name))
+    yield ShardResult(task.split, task.index, info, task.num_units, record.inputs_used, record.inputs_rejected)
 
   def _payloads(self, task: ShardTask, side_inputs, state: _ShardState, stream: bool,
                 counted: int = 0) -> Iterator[bytes]:
@@ -476,6 +536,9 @@ class _ConvertShardFn(beam.DoFn):
       yield payload
 
 
+_PUBLISHED_HERE = itertools.count(1)  # shards published by this process (the fault harness kills after the n-th)
+
+
 class _OutOfOrder(Exception):
   """A streamed shard's record came out of sort-key order (the shard is redone, buffered)."""
 
@@ -514,7 +577,14 @@ class ConvertShards(beam.PTransform):
     if isinstance(totals, beam.PCollection):
       side_inputs[_TOTALS] = beam.pvalue.AsSingleton(totals)
       totals = (0, 0)
-    self._fn = _ConvertShardFn(converter, spec, namespace, totals, processes)
+    # Found here, at launch: the shards the output's other generations hold, by plan digest.
+    reusable = reuse.find_reusable(spec.output, exclude=spec.generation) if spec.reuse_shards else {}
+    if reusable:
+      _log.info("%d shards of earlier runs found; those of the same plan are reused", len(reusable))
+    # The converter's own settings (its config, class ids, options) shape the bytes too.
+    settings = {**spec.reuse_settings(), "converter": hashlib.sha256(pickle.dumps(converter, protocol=4)).hexdigest()}
+    self._fn = _ConvertShardFn(converter, spec, namespace, totals, processes, reuse.output_identity(settings),
+                               reusable)
     self._side_inputs = side_inputs
 
   def expand(self, tasks):

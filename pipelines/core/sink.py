@@ -255,6 +255,7 @@ class OutputSpec:
   generation: str = ""
   expected: commit.Version | None = None
   kind: str = ""  # the record kind (formats.kinds) the manifest records
+  reuse_shards: bool = True  # copy shards an earlier run of the same plan published (pipelines/core/reuse.py)
 
   def __post_init__(self):
     naming.check_dataset_name(self.name)
@@ -266,6 +267,16 @@ class OutputSpec:
       raise ValueError(f"num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
     if self.target_shard_bytes <= 0:
       raise ValueError(f"target_shard_bytes must be > 0, got {self.target_shard_bytes}")
+
+  def reuse_settings(self) -> dict:
+    """What of this spec shapes a shard's bytes besides its units: part of every shard's plan digest.
+
+    Returns:
+      The settings, JSON-able (the output folder, generation and expected version left out).
+    """
+    return {"name": self.name, "file_format": self.file_format, "features": self.features.to_json(),
+            "num_shards": self.num_shards, "seed": self.seed, "target_shard_bytes": self.target_shard_bytes,
+            "source": dict(self.source), "kind": self.kind}
 
   def shard_name(self, split: str, index: int, num_shards: int) -> naming.ShardName:
     """The name of one shard of `split` (`naming.ShardName`).

@@ -216,6 +216,10 @@ class _VolumeUnits(UnitConverter):
   def setup(self):
     self._count = counters(PIPELINE, "volumes_written", "slices_used", "volumes_rejected")
 
+  def input_paths(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
+    del dtype
+    return [inputs.InputFile(p, raw_paths.get(p, b"")).location for p in plan.files]
+
   def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
     opener = _Opener(raw_paths, self._read_policy)

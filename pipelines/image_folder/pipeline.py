@@ -92,6 +92,9 @@ class _ImageUnits(UnitConverter):
       self._last_log = now
       _log.info("converted %d images on this worker (%.0f/s)", self._n, self._n / (now - self._t0))
 
+  def input_paths(self, unit):
+    return [unit[1].location]
+
   def convert(self, unit):
     (split, class_name), f = unit
     rel = f.path[len(self._root):]

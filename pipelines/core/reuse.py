@@ -1,0 +1,404 @@
+"""Reusing shards an earlier run published: resumed conversions.
+
+A shard is a pure function of its plan: the units planned into it and their
+inputs as they are now (size and modification time, or the object generation
+on gs://), its place (split, index, count), the output's settings (name,
+format, features, seed, kind, and the converter's flags in `source`) and the
+code that converts (a digest of the toolkit's own sources). `plan_digest`
+hashes all of that.
+
+`ConvertShards` writes, beside each shard it publishes, a small record
+`<generation>/_toolkit_shards/<shard file>.json`: the plan digest, the shard's
+size and SHA-256, and its accounting (records, input units used and rejected,
+its rejects and events). A later run of the same plan (a rerun after a failed
+or killed run, a retried Dataflow job) collects at launch the records of the
+output's other toolkit generations (`find_reusable`). A shard step whose
+digest is among them reads the earlier shard back, checks its size and
+SHA-256, and copies exactly those bytes into its own generation (a hard link
+locally; on gs:// a server-side copy pinned to the object generation it
+hashed) instead of converting. Anything that does not match is converted
+again: reuse changes how long a run takes, never what it writes.
+
+Records are untrusted input (other teams may write the bucket): a record that
+does not parse, names another shard, or whose shard's bytes disagree with it is
+ignored, and the shard is converted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+import concurrent.futures
+import dataclasses
+import errno
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import uuid
+
+from formats import commit, naming
+from formats import files as fs
+from formats.manifest import ShardInfo
+
+RECORDS_FOLDER = "_toolkit_shards"  # <generation>/_toolkit_shards/<shard file>.json
+RECORD_VERSION = 1
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_READ_THREADS = 32  # records read in parallel at launch (one small object each on gs://)
+_log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- the plan's identity
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+  """A digest of the toolkit's own sources (`formats/` and `pipelines/`): part of every plan digest.
+
+  Computed where the job is launched; Dataflow workers run the same staged sources.
+
+  Returns:
+    The hex SHA-256 of every `.py` file's relative path and bytes, in path order.
+  """
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  h = hashlib.sha256()
+  for package in ("formats", "pipelines"):
+    paths = []
+    for folder, dirs, names in os.walk(os.path.join(root, package)):
+      dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+      paths += [os.path.join(folder, n) for n in names if n.endswith(".py")]
+    for path in sorted(paths):
+      with open(path, "rb") as f:
+        data = f.read()
+      h.update(f"{os.path.relpath(path, root)}\0{len(data)}\0".encode())
+      h.update(data)
+  return h.hexdigest()
+
+
+def output_identity(settings: Mapping) -> str:
+  """The digest of what shapes every shard of an output besides its units: settings and code.
+
+  Args:
+    settings: JSON-able settings (`OutputSpec.reuse_settings()`).
+
+  Returns:
+    A hex SHA-256.
+  """
+  text = json.dumps({"code": code_version(), "settings": settings}, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def input_versions(paths: Iterable[str]) -> list[str]:
+  """What each input is now: "size:mtime_ns:inode" locally, "size:g<generation>" on gs://, "missing".
+
+  A changed input gives another version, so the shards it went into are converted again.
+
+  Args:
+    paths: the inputs' locations (local or gs://).
+
+  Returns:
+    One version string per path, in order.
+  """
+  paths = list(paths)
+  gcs = [i for i, p in enumerate(paths) if fs.is_gcs(p)]
+  out = ["" for _ in paths]
+  for i, p in enumerate(paths):
+    if i in gcs:
+      continue
+    try:
+      st = os.stat(p)
+    except OSError:
+      out[i] = "missing"
+    else:
+      out[i] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+  if gcs:
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(gcs))) as pool:
+      for i, v in zip(gcs, pool.map(lambda i: _gcs_version(paths[i]), gcs)):
+        out[i] = v
+  return out
+
+
+def _gcs_version(path: str) -> str:
+  bucket, name = fs.split_gcs(path)
+  blob = fs.gcs_client().bucket(bucket).get_blob(name)  # the client's own retry covers 5xx
+  return "missing" if blob is None else f"{blob.size}:g{blob.generation}"
+
+
+def plan_digest(identity: str, split: str, index: int, num_shards: int, units_blob: bytes,
+                versions: Sequence[str]) -> str:
+  """The digest naming one shard's plan.
+
+  Args:
+    identity: `output_identity` of the run.
+    split: the shard's split.
+    index: its index.
+    num_shards: the split's shard count.
+    units_blob: the task's units, as planned (`ShardTask.units_blob`).
+    versions: `input_versions` of the units' inputs, in unit order.
+
+  Returns:
+    A hex SHA-256.
+  """
+  h = hashlib.sha256(f"{identity}\0{split}\0{index}\0{num_shards}\0".encode())
+  h.update(hashlib.sha256(units_blob).digest())
+  h.update("\0".join(versions).encode())
+  return h.hexdigest()
+
+
+# ---------------------------------------------------------------- the records
+
+@dataclasses.dataclass(frozen=True)
+class ShardRecord:
+  """What a run published for one shard: enough for a later run to reuse it without converting.
+
+  `shard.path` is the shard's file name (no folder); `rejects` are
+  (input, reason, split, units) and `events` event names, as the shard's step made them.
+  """
+
+  plan: str
+  split: str
+  index: int
+  num_shards: int
+  shard: ShardInfo
+  num_units: int
+  inputs_used: int
+  inputs_rejected: int
+  rejects: tuple[tuple[str, str, str, int], ...] = ()
+  events: tuple[str, ...] = ()
+
+  def to_json(self) -> dict:
+    """The record as written (JSON-able)."""
+    return {"toolkit": commit.TOOLKIT, "record_version": RECORD_VERSION, "plan": self.plan, "split": self.split,
+            "index": self.index, "num_shards": self.num_shards, "shard": self.shard.to_json(),
+            "num_units": self.num_units, "inputs_used": self.inputs_used, "inputs_rejected": self.inputs_rejected,
+            "rejects": [list(r) for r in self.rejects], "events": list(self.events)}
+
+  @classmethod
+  def from_json(cls, d) -> ShardRecord:
+    """A record read back, checked field by field (it is untrusted input).
+
+    Raises:
+      ValueError: a field is missing, of the wrong type, or inconsistent.
+    """
+    if not isinstance(d, dict) or d.get("toolkit") != commit.TOOLKIT or d.get("record_version") != RECORD_VERSION:
+      raise ValueError("not a shard record of this toolkit version")
+    s = d.get("shard")
+    if not isinstance(s, dict):
+      raise ValueError("shard: not an object")
+    ints = {k: d.get(k) for k in ("index", "num_shards", "num_units", "inputs_used", "inputs_rejected")}
+    ints.update(num_records=s.get("num_records"), num_bytes=s.get("num_bytes"))
+    for k, v in ints.items():
+      if type(v) is not int or v < 0:
+        raise ValueError(f"{k}: not a non-negative integer")
+    if not ints["index"] < ints["num_shards"]:
+      raise ValueError(f"index {ints['index']} not below num_shards {ints['num_shards']}")
+    if ints["inputs_used"] + ints["inputs_rejected"] < ints["num_units"]:
+      raise ValueError("fewer inputs accounted for than units planned")
+    plan, sha, path, split = d.get("plan"), s.get("sha256"), s.get("path"), d.get("split")
+    if not (isinstance(plan, str) and _HEX64.fullmatch(plan) and isinstance(sha, str) and _HEX64.fullmatch(sha)):
+      raise ValueError("plan or sha256: not a hex SHA-256")
+    try:
+      shard_name = naming.ShardName.parse(path) if isinstance(path, str) and "/" not in path else None
+    except ValueError:
+      shard_name = None
+    if shard_name is None or (shard_name.split, shard_name.index, shard_name.num_shards) != (
+        split, ints["index"], ints["num_shards"]):
+      raise ValueError("shard path: not the file name of the shard the record names")
+    rejects, events = d.get("rejects"), d.get("events")
+    if not isinstance(rejects, list) or not all(
+        isinstance(r, list) and len(r) == 4 and all(isinstance(x, str) for x in r[:3]) and type(r[3]) is int
+        and r[3] >= 0 for r in rejects):
+      raise ValueError("rejects: not a list of [input, reason, split, units]")
+    if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+      raise ValueError("events: not a list of names")
+    if sum(r[3] for r in rejects) != ints["inputs_rejected"]:
+      raise ValueError("rejects: their units differ from inputs_rejected")
+    return cls(plan, split, ints["index"], ints["num_shards"],
+               ShardInfo(path, ints["num_records"], ints["num_bytes"], sha), ints["num_units"],
+               ints["inputs_used"], ints["inputs_rejected"], tuple(tuple(r) for r in rejects), tuple(events))
+
+
+def record_path(output: str, generation: str, shard_file: str) -> str:
+  """Where the record of shard `shard_file` of `generation` lives."""
+  return fs.join(output, generation, RECORDS_FOLDER, shard_file + ".json")
+
+
+def write_record(output: str, generation: str, record: ShardRecord) -> None:
+  """Writes a shard's record (after the shard itself was published: a record implies its shard is whole).
+
+  Args:
+    output: the output folder.
+    generation: the run's generation folder.
+    record: the record; `record.shard.path` is the shard's file name.
+  """
+  fs.write_bytes(record_path(output, generation, record.shard.path),
+                 json.dumps(record.to_json(), sort_keys=True).encode() + b"\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reusable:
+  """A shard an earlier run published: its generation and its record."""
+
+  generation: str
+  record: ShardRecord
+
+
+def find_reusable(output: str, exclude: str = "") -> dict[str, Reusable]:
+  """The records of the output's toolkit generations (except `exclude`), by plan digest.
+
+  A generation counts when its marker says the toolkit wrote it (any state:
+  committed, replaced, abandoned, or a killed run's). When two generations hold
+  a shard of the same plan, the newer one's is kept (they hold the same bytes,
+  or the check at reuse turns one down).
+
+  Args:
+    output: the output folder, local or gs://.
+    exclude: a generation to leave out (the run's own).
+
+  Returns:
+    {plan digest: Reusable}; empty when the output does not exist yet.
+  """
+  try:
+    dirs, _ = fs.list_dir(output)
+  except (FileNotFoundError, NotADirectoryError):
+    return {}
+  generations = [d for d in sorted(dirs) if naming.is_generation(d) and d != exclude and _is_toolkits(output, d)]
+  paths = []
+  for g in generations:
+    try:
+      _, names = fs.list_dir(fs.join(output, g, RECORDS_FOLDER))
+    except (FileNotFoundError, NotADirectoryError):
+      continue
+    paths += [(g, n) for n in sorted(names) if n.endswith(".json")]
+  if not paths:
+    return {}
+  found: dict[str, Reusable] = {}
+  with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(paths))) as pool:
+    for (g, name), record in zip(paths, pool.map(lambda gn: _read_record(output, *gn), paths)):
+      if record is not None and record.shard.path + ".json" == name:
+        found[record.plan] = Reusable(g, record)  # generations in name (time) order: the newest wins
+  return found
+
+
+def _is_toolkits(output: str, generation: str) -> bool:
+  try:
+    marker = json.loads(fs.read_bytes(fs.join(output, generation, commit.MARKER_FILENAME)))
+  except (FileNotFoundError, ValueError):
+    return False
+  return isinstance(marker, dict) and marker.get("toolkit") == commit.TOOLKIT and marker.get("generation") == generation
+
+
+def _read_record(output: str, generation: str, name: str) -> ShardRecord | None:
+  try:
+    return ShardRecord.from_json(json.loads(fs.read_bytes(fs.join(output, generation, RECORDS_FOLDER, name))))
+  except FileNotFoundError:
+    return None
+  except ValueError as e:
+    _log.warning("ignored shard record %s/%s/%s: %s", generation, RECORDS_FOLDER, name, e)
+    return None
+
+
+# ---------------------------------------------------------------- reusing one shard
+
+def adopt(output: str, generation: str, found: Reusable, dest_name: str | None = None) -> ShardInfo | None:
+  """Copies an earlier shard into `generation` once its bytes match its record; None when they do not.
+
+  Locally the copy is a hard link (a plain copy across file systems), made
+  under a temporary name and renamed; on gs:// a server-side copy of exactly
+  the object generation that was hashed. The source is read once, to check its
+  size and SHA-256.
+
+  Args:
+    output: the output folder.
+    generation: the run's generation (the destination folder).
+    found: the earlier shard.
+    dest_name: the shard's file name in `generation` (default: the same as before).
+
+  Returns:
+    The shard's manifest entry in `generation`, or None (missing, or not the bytes its record names).
+  """
+  rec = found.record.shard
+  src = fs.join(output, found.generation, rec.path)
+  name = dest_name or rec.path
+  dest = fs.join(output, generation, name)
+  try:
+    if fs.is_gcs(src):
+      ok = _adopt_gcs(src, dest, rec)
+    else:
+      ok = _adopt_local(src, dest, rec)
+  except FileNotFoundError:
+    ok = False
+  if not ok:
+    _log.warning("shard %s/%s does not match its record: converted again", found.generation, rec.path)
+    return None
+  return ShardInfo(f"{generation}/{name}", rec.num_records, rec.num_bytes, rec.sha256)
+
+
+def _sha256_of(f, size_limit: int) -> tuple[str, int]:
+  h, n = hashlib.sha256(), 0
+  while block := f.read(1 << 22):
+    n += len(block)
+    if n > size_limit:
+      return "", n
+    h.update(block)
+  return h.hexdigest(), n
+
+
+def _adopt_local(src: str, dest: str, rec: ShardInfo) -> bool:
+  with open(src, "rb") as f:
+    st = os.fstat(f.fileno())
+    if st.st_size != rec.num_bytes:
+      return False
+    digest, n = _sha256_of(f, rec.num_bytes)
+    if digest != rec.sha256 or n != rec.num_bytes:
+      return False
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+    try:
+      os.link(f"/proc/self/fd/{f.fileno()}", tmp, follow_symlinks=True)  # exactly the inode just hashed
+    except OSError as e:
+      if e.errno not in (errno.EXDEV, errno.EPERM, errno.ENOENT, errno.EMLINK, errno.ENOTSUP):
+        raise
+      f.seek(0)
+      with open(tmp, "wb") as out:
+        copied, _ = _copy_checked(f, out)
+      if copied != rec.sha256:
+        os.remove(tmp)
+        return False
+  os.replace(tmp, dest)
+  return True
+
+
+def _copy_checked(src, out) -> tuple[str, int]:
+  h, n = hashlib.sha256(), 0
+  while block := src.read(1 << 22):
+    out.write(block)
+    h.update(block)
+    n += len(block)
+  return h.hexdigest(), n
+
+
+def _adopt_gcs(src: str, dest: str, rec: ShardInfo) -> bool:
+  bucket_name, name = fs.split_gcs(src)
+  dest_bucket, dest_name = fs.split_gcs(dest)
+  bucket = fs.gcs_client().bucket(bucket_name)
+  blob = bucket.get_blob(name)
+  if blob is None or blob.size != rec.num_bytes:
+    return False
+  generation = blob.generation
+
+  class _Hasher:
+    def __init__(self):
+      self.h, self.n = hashlib.sha256(), 0
+
+    def write(self, b):
+      self.n += len(b)
+      self.h.update(b)
+
+  hasher = _Hasher()
+  blob.download_to_file(hasher, if_generation_match=generation)
+  if hasher.n != rec.num_bytes or hasher.h.hexdigest() != rec.sha256:
+    return False
+  # Server-side: no byte passes through here, and the copy is of the generation just hashed.
+  bucket.copy_blob(blob, fs.gcs_client().bucket(dest_bucket), dest_name, if_source_generation_match=generation)
+  return True

@@ -1,0 +1,150 @@
+"""Resumed conversions (pipelines/core/reuse.py): a rerun after a killed or failed run reuses the
+shards that run published and commits an output byte-identical to a clean run's.
+
+Every test checks the invariant, not only the exit status: the output verifies, its
+fingerprint (tests/test_outputs_unchanged.py: every data file's bytes, the manifest
+normalised) equals a clean run's, and a reused shard is never one whose bytes or inputs changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import make_sample_images
+from formats import commit, files, naming
+from formats.manifest import Manifest
+from formats.output import verify as verify_output
+from pipelines.core import reuse
+from tests.conftest import REPO, upload_tree
+from tests.test_outputs_unchanged import fingerprint
+
+pytestmark = pytest.mark.slow
+
+FLAGS = ("--num_shards=4", "--seed=3")  # 2 splits x 4 shards
+
+
+def _run(*flags: str, fault: str = "", module: str = "pipelines.image_folder") -> subprocess.CompletedProcess:
+  env = {**os.environ, "PYTHONPATH": REPO}
+  env.pop(commit.FAULT_POINT_ENV, None)
+  if fault:
+    env[commit.FAULT_POINT_ENV] = fault
+  return subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+
+
+def _summary(proc: subprocess.CompletedProcess) -> str:
+  return next(line for line in proc.stdout.splitlines() if " records in " in line)
+
+
+def _reused(proc: subprocess.CompletedProcess) -> int:
+  line = _summary(proc)
+  return int(line.split("(")[-1].split(" of ")[0]) if "shards reused" in line else 0
+
+
+@pytest.fixture
+def images(tmp_path) -> str:
+  root = str(tmp_path / "pets")
+  make_sample_images.make_folder(root, ["cat", "dog"], 8, ["train", "validation"], (64, 48), 2, seed=4)
+  return root
+
+
+@pytest.fixture
+def clean(images, tmp_path) -> dict:
+  """The fingerprint of a clean, uninterrupted run."""
+  out = str(tmp_path / "clean")
+  proc = _run(f"--input={images}", f"--output={out}", "--reuse_shards=false", *FLAGS)
+  assert proc.returncode == 0, proc.stderr
+  return fingerprint(out, images)
+
+
+def _records(out: str) -> dict[str, list[str]]:
+  """{generation: its shard records' file names}."""
+  return {g: sorted(os.listdir(os.path.join(out, g, reuse.RECORDS_FOLDER)))
+          for g in os.listdir(out) if naming.is_generation(g) and os.path.isdir(os.path.join(out, g, reuse.RECORDS_FOLDER))}
+
+
+def test_a_rerun_after_a_kill_at_half_reuses_what_was_published_and_matches_a_clean_run(images, clean, tmp_path):
+  out = str(tmp_path / "out")
+  killed = _run(f"--input={images}", f"--output={out}", *FLAGS, fault="shards:published:4")
+  assert killed.returncode == -9
+  assert not os.path.exists(os.path.join(out, "manifest.json"))  # nothing committed
+  (published,) = _records(out).values()
+  assert len(published) == 4
+  rerun = _run(f"--input={images}", f"--output={out}", *FLAGS)
+  assert rerun.returncode == 0, rerun.stderr
+  assert _reused(rerun) == 4, _summary(rerun)
+  assert verify_output(out, Manifest.loads(files.read_bytes(os.path.join(out, "manifest.json")))) == 0
+  assert fingerprint(out, images) == clean
+
+
+def test_a_changed_input_or_flag_is_converted_again(images, tmp_path):
+  out = str(tmp_path / "out")
+  assert _run(f"--input={images}", f"--output={out}", *FLAGS).returncode == 0
+  again = _run(f"--input={images}", f"--output={out}", "--overwrite=true", *FLAGS)
+  assert _reused(again) == 8, _summary(again)  # nothing changed: every shard is the same plan
+  victim = os.path.join(images, "train", "cat", sorted(os.listdir(os.path.join(images, "train", "cat")))[0])
+  os.utime(victim, ns=(1, 1))  # same bytes, another version: its shard is converted again
+  touched = _run(f"--input={images}", f"--output={out}", "--overwrite=true", *FLAGS)
+  assert _reused(touched) == 7, _summary(touched)
+  other_seed = _run(f"--input={images}", f"--output={out}", "--overwrite=true", "--num_shards=4", "--seed=4")
+  assert _reused(other_seed) == 0, _summary(other_seed)
+  off = _run(f"--input={images}", f"--output={out}", "--overwrite=true", "--reuse_shards=false", *FLAGS[:1],
+             "--seed=4")
+  assert off.returncode == 0 and _reused(off) == 0
+
+
+def test_a_shard_whose_bytes_disagree_with_its_record_is_converted_again(images, clean, tmp_path):
+  """A killed run's shard changed afterwards (or written by someone else) with its record left as it was;
+  and a record rewritten to name the tampered bytes' SHA-256 but another plan: neither is reused."""
+  out = str(tmp_path / "out")
+  assert _run(f"--input={images}", f"--output={out}", *FLAGS, fault="shards:published:4").returncode == -9
+  (generation, names), = _records(out).items()
+  shard = os.path.join(out, generation, names[0][:-len(".json")])
+  with open(shard, "r+b") as f:  # same size, one byte flipped
+    f.seek(100)
+    b = f.read(1)
+    f.seek(100)
+    f.write(bytes([b[0] ^ 0xFF]))
+  bad = os.path.join(out, generation, reuse.RECORDS_FOLDER, names[1])
+  with open(bad, "w") as f:
+    f.write('{"toolkit": "tpu-shards", "plan": "../../etc"}')
+  rerun = _run(f"--input={images}", f"--output={out}", *FLAGS)
+  assert rerun.returncode == 0, rerun.stderr
+  assert _reused(rerun) == 2, rerun.stderr[-3000:]
+  assert fingerprint(out, images) == clean
+
+
+def test_a_record_that_lies_about_its_shard_is_refused():
+  good = reuse.ShardRecord("a" * 64, "train", 1, 4, reuse.ShardInfo("d-train.array_record-00001-of-00004", 3, 10,
+                                                                    "b" * 64), 3, 2, 1, (("x.jpg", "not an image", "train", 1),))
+  assert reuse.ShardRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
+  for change in ({"index": 5}, {"num_shards": 1}, {"inputs_rejected": 0}, {"num_units": 9}, {"plan": "A" * 64},
+                 {"rejects": [["x", "y", "train", -1]]}, {"shard": {**good.to_json()["shard"], "path": "../x"}},
+                 {"shard": {**good.to_json()["shard"], "path": "d-train.array_record-00002-of-00004"}},
+                 {"shard": {**good.to_json()["shard"], "num_bytes": -1}}, {"record_version": 99}):
+    with pytest.raises(ValueError):
+      reuse.ShardRecord.from_json({**good.to_json(), **change})
+
+
+def test_a_resumed_run_on_gcs_reuses_by_server_side_copy(images, gcs_emulator, tmp_path):
+  src = f"gs://{gcs_emulator}/resume/{tmp_path.name}/pets"
+  upload_tree(images, src)
+  clean_out, out = f"gs://{gcs_emulator}/resume/{tmp_path.name}/clean", f"gs://{gcs_emulator}/resume/{tmp_path.name}/out"
+  assert _run(f"--input={src}", f"--output={clean_out}", "--reuse_shards=false", *FLAGS).returncode == 0
+  killed = _run(f"--input={src}", f"--output={out}", *FLAGS, fault="shards:published:3")
+  assert killed.returncode == -9
+  rerun = _run(f"--input={src}", f"--output={out}", *FLAGS)
+  assert rerun.returncode == 0, rerun.stderr
+  assert _reused(rerun) == 3, _summary(rerun)
+
+  def shards(o):
+    m = Manifest.loads(files.read_bytes(files.join(o, "manifest.json")))
+    assert verify_output(o, m) == 0
+    return {k: [(s.path.split("/", 1)[1], s.sha256) for s in v.shards] for k, v in m.splits.items()}
+
+  assert shards(out) == shards(clean_out)
