@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 import dataclasses
 import json
+import math
 import os
 import struct
 from typing import Any, BinaryIO, NamedTuple
@@ -115,8 +116,15 @@ def parse_header(data: bytes, path: str = "<graphbin>", size: int | None = None)
   if size is not None and file_size != size:
     raise GraphBinError(f"{path}: header says {file_size} bytes, the file has {size} (truncated?)")
   header = Header(version, count, table_offset, file_size, table_crc)
+  if table_offset < HEADER.size:
+    raise GraphBinError(f"{path}: section table at offset {table_offset} starts inside the {HEADER.size}-byte header")
+  if table_offset % ALIGN:
+    raise GraphBinError(f"{path}: section table at offset {table_offset}: the offset is not a multiple of {ALIGN}")
   if table_offset + header.table_nbytes > file_size:
     raise GraphBinError(f"{path}: section table at offset {table_offset} runs past the end")
+  if table_offset + header.table_nbytes != file_size:
+    raise GraphBinError(f"{path}: the section table ends at {table_offset + header.table_nbytes}, "
+                        f"the file at {file_size}")
   return header
 
 
@@ -142,20 +150,72 @@ def parse_table(table: bytes, header: Header, path: str = "<graphbin>") -> dict[
     raise GraphBinError(f"{path}: section table at offset {header.table_offset} fails its checksum")
   entry = ENTRIES[header.version]
   sections: dict[str, Section] = {}
+  where: dict[str, int] = {}  # name -> its entry
   for i in range(header.num_sections):
-    name, dtype, ndim, *rest = entry.unpack_from(table, i * entry.size)
-    name = name.rstrip(b"\0").decode()
+    at = header.table_offset + i * entry.size
+    raw_name, raw_dtype, ndim, *rest = entry.unpack_from(table, i * entry.size)
+    name = _decode_name(raw_name, at, path)
     if ndim > 4:
-      raise GraphBinError(f"{path}: section {name!r} in the table at offset {header.table_offset + i * entry.size}: "
-                          f"{ndim} dimensions (at most 4)")
-    shape, (offset, nbytes, crc) = tuple(rest[:ndim]), rest[4:]
-    s = Section(name, dtype.rstrip(b"\0").decode(), tuple(int(d) for d in shape), int(offset), int(nbytes), int(crc))
+      raise GraphBinError(f"{path}: section {name!r} in the table at offset {at}: {ndim} dimensions (at most 4)")
+    shape, (offset, nbytes, crc) = tuple(int(d) for d in rest[:ndim]), rest[4:]
+    s = Section(name, raw_dtype.rstrip(b"\0").decode("latin-1"), shape, int(offset), int(nbytes), int(crc))
+    if name in sections:
+      raise GraphBinError(f"{path}: section {name!r} at offset {s.offset}: the table lists it twice "
+                          f"(entries {where[name]} and {i})")
+    if s.offset < HEADER.size:
+      raise GraphBinError(f"{path}: section {name!r} at offset {s.offset} starts inside the {HEADER.size}-byte header")
     if s.offset + s.nbytes > header.table_offset:
-      raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset} runs into the table")
-    if np.dtype(s.dtype).itemsize * int(np.prod(s.shape, dtype=np.int64)) != s.nbytes:
-      raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset}: shape and size disagree")
-    sections[s.name] = s
-  return sections
+      raise GraphBinError(f"{path}: section {name!r} at offset {s.offset} runs into the table")
+    if s.offset % ALIGN:
+      raise GraphBinError(f"{path}: section {name!r} at offset {s.offset}: the offset is not a multiple of {ALIGN}")
+    dtype = section_dtype(s.dtype)
+    if dtype is None:
+      raise GraphBinError(f"{path}: section {name!r} at offset {s.offset}: dtype {s.dtype!r} is not a little-endian "
+                          f"numeric dtype (one of {', '.join(_ALLOWED_KINDS)}; 1 to 8 bytes)")
+    size = dtype.itemsize * math.prod(s.shape)  # Python integers: a shape cannot wrap around to the size
+    if size != s.nbytes:
+      raise GraphBinError(f"{path}: section {name!r} at offset {s.offset}: shape and size disagree: shape {s.shape} "
+                          f"of {s.dtype} is {size} bytes, the table says {s.nbytes}")
+    sections[name], where[name] = s, i
+  previous = None
+  for s in sorted(sections.values(), key=lambda s: (s.offset, s.nbytes)):
+    if previous is not None and s.offset < previous.offset + previous.nbytes:
+      raise GraphBinError(f"{path}: section {s.name!r} at offset {s.offset} overlaps section {previous.name!r} "
+                          f"(bytes [{previous.offset}, {previous.offset + previous.nbytes}))")
+    previous = s
+  return {name: sections[name] for name in sorted(sections, key=where.__getitem__)}
+
+
+def _decode_name(raw: bytes, at: int, path: str) -> str:
+  """A table entry's name: its UTF-8 bytes before the NUL padding, not empty."""
+  try:
+    name = raw.rstrip(b"\0").decode()
+  except UnicodeDecodeError:
+    raise GraphBinError(f"{path}: the section name in the table at offset {at} is not UTF-8") from None
+  if not name:
+    raise GraphBinError(f"{path}: the section name in the table at offset {at} is empty")
+  return name
+
+
+def section_dtype(dtype: str) -> np.dtype | None:
+  """The numpy dtype of a section's dtype string, or None when a .graphbin cannot hold it.
+
+  A section holds bools, integers or floats of 1 to 8 bytes, little-endian, named by numpy's
+  canonical string (`np.dtype(...).str`, what the writer stores): "<i8", "|u1", "<f2", "|b1".
+
+  Args:
+    dtype: the string from the section table.
+
+  Returns:
+    The dtype, or None.
+  """
+  try:
+    dt = np.dtype(dtype)
+  except (TypeError, ValueError):
+    return None
+  if dt.kind not in _ALLOWED_KINDS or dt.itemsize not in (1, 2, 4, 8) or dt.str != dtype or dt.str[0] not in "<|":
+    return None
+  return dt
 
 
 def index_dtype(n: int) -> np.dtype:
@@ -410,7 +470,23 @@ class GraphBin:
                                                     self.header, path)
     if verify:
       self.verify()
-    self.meta: dict[str, Any] = json.loads(bytes(self[META])) if META in self.sections else {}
+    self.meta: dict[str, Any] = self._read_meta() if META in self.sections else {}
+
+  def _read_meta(self) -> dict[str, Any]:
+    """`meta`: a 1-D uint8 section holding a UTF-8 JSON object."""
+    s = self.sections[META]
+    if s.dtype != "|u1" or len(s.shape) != 1:
+      raise GraphBinError(f"{self.path}: section {META!r}: dtype: expected |u1 of 1 dimension, found {s.dtype} of "
+                          f"{len(s.shape)}")
+    try:
+      meta = json.loads(bytes(self[META]).decode("utf-8"))
+    except RecursionError:
+      raise GraphBinError(f"{self.path}: section {META!r}: not JSON (nested too deeply)") from None
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
+      raise GraphBinError(f"{self.path}: section {META!r}: not JSON ({e})") from None
+    if not isinstance(meta, dict):
+      raise GraphBinError(f"{self.path}: section {META!r}: expected a JSON object, found {type(meta).__name__}")
+    return meta
 
   def verify(self, names: Iterable[str] | None = None) -> None:
     """Checks the CRC32C of sections (all by default); raises GraphBinError naming the bad one.
@@ -451,3 +527,218 @@ class GraphBin:
       The names.
     """
     return sorted(n for n in self.sections if n.startswith(prefix))
+
+
+# --------------------------------------------------------------------------- what a graph's sections claim
+
+MAX_NODES = 2**62  # nodes of all types together: every id, count and `indptr` entry fits int64 with room
+_SPLIT_PARTS = ("train", "valid", "test")
+_LINK_ID_KEYS = ("edge", "edge_neg")  # link-prediction split arrays that hold node ids
+_SCAN_ROWS = 1 << 22  # rows compared at a time by the monotonicity scan (bounds its temporary memory)
+
+
+def check_graph(gb: GraphBin, values: bool = True) -> None:
+  """Checks every shape and value range that `meta` and the sections imply (docs/graphbin.md's table).
+
+  A writer controls every byte of a file, its CRCs included: this is what a reader checks before
+  a compiled kernel or a gather trusts the arrays. `meta["num_nodes"]` ({type: count}, type ""
+  when homogeneous) fixes the node counts; then
+
+    * `indptr`/`indices` and `csc/...` are CSRs over all nodes: integer, 1-D, len(indptr) = N + 1,
+      indptr starts at 0, never decreases and ends at len(indices); indices in [0, N);
+    * `edge/<name>` has a row per edge, `node/<name>` a row per node, `node/<type>/<name>` a row
+      per node of its type; `split/<s>/<part>` and `split/<s>/<type>/<part>` are 1-D integer ids
+      below their node count, link splits' `edge`/`edge_neg` ids too;
+    * heterogeneous graphs (a type other than ""): each `rel/<head>___<rel>___<tail>` names node
+      types of meta, its CSR has N_head rows over N_tail columns (`csc/rel/...` the reverse), its
+      `edge/...` a row per edge; meta's `relations`, `reverse_relations` and `node_type_offsets`
+      agree with the sections.
+
+  The value scans (index ranges, indptr order) are vectorised numpy over the mapped arrays: one
+  pass for the range of each index array, one (in blocks) for each indptr's order; everything else
+  reads the table and a few entries.
+
+  Args:
+    gb: the open file (its `meta` parsed).
+    values: also scan the values (False: shapes, dtypes, counts and indptr's ends only).
+
+  Raises:
+    GraphBinError: "<file>: section '<name>': <what>: expected <x>, found <y>" for the first
+      section that disagrees.
+  """
+  _GraphCheck(gb, values).run()
+
+
+class _GraphCheck:
+  """The checks of `check_graph`, over one file."""
+
+  def __init__(self, gb: GraphBin, values: bool):
+    self.gb, self.path, self.values = gb, gb.path, values
+    self.counts = self._counts(gb.meta)
+    self.total = sum(self.counts.values())
+    self.typed = any(t != "" for t in self.counts)
+
+  def fail(self, name: str, what: str) -> GraphBinError:
+    return GraphBinError(f"{self.path}: section {name!r}: {what}")
+
+  def _counts(self, meta: Mapping[str, Any]) -> dict[str, int]:
+    counts = meta.get("num_nodes", {})
+    if not isinstance(counts, dict):
+      raise self.fail(META, f"num_nodes: expected an object {{node type: count}}, found {counts!r}")
+    for t, n in counts.items():
+      if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise self.fail(META, f"num_nodes[{t!r}]: expected a non-negative integer, found {n!r}")
+    if sum(counts.values()) > MAX_NODES:
+      raise self.fail(META, f"num_nodes: expected at most {MAX_NODES} nodes in all, found {sum(counts.values())}")
+    return dict(counts)
+
+  def run(self) -> None:
+    names = self.gb.sections
+    edges = self.csr("indptr", "indices", self.total, self.total, "num_nodes + 1")
+    csc_edges = self.csr("csc/indptr", "csc/indices", self.total, self.total, "num_nodes + 1")
+    if edges is not None and csc_edges is not None and csc_edges != edges:
+      raise self.fail("csc/indices", f"entries: expected {edges} (entries of 'indices'), found {csc_edges}")
+    relations = self.relations() if self.typed else {}
+    for name in names:
+      parts = name.split("/")
+      if parts[0] == "edge" and len(parts) >= 2:
+        if edges is None:
+          raise self.fail(name, "edge rows without 'indices' to follow")
+        self.rows(name, edges, "entries of 'indices'")
+      elif parts[0] == "node" and len(parts) == 2:
+        self.rows(name, self.total, "meta num_nodes")
+      elif parts[0] == "node" and len(parts) >= 3:
+        t = self.node_type(name, parts[1])
+        self.rows(name, self.counts[t], f"meta num_nodes[{t!r}]")
+      elif parts[0] == "split":
+        self.split(name, parts)
+      elif name == "node_type_offsets":
+        self.type_offsets(name)
+    for r, e in relations.items():
+      for name in names:
+        if name.startswith(f"rel/{r}/edge/"):
+          self.rows(name, e, f"entries of 'rel/{r}/indices'")
+
+  # ---- pieces
+
+  def array(self, name: str, ndim: int | None = 1, integer: bool = True) -> np.ndarray:
+    arr = self.gb[name]
+    if integer and arr.dtype.kind not in "iu":
+      raise self.fail(name, f"dtype: expected an integer dtype, found {arr.dtype.str}")
+    if ndim is not None and arr.ndim != ndim:
+      raise self.fail(name, f"dimensions: expected {ndim}, found {arr.ndim}")
+    return arr
+
+  def rows(self, name: str, expected: int, why: str) -> None:
+    s = self.gb.sections[name]
+    if not s.shape:
+      raise self.fail(name, "dimensions: expected at least 1, found 0")
+    if s.shape[0] != expected:
+      raise self.fail(name, f"rows: expected {expected} ({why}), found {s.shape[0]}")
+
+  def in_range(self, name: str, arr: np.ndarray, n: int, noun: str) -> None:
+    """Every value of `arr` in [0, n): one min and one max over the array, the position only on failure."""
+    if arr.size == 0 or not self.values:
+      return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= n:
+      flat = arr.reshape(-1)
+      at = int(np.flatnonzero((flat < 0) | (flat >= n))[0])
+      raise self.fail(name, f"{noun} outside [0, {n}): found {int(flat[at])} at position {at}")
+
+  def csr(self, indptr_name: str, indices_name: str, rows: int, cols: int, why: str) -> int | None:
+    """Checks one CSR (absent: both sections absent) and returns its number of entries."""
+    has_indptr, has_indices = indptr_name in self.gb, indices_name in self.gb
+    if not has_indptr and not has_indices:
+      return None
+    if not has_indices:
+      raise GraphBinError(f"{self.path}: section {indptr_name!r} has no {indices_name!r} beside it")
+    if not has_indptr:
+      raise GraphBinError(f"{self.path}: section {indices_name!r} has no {indptr_name!r} beside it")
+    indptr, indices = self.array(indptr_name), self.array(indices_name)
+    if len(indptr) != rows + 1:
+      raise self.fail(indptr_name, f"length: expected {rows + 1} ({why}), found {len(indptr)}")
+    if int(indptr[0]) != 0:
+      raise self.fail(indptr_name, f"first value: expected 0, found {int(indptr[0])}")
+    for start in range(0, len(indptr) - 1 if self.values else 0, _SCAN_ROWS):
+      block = indptr[start:start + _SCAN_ROWS + 1]
+      down = block[1:] < block[:-1]
+      if down.any():
+        row = start + int(np.argmax(down)) + 1
+        raise self.fail(indptr_name, f"decreases at row {row}: {int(indptr[row - 1])} then {int(indptr[row])}")
+    if int(indptr[-1]) != len(indices):
+      raise self.fail(indptr_name, f"last value: expected {len(indices)} (entries of {indices_name!r}), "
+                                   f"found {int(indptr[-1])}")
+    self.in_range(indices_name, indices, cols, "indices")
+    return len(indices)
+
+  def node_type(self, name: str, t: str) -> str:
+    if t not in self.counts:
+      raise self.fail(name, f"node type {t!r} is not in meta num_nodes {sorted(self.counts)}")
+    return t
+
+  def split(self, name: str, parts: list[str]) -> None:
+    if len(parts) == 3 and parts[2] in _SPLIT_PARTS:  # split/<s>/<part>: node ids
+      self.in_range(name, self.array(name), self.total, "ids")
+    elif len(parts) == 4 and parts[3] in _SPLIT_PARTS:  # split/<s>/<type>/<part>: ids within the type
+      t = self.node_type(name, parts[2])
+      self.in_range(name, self.array(name), self.counts[t], "ids")
+    elif len(parts) == 4 and parts[2] in _SPLIT_PARTS and parts[3] in _LINK_ID_KEYS:  # link pairs
+      self.in_range(name, self.array(name, ndim=None), self.total, "ids")
+
+  def type_offsets(self, name: str) -> None:
+    found = self.array(name)
+    expected = [0]
+    for t in sorted(self.counts):
+      expected.append(expected[-1] + self.counts[t])
+    if found.tolist() != expected:
+      raise self.fail(name, f"expected {expected} (meta num_nodes in type order), found {found.tolist()}")
+
+  def relations(self) -> dict[str, int]:
+    """Checks every relation of a heterogeneous graph; returns {relation: its number of edges}."""
+    names = self.gb.sections
+    found: dict[str, str] = {}  # relation -> the first section naming it
+    for name in names:
+      prefix = "csc/rel/" if name.startswith("csc/rel/") else "rel/" if name.startswith("rel/") else None
+      if prefix is not None:
+        found.setdefault(name[len(prefix):].split("/", 1)[0], name)
+    edges: dict[str, int] = {}
+    for r, first in found.items():
+      head, tail = self.endpoints(first, r)
+      e = self.csr(f"rel/{r}/indptr", f"rel/{r}/indices", self.counts[head], self.counts[tail],
+                   f"num_nodes[{head!r}] + 1")
+      csc = self.csr(f"csc/rel/{r}/indptr", f"csc/rel/{r}/indices", self.counts[tail], self.counts[head],
+                     f"num_nodes[{tail!r}] + 1")
+      if e is None:
+        raise self.fail(first, f"relation {r!r} has no 'rel/{r}/indptr'")
+      if csc is not None and csc != e:
+        raise self.fail(f"csc/rel/{r}/indices", f"entries: expected {e} (entries of 'rel/{r}/indices'), found {csc}")
+      edges[r] = e
+    meta = self.gb.meta
+    listed = meta.get("relations")
+    if listed is not None:
+      if not isinstance(listed, list) or not all(isinstance(r, str) for r in listed):
+        raise self.fail(META, f"relations: expected a list of names, found {listed!r}")
+      for r in listed:
+        if r not in edges:
+          raise self.fail(META, f"relations lists {r!r}, the file has no 'rel/{r}/indptr'")
+      for r in edges:
+        if r not in listed:
+          raise self.fail(f"rel/{r}/indptr", f"relation {r!r} is not in meta relations")
+    reverse = meta.get("reverse_relations", {})
+    if not isinstance(reverse, dict):
+      raise self.fail(META, f"reverse_relations: expected an object, found {reverse!r}")
+    for r, info in reverse.items():
+      n = info.get("num_edges") if isinstance(info, dict) else None
+      if r not in edges:
+        raise self.fail(META, f"reverse_relations names {r!r}, the file has no 'rel/{r}/indptr'")
+      if n != edges[r]:
+        raise self.fail(META, f"reverse_relations[{r!r}]['num_edges']: expected {edges[r]} "
+                              f"(entries of 'rel/{r}/indices'), found {n!r}")
+    return edges
+
+  def endpoints(self, name: str, relation: str) -> tuple[str, str]:
+    parts = relation.split("___")
+    if len(parts) != 3:
+      raise self.fail(name, f"relation {relation!r} is not <head>___<relation>___<tail>")
+    return self.node_type(name, parts[0]), self.node_type(name, parts[2])

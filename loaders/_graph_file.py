@@ -15,9 +15,9 @@ import numpy as np
 
 from formats import files, gcs_download
 from formats.errors import CorruptRecordError, GraphBinError
-from formats.graphbin import HEADER, GraphBin, parse_header, parse_table
+from formats.graphbin import HEADER, GraphBin, check_graph, parse_header, parse_table
 from formats.integrity import Verify, verify_level
-from formats.manifest import MANIFEST_FILENAME, FileInfo
+from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest
 from formats.output import DEFAULT_CACHE_ROOT, is_output, open_output
 
 
@@ -32,18 +32,24 @@ class Graph:
     node_features, labels: `node/feat` and `node/label` (None when absent).
   """
 
-  def __init__(self, path: str, verify: bool = True):
+  def __init__(self, path: str, verify: bool = True, check_values: bool = True):
     """Maps `path`.
 
     Args:
       path: a local .graphbin file.
       verify: check every section's CRC now (the whole file is read once).
+      check_values: also scan the index arrays (CSR order, neighbour and split ids in range; one
+        pass over each). Shapes, dtypes and counts are checked either way; the samplers check the
+        CSR and the seeds they use again.
 
     Raises:
-      GraphBinError: the file is not a valid .graphbin, or (verify) a section's CRC is wrong.
+      GraphBinError: the file is not a valid .graphbin, its sections contradict `meta` or each other
+        (formats.graphbin.check_graph: shapes, dtypes, CSR order and id ranges, checked whatever
+        `verify` says), or (verify) a section's CRC is wrong.
     """
     self.path = path
     self.bin = GraphBin(path, verify=verify)
+    check_graph(self.bin, values=check_values)  # CRCs prove the writer's bytes, not that they agree
     self.meta = self.bin.meta
     self.num_nodes: int = int(sum(self.meta.get("num_nodes", {}).values()))
     self.indptr = self.bin["indptr"] if "indptr" in self.bin else None
@@ -121,6 +127,8 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
     cache_dir: where gs:// graphs are cached (default ~/.cache/tpu_shards/graphs).
     verify: how a local graph is proven: "sha256" (default; once per file per
       process, or every section's CRC when there is no manifest), "size" or "none".
+      Every level checks the sections' shapes, dtypes and counts against `meta`;
+      "sha256" also scans the index arrays' values (see `Graph`).
     streams: gs:// only: ranged reads in flight at once.
     chunk_bytes: gs:// only: bytes per ranged read (each stream holds one in memory).
     progress: gs:// only: a progress bar on stderr when it is a terminal, else a log line every few seconds.
@@ -133,7 +141,8 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
     FileNotFoundError: the manifest lists no such graph, or the object is missing.
     CorruptRecordError: the file differs from the manifest at level `verify`, or
       (gs://) a section's CRC or the SHA-256 differs; nothing is left in the cache.
-    GraphBinError: the file is not a valid .graphbin.
+    GraphBinError: the file is not a valid .graphbin, its sections contradict each other or `meta`
+      (see `Graph`), or its node counts differ from the manifest's `graph` entry.
     NotEnoughSpaceError: (gs://) the cache's disk cannot hold the graph (an OSError); nothing is written.
     SourceChangedError: (gs://) the object was replaced during the download.
     ConnectionError: (gs://) a range kept failing; the next load resumes the download.
@@ -144,7 +153,8 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
   if path.endswith(".graphbin"):
     folder, file_name = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path), os.path.basename(path)
     if not files.is_gcs(path) and not is_output(folder):
-      return Graph(path, verify=level == "sha256")  # no manifest: every section's CRC stands in for its digest
+      # no manifest: every section's CRC stands in for its digest
+      return Graph(path, verify=level == "sha256", check_values=level == "sha256")
   options = gcs_download.DownloadOptions(streams=streams, chunk_bytes=chunk_bytes, progress=progress)
   output = open_output(folder)
   blobs = [f for f in output.files
@@ -153,7 +163,8 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
     raise FileNotFoundError(f"{files.join(folder, MANIFEST_FILENAME)} lists no graph {file_name or ''}".rstrip())
   info = blobs[0]
   if not files.is_gcs(folder):
-    return Graph(output.local_copy(info, verify=level), verify=False)
+    graph = Graph(output.local_copy(info, verify=level), verify=False, check_values=level == "sha256")
+    return _as_listed(graph, output.manifest)
   src = output.shard_path(info)
   local = files.cache_path(src, info.sha256, cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "graphs"))
   # The cached copy was proven when it was downloaded (its digest and every section's CRC) and is trusted since.
@@ -165,7 +176,17 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
   elif not os.path.exists(sections_verified):  # downloaded by an older version, which checked the sections apart
     Graph(local, verify=True)
     open(sections_verified, "w").close()
-  return Graph(local, verify=False)
+  return _as_listed(Graph(local, verify=False), output.manifest)
+
+
+def _as_listed(graph: Graph, manifest: Manifest) -> Graph:
+  """`graph`, once its node counts are the ones the manifest's `graph` entry states (when it states them)."""
+  listed = (manifest.graph or {}).get("num_nodes")
+  found = graph.meta.get("num_nodes", {})
+  if listed is not None and listed != found:
+    raise GraphBinError(f"{graph.path}: section 'meta': num_nodes: expected {listed} (the manifest's graph), "
+                        f"found {found}")
+  return graph
 
 
 def _download(src: str, info: FileInfo, local: str, options: gcs_download.DownloadOptions) -> None:

@@ -196,3 +196,93 @@ def test_a_bad_entry_with_a_good_table_checksum_is_refused(tmp_path, field, valu
   open(path, "wb").write(bytes(data))
   with pytest.raises(GraphBinError, match=message):
     GraphBin(path, verify=False)
+
+
+# --------------------------------------------------------------------------- hostile tables (valid CRCs)
+
+
+def _entries(path):
+  """(file bytes, header, [entry fields]) of a version 1 file."""
+  data = bytearray(open(path, "rb").read())
+  h = parse_header(bytes(data[:HEADER.size]))
+  return data, h, [list(ENTRY.unpack_from(data, h.table_offset + i * ENTRY.size)) for i in range(h.num_sections)]
+
+
+def _rewrite(path, entries, data=None, extra=b""):
+  """Writes `entries` back as the table (its CRC recomputed), `extra` bytes after it."""
+  old, h, _ = _entries(path)
+  data = bytearray(old if data is None else data)
+  table = b"".join(ENTRY.pack(*e) for e in entries)
+  data[h.table_offset:] = table + extra
+  HEADER.pack_into(data, 0, b"GRAPHBIN", 1, len(entries), h.table_offset, len(data), google_crc32c.value(table))
+  open(path, "wb").write(bytes(data))
+
+
+def _hostile(tmp_path):
+  """indptr (40 bytes at 64), indices (16 bytes at 128), node/feat (24 bytes at 192), meta."""
+  return _write(str(tmp_path / "h.graphbin"), indptr=np.array([0, 2, 3, 3, 4], np.int64),
+                indices=np.array([1, 2, 0, 3], np.int32), node__feat=np.arange(12, dtype=np.float16).reshape(4, 3))
+
+
+# entry fields: 0 name, 1 dtype, 2 ndim, 3..6 shape, 7 offset, 8 nbytes, 9 crc
+HOSTILE_ENTRIES = [
+    ("duplicate", 1, {0: b"indptr"}, r"section 'indptr' at offset 128: the table lists it twice \(entries 0 and 1\)"),
+    ("overlap", 2, {7: 128}, r"section 'node/feat' at offset 128 overlaps section 'indices' \(bytes \[128, 144\)\)"),
+    ("in_header", 0, {7: 0}, r"section 'indptr' at offset 0 starts inside the 64-byte header"),
+    ("unaligned", 1, {7: 136}, r"section 'indices' at offset 136: the offset is not a multiple of 64"),
+    ("bytes_dtype", 1, {1: b"|S4"}, r"section 'indices' at offset 128: dtype '\|S4' is not a little-endian "
+                                    r"numeric dtype \(one of i, u, f, b; 1 to 8 bytes\)"),
+    ("complex_dtype", 1, {1: b"<c8", 3: 2}, r"dtype '<c8' is not a little-endian numeric dtype"),
+    ("big_endian", 1, {1: b">i4"}, r"dtype '>i4' is not a little-endian numeric dtype"),
+    ("unknown_dtype", 1, {1: b"zz"}, r"dtype 'zz' is not a little-endian numeric dtype"),
+    ("long_double", 2, {1: b"<f16", 3: 1, 4: 3, 8: 48}, r"dtype '<f16' is not a little-endian numeric dtype"),
+    ("wrapping_shape", 1, {1: b"|u1", 2: 2, 3: 2**32, 4: 2**32, 8: 0},
+     r"section 'indices' at offset 128: shape and size disagree: shape \(4294967296, 4294967296\) of \|u1 is "
+     r"18446744073709551616 bytes, the table says 0"),
+    ("not_utf8", 1, {0: b"\xff\xfeindices"}, r"the section name in the table at offset \d+ is not UTF-8"),
+    ("empty_name", 1, {0: b""}, r"the section name in the table at offset \d+ is empty"),
+]
+
+
+@pytest.mark.parametrize("index,fields,message", [c[1:] for c in HOSTILE_ENTRIES], ids=[c[0] for c in HOSTILE_ENTRIES])
+def test_a_table_entry_that_cannot_be_true_is_refused_though_its_checksum_is_right(tmp_path, index, fields, message):
+  path = _hostile(tmp_path)
+  data, h, entries = _entries(path)
+  for field, value in fields.items():
+    entries[index][field] = value
+  _rewrite(path, entries)
+  with pytest.raises(GraphBinError, match=message) as e:
+    GraphBin(path, verify=False)
+  assert str(e.value).startswith(f"{path}: ")
+
+
+def test_bytes_after_the_table_are_refused(tmp_path):
+  path = _hostile(tmp_path)
+  _, h, entries = _entries(path)
+  _rewrite(path, entries, extra=b"\0" * 64)
+  end = h.table_offset + len(entries) * ENTRY.size
+  with pytest.raises(GraphBinError, match=rf"h.graphbin: the section table ends at {end}, the file at {end + 64}"):
+    GraphBin(path, verify=False)
+
+
+@pytest.mark.parametrize("table_offset,message", [
+    (32, r"section table at offset 32 starts inside the 64-byte header"),
+    (100, r"section table at offset 100: the offset is not a multiple of 64"),
+])
+def test_a_header_whose_table_cannot_be_where_it_says_is_refused(table_offset, message):
+  header = HEADER.pack(b"GRAPHBIN", 1, 0, table_offset, table_offset, google_crc32c.value(b""))
+  with pytest.raises(GraphBinError, match=message):
+    parse_header(header, "g.graphbin", size=table_offset)
+
+
+@pytest.mark.parametrize("meta,message", [
+    (b"[" * 100_000 + b"]" * 100_000, r"section 'meta': not JSON \(nested too deeply\)"),
+    (b"\xff{}", r"section 'meta': not JSON \("),
+    (b"\"x\"", r"section 'meta': expected a JSON object, found str"),
+])
+def test_meta_that_is_not_a_json_object_is_refused(tmp_path, meta, message):
+  path = str(tmp_path / "m.graphbin")
+  with GraphBinWriter(path) as w:
+    w.add("meta", np.frombuffer(meta, np.uint8))
+  with pytest.raises(GraphBinError, match=message):
+    GraphBin(path)
