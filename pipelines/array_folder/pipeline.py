@@ -196,11 +196,12 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
     def unit_of(split, f, size):
       return PlanUnit(split, f.path[len(prefix):], (split, f), size)
 
+    units = _ArrayUnits(common.input, plan.features, config, common.read_policy)
     listed = None if common.plan == "workers" else list_at_launch(
         folders, common.read_policy.retry_seconds, common.input,
         shards.LAUNCHER_LISTING_LIMIT if common.plan == "auto" else None)
     if listed is not None:
-      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers)
+      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers, units)
       listing_rejects = p | "ListingRejects" >> beam.Create(
           [Reject(f.path, why, split) for split, f, why in listed.rejects])
       count = p | "CountEntries" >> beam.Create(
@@ -212,7 +213,7 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
           | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=common.input,
                                             with_sizes=True)
       )
-      planned = plan_shards(p, found.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers)
+      planned = plan_shards(p, found.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers, units)
       listing_rejects = found.rejects | "ListingRejects" >> beam.MapTuple(
           lambda split, f, why: Reject(f.path, why, split))
       count = (
@@ -222,7 +223,6 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
           | "AndLauncherRejects" >> beam.Map(lambda n, extra: n + extra, len(plan.launcher_rejects))
       )
     done = planned.tasks | "Convert" >> ConvertShards(
-        _ArrayUnits(common.input, plan.features, config, common.read_policy), spec, PIPELINE,
-        totals=planned.totals, processes=common.processes)
+        units, spec, PIPELINE, totals=planned.totals, processes=common.processes)
     rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
-    return ShardsWritten(done.results, planned.planned, rejects, summary_of(p, count))
+    return ShardsWritten(done.results, planned.planned, rejects, summary_of(p, count), append=planned.append)

@@ -34,8 +34,11 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import kinds
-from formats.features import Features
+from formats.features import ClassLabel, Features
+from formats.manifest import Manifest
+from formats.output import load_manifest
 from pipelines.core import flags
+from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
 from pipelines.core.shards import FinalizeShards
 from pipelines.core.sink import CommitFiles, InputSummary, OutputSpec, Record, Reject, WriteOutput
@@ -88,7 +91,8 @@ class ShardsWritten(NamedTuple):
 
   `results` are the `ShardResult`s of `ConvertShards`; `planned` holds
   (split, shard count) per planned split; `rejects` every reject (listing and
-  conversion); `summary` and `features` as in `Records`.
+  conversion); `summary` and `features` as in `Records`; `append` is
+  `shards.Planned.append` (the accounting of `--mode=append`).
   """
 
   results: beam.PCollection
@@ -96,6 +100,7 @@ class ShardsWritten(NamedTuple):
   rejects: beam.PCollection
   summary: beam.PCollection | None = None
   features: beam.PCollection | None = None
+  append: beam.PCollection | None = None
 
 
 class Converter(abc.ABC):
@@ -192,7 +197,7 @@ class Converter(abc.ABC):
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
         splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
         source=plan.source, generation=common.generation, expected=common.expected,
-        kind=plan.kind or self.kind, reuse_shards=common.reuse_shards)
+        kind=plan.kind or self.kind, mode=common.mode, reuse_shards=common.reuse_shards)
 
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
     """Adds the whole conversion to `p`: plan, expand, then write and commit.
@@ -210,15 +215,49 @@ class Converter(abc.ABC):
     """
     plan = self.plan(common, config)
     kinds.check(plan.kind or self.kind, plan.features)  # a converter's own mistake, found before anything runs
+    if common.mode == "append":
+      check_append(load_manifest(common.output), plan.features, common.file_format, common.name)
     spec = self.output_spec(common, plan)
     out = self.expand(p, common, config, plan)
     if isinstance(out, Files):
       return out.files | "Commit" >> CommitFiles(spec, graph=out.graph)
     if isinstance(out, ShardsWritten):
       return {"results": out.results, "rejects": out.rejects} | "Finalize" >> FinalizeShards(
-          spec, out.planned, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
+          spec, out.planned, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features,
+          append=out.append)
     return {"records": out.records, "rejects": out.rejects} | "Write" >> WriteOutput(
         spec, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
+
+
+def check_append(current: Manifest, features: Features, file_format: str, name: str) -> None:
+  """Refuses `--mode=append` flags that would give the new shards another layout than the output's.
+
+  The schema must stay as it is, except that class names may be added at the end (existing ids never change).
+
+  Args:
+    current: the manifest of the output appended to.
+    features: the features the run would write.
+    file_format: --format.
+    name: the data set name.
+
+  Raises:
+    UsageError: another format, name or schema (naming the feature and both specs).
+  """
+  if (current.file_format, current.name) != (file_format, name):
+    raise UsageError(f"--mode=append: the output is {current.file_format} shards named {current.name!r}; this run "
+                     f"would write {file_format} shards named {name!r}")
+  if set(current.features) != set(features):
+    raise UsageError(f"--mode=append: the output's features are {sorted(current.features)}, this run's "
+                     f"{sorted(features)}")
+  for k in current.features:
+    old, new = current.features[k], features[k]
+    if isinstance(old, ClassLabel) and isinstance(new, ClassLabel):
+      if new.names[:len(old.names)] != old.names:
+        raise UsageError(f"--mode=append: feature {k!r}: the output's class names {list(old.names)} must stay "
+                         f"first and in order, got {list(new.names)}")
+    elif old != new:
+      raise UsageError(f"--mode=append: feature {k!r} would change from {old} to {new}; the flags must give the "
+                       "output's layout (or run --mode=rebuild)")
 
 
 class Event(NamedTuple):
@@ -254,6 +293,20 @@ class UnitConverter(abc.ABC):
     """
     del unit, side_inputs
     return None
+
+  def listed_units(self, unit) -> int:
+    """How many input units the run's `InputSummary` counts for `unit` (by default its input files).
+
+    `--mode=append` skips the units the output already holds; this is what it takes off the
+    summary's count for each, so that the accounting still adds up.
+
+    Args:
+      unit: one unit, as `convert` receives it.
+
+    Returns:
+      The count.
+    """
+    return len(self.input_paths(unit) or ())
 
   @abc.abstractmethod
   def convert(self, unit, **side_inputs) -> Iterable[Record | Reject | Event]:

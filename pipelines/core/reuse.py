@@ -40,7 +40,8 @@ import uuid
 
 from formats import commit, naming
 from formats import files as fs
-from formats.manifest import ShardInfo
+from formats.manifest import Manifest, ShardInfo
+from pipelines.core.errors import UsageError
 
 RECORDS_FOLDER = "_toolkit_shards"  # <generation>/_toolkit_shards/<shard file>.json
 RECORD_VERSION = 1
@@ -124,6 +125,16 @@ def _gcs_version(path: str) -> str:
   return "missing" if blob is None else f"{blob.size}:g{blob.generation}"
 
 
+def unit_version(versions: Sequence[str]) -> str:
+  """One unit's inputs as they are now (`input_versions`), as one short digest."""
+  return hashlib.sha256("\0".join(versions).encode()).hexdigest()[:32]
+
+
+def carried_plan(plan: str, index: int, num_shards: int) -> str:
+  """The plan digest of a shard carried into an appended output under a new place."""
+  return hashlib.sha256(f"carried\0{plan}\0{index}\0{num_shards}".encode()).hexdigest()
+
+
 def plan_digest(identity: str, split: str, index: int, num_shards: int, units_blob: bytes,
                 versions: Sequence[str]) -> str:
   """The digest naming one shard's plan.
@@ -165,13 +176,15 @@ class ShardRecord:
   inputs_rejected: int
   rejects: tuple[tuple[str, str, str, int], ...] = ()
   events: tuple[str, ...] = ()
+  inputs: tuple[tuple[str, str, int], ...] = ()  # per unit: (plan key, unit_version, input files)
 
   def to_json(self) -> dict:
     """The record as written (JSON-able)."""
     return {"toolkit": commit.TOOLKIT, "record_version": RECORD_VERSION, "plan": self.plan, "split": self.split,
             "index": self.index, "num_shards": self.num_shards, "shard": self.shard.to_json(),
             "num_units": self.num_units, "inputs_used": self.inputs_used, "inputs_rejected": self.inputs_rejected,
-            "rejects": [list(r) for r in self.rejects], "events": list(self.events)}
+            "rejects": [list(r) for r in self.rejects], "events": list(self.events),
+            "inputs": [list(i) for i in self.inputs]}
 
   @classmethod
   def from_json(cls, d) -> ShardRecord:
@@ -213,9 +226,15 @@ class ShardRecord:
       raise ValueError("events: not a list of names")
     if sum(r[3] for r in rejects) != ints["inputs_rejected"]:
       raise ValueError("rejects: their units differ from inputs_rejected")
+    units = d.get("inputs", [])
+    if not isinstance(units, list) or len(units) != ints["num_units"] or not all(
+        isinstance(u, list) and len(u) == 3 and isinstance(u[0], str) and u[0] and isinstance(u[1], str)
+        and type(u[2]) is int and u[2] >= 0 for u in units) or len({u[0] for u in units}) != len(units):
+      raise ValueError("inputs: not one distinct [key, version, files] per unit")
     return cls(plan, split, ints["index"], ints["num_shards"],
                ShardInfo(path, ints["num_records"], ints["num_bytes"], sha), ints["num_units"],
-               ints["inputs_used"], ints["inputs_rejected"], tuple(tuple(r) for r in rejects), tuple(events))
+               ints["inputs_used"], ints["inputs_rejected"], tuple(tuple(r) for r in rejects), tuple(events),
+               tuple(tuple(u) for u in units))
 
 
 def record_path(output: str, generation: str, shard_file: str) -> str:
@@ -286,6 +305,11 @@ def _is_toolkits(output: str, generation: str) -> bool:
   except (FileNotFoundError, ValueError):
     return False
   return isinstance(marker, dict) and marker.get("toolkit") == commit.TOOLKIT and marker.get("generation") == generation
+
+
+def read_record(output: str, generation: str, shard_file: str) -> ShardRecord | None:
+  """The record of shard `shard_file` of `generation`, checked; None when missing or malformed (logged)."""
+  return _read_record(output, generation, shard_file + ".json")
 
 
 def _read_record(output: str, generation: str, name: str) -> ShardRecord | None:
@@ -402,3 +426,69 @@ def _adopt_gcs(src: str, dest: str, rec: ShardInfo) -> bool:
   # Server-side: no byte passes through here, and the copy is of the generation just hashed.
   bucket.copy_blob(blob, fs.gcs_client().bucket(dest_bucket), dest_name, if_source_generation_match=generation)
   return True
+
+
+# ---------------------------------------------------------------- appending to an output
+
+@dataclasses.dataclass(frozen=True)
+class AppendBase:
+  """The output `--mode=append` adds to: its manifest, and per split its shards with their records.
+
+  `held` maps (split, plan key) → (unit_version, input files) for every unit the
+  output's shards were planned from (converted or rejected).
+  """
+
+  manifest: Manifest
+  generation: str
+  shards: Mapping[str, tuple[Reusable, ...]]
+  held: Mapping[tuple[str, str], tuple[str, int]]
+
+  @property
+  def carried_inputs(self) -> int:
+    """Input units the carried shards account for (records made from them + rejected)."""
+    return sum(r.record.inputs_used + r.record.inputs_rejected for rs in self.shards.values() for r in rs)
+
+
+def append_base(output: str) -> AppendBase:
+  """Reads the output an append adds to, checking that every shard has a record that agrees with it.
+
+  Args:
+    output: the output folder, holding a complete output.
+
+  Returns:
+    The `AppendBase`.
+
+  Raises:
+    UsageError: no output, a file output, or a shard without a matching record (an output written
+      before appends existed, or by another tool): `--mode=rebuild` makes one that can be appended to.
+  """
+  data, _ = commit.read_manifest_versioned(output)
+  if data is None:
+    raise UsageError(f"--mode=append needs a complete output at {output}; there is none")
+  manifest = Manifest.loads(data)
+  if manifest.files or not manifest.splits:
+    raise UsageError(f"{output} holds files, not record shards: --mode=append adds records only")
+  generations = {s.path.split("/", 1)[0] for split in manifest.splits.values() for s in split.shards}
+  if len(generations) != 1 or not naming.is_generation(next(iter(generations))):
+    raise UsageError(f"{output}: its shards are not in one generation folder; run --mode=rebuild once")
+  (generation,) = generations
+  shards: dict[str, tuple[Reusable, ...]] = {}
+  held: dict[tuple[str, str], tuple[str, int]] = {}
+  for split, info in sorted(manifest.splits.items()):
+    found = []
+    with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(info.shards))) as pool:
+      records = list(pool.map(lambda s: _read_record(output, generation, s.path.split("/", 1)[1] + ".json"),
+                              info.shards))
+    for i, (shard, record) in enumerate(zip(info.shards, records)):
+      name = shard.path.split("/", 1)[1]
+      if (record is None or record.shard != dataclasses.replace(shard, path=name) or record.index != i
+          or record.split != split or not record.inputs):
+        raise UsageError(f"{output}: shard {shard.path} has no record of its inputs that agrees with the manifest "
+                         "(written before appends existed, or changed since): run --mode=rebuild once")
+      found.append(Reusable(generation, record))
+      for key, version, n in record.inputs:
+        if (split, key) in held:
+          raise UsageError(f"{output}: two shards of split {split!r} hold the same input; run --mode=rebuild")
+        held[(split, key)] = (version, n)
+    shards[split] = tuple(found)
+  return AppendBase(manifest, generation, shards, held)

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import dataclasses
 import hashlib
 import itertools
+import json
 import logging
 import math
 import pickle
@@ -92,6 +93,10 @@ class ShardTask(NamedTuple):
 
   `units_blob` is zlib(pickle(tuple of units)): a plan of a million file
   paths ships as a few MB, and only the worker that converts the shard opens it.
+  `keys_blob` holds the units' plan keys the same way (what the shard's record
+  lists, so that `--mode=append` knows which inputs an output holds). A task
+  with `carry` converts nothing: it copies a shard of the current output under
+  its new name (`--mode=append`; pipelines/core/reuse.py).
   """
 
   split: str
@@ -100,13 +105,24 @@ class ShardTask(NamedTuple):
   num_units: int
   nbytes: int
   units_blob: bytes
+  keys_blob: bytes = b""
+  carry: Any = None  # reuse.Reusable: the current output's shard this task copies
 
   def units(self) -> tuple:
     """The converter's units of this shard, in sort-key order."""
-    return pickle.loads(zlib.decompress(self.units_blob))
+    return pickle.loads(zlib.decompress(self.units_blob)) if self.units_blob else ()
+
+  def keys(self) -> tuple[str, ...]:
+    """The units' plan keys, in the same order ("" for each when the plan had none)."""
+    return pickle.loads(zlib.decompress(self.keys_blob)) if self.keys_blob else ("",) * self.num_units
 
 
-def make_task(split: str, index: int, num_shards: int, units: Sequence[Any], nbytes: int) -> ShardTask:
+def _pack(values: Sequence[Any]) -> bytes:
+  return zlib.compress(pickle.dumps(tuple(values), protocol=pickle.HIGHEST_PROTOCOL), 6)
+
+
+def make_task(split: str, index: int, num_shards: int, units: Sequence[Any], nbytes: int,
+              keys: Sequence[str] = ()) -> ShardTask:
   """A `ShardTask` holding `units` (already in sort-key order).
 
   Args:
@@ -115,12 +131,12 @@ def make_task(split: str, index: int, num_shards: int, units: Sequence[Any], nby
     num_shards: the split's shard count.
     units: the converter's units, in sort-key order.
     nbytes: their estimated output bytes.
+    keys: the units' plan keys (`PlanUnit.key`), in the same order.
 
   Returns:
     The task, its units compressed.
   """
-  blob = zlib.compress(pickle.dumps(tuple(units), protocol=pickle.HIGHEST_PROTOCOL), 6)
-  return ShardTask(split, index, num_shards, len(units), nbytes, blob)
+  return ShardTask(split, index, num_shards, len(units), nbytes, _pack(units), _pack(keys) if keys else b"")
 
 
 def shard_count(num_units: int, nbytes: int, num_shards: int, target_shard_bytes: int, min_shards: int = 1) -> int:
@@ -183,7 +199,8 @@ def plan_in_memory(units: Iterable[PlanUnit], seed: int, num_shards: int, target
     cuts = [0, *boundary_ranks(n, shards), n]
     for i in range(shards):
       part = keyed[cuts[i]:cuts[i + 1]]
-      tasks.append(make_task(split, i, shards, [u.unit for _, u in part], sum(u.nbytes for _, u in part)))
+      tasks.append(make_task(split, i, shards, [u.unit for _, u in part], sum(u.nbytes for _, u in part),
+                             [u.key for _, u in part]))
   return tasks
 
 
@@ -301,11 +318,11 @@ class _Histogram(beam.CombineFn):
 
 
 def _keyed(u: PlanUnit, seed: int):
-  return u.split, sort_key(seed, u.split, u.key), u.unit, u.nbytes
+  return u.split, sort_key(seed, u.split, u.key), u.unit, u.nbytes, u.key
 
 
 def _in_boundary_bucket(k, layouts):
-  split, key, _, _ = k
+  split, key, _, _, _ = k
   layout = layouts.get(split)
   if layout is not None and bucket_of(key) in layout.located:
     yield (split, bucket_of(key)), key
@@ -320,10 +337,11 @@ def _boundaries_of_bucket(element, layouts):
 def _task_of(element, layouts):
   (split, index), members = element
   members = sorted(members, key=lambda m: m[0])
-  for (a, _, _), (b, _, _) in zip(members, members[1:]):
+  for (a, *_), (b, *_) in zip(members, members[1:]):
     if a == b:
       raise ValueError(f"split {split!r}: two inputs have the same sort key")
-  return make_task(split, index, layouts[split].num_shards, [m[1] for m in members], sum(m[2] for m in members))
+  return make_task(split, index, layouts[split].num_shards, [m[1] for m in members], sum(m[2] for m in members),
+                   [m[3] for m in members])
 
 
 class PlanOnWorkers(beam.PTransform):
@@ -359,7 +377,7 @@ class PlanOnWorkers(beam.PTransform):
     tasks = (
         keyed
         | "AssignShard" >> beam.Map(
-            lambda k, b: ((k[0], shard_of(b.get(k[0], ()), k[1])), (k[1], k[2], k[3])),
+            lambda k, b: ((k[0], shard_of(b.get(k[0], ()), k[1])), (k[1], k[2], k[3], k[4])),
             b=beam.pvalue.AsDict(boundaries))
         | "GroupShard" >> beam.GroupByKey()
         | "Task" >> beam.Map(_task_of, layouts=by_split)
@@ -378,6 +396,7 @@ class ShardResult(NamedTuple):
   num_units: int  # units planned into the shard
   inputs_used: int  # input units (Record.num_inputs) its records were made from
   inputs_rejected: int  # input units (Reject.units) it rejected
+  carried: bool = False  # a shard of the output appended to, copied under its new name
 
 
 class _ConvertShardFn(beam.DoFn):
@@ -412,12 +431,15 @@ class _ConvertShardFn(beam.DoFn):
     plan_totals = side_inputs.pop(_TOTALS, None)
     if plan_totals is not None and not self._progress.has_totals():  # planned on the workers: known now
       self._progress.set_totals(*plan_totals)
-    digest = self._plan_digest(task, side_inputs)
+    if task.carry is not None:
+      yield from self._carried_shard(task)
+      return
+    digest, unit_inputs = self._plan_digest(task, side_inputs)
     found = self._reusable.get(digest) if digest else None
     if found is not None:
       info = reuse.adopt(self._spec.output, self._spec.generation, found)
       if info is not None:
-        yield from self._reused_shard(task, digest, found.record, info)
+        yield from self._reused_shard(task, found.record, info)
         return
     # Records are written as they are made when they come in sort-key order (each unit makes the
     # record its plan key names, and units come in that order): a worker then holds one record,
@@ -434,7 +456,7 @@ class _ConvertShardFn(beam.DoFn):
       reuse.write_record(self._spec.output, self._spec.generation, reuse.ShardRecord(
           digest, task.split, task.index, task.num_shards, dataclasses.replace(info, path=info.path.rsplit("/", 1)[-1]),
           task.num_units, state.used, state.rejected, tuple(tuple(r) for r in state.rejects),
-          tuple(e.name for e in state.events)))
+          tuple(e.name for e in state.events), unit_inputs))
     self._published()
     self._progress.add(bytes_out=info.num_bytes)
     self._shards.inc()
@@ -451,26 +473,46 @@ class _ConvertShardFn(beam.DoFn):
     """The fault harness's hook after each shard this process published (`shards:published:<n>`, from 1)."""
     commit.fault_point(f"shards:published:{next(_PUBLISHED_HERE)}")
 
-  def _plan_digest(self, task: ShardTask, side_inputs) -> str:
-    """The task's plan digest ("" when the converter does not name its units' inputs: never reused)."""
-    paths = []
-    for unit in task.units():
-      named = self._converter.input_paths(unit, **side_inputs)
-      if named is None:
-        return ""
-      paths.extend(named)
+  def _plan_digest(self, task: ShardTask, side_inputs) -> tuple[str, tuple[tuple[str, str, int], ...]]:
+    """(the task's plan digest, (key, unit_version, input files) per unit); ("", ()) when the converter
+    does not name its units' inputs: such a shard is never reused."""
+    named = [self._converter.input_paths(unit, **side_inputs) for unit in task.units()]
+    if any(n is None for n in named):
+      return "", ()
+    versions = reuse.input_versions([p for paths in named for p in paths])
+    unit_inputs, at = [], 0
+    for key, paths in zip(task.keys(), named):
+      unit_inputs.append((key, reuse.unit_version(versions[at:at + len(paths)]), len(paths)))
+      at += len(paths)
     side = repr(sorted((k, sorted(v.items()) if isinstance(v, Mapping) else v) for k, v in side_inputs.items()))
     return reuse.plan_digest(f"{self._identity}\0{side}", task.split, task.index, task.num_shards,
-                             task.units_blob, reuse.input_versions(paths))
+                             task.units_blob, versions), tuple(unit_inputs)
 
-  def _reused_shard(self, task: ShardTask, digest: str, record: reuse.ShardRecord, info: ShardInfo):
+  def _carried_shard(self, task: ShardTask):
+    """A shard of the output appended to, copied under its place in the new output."""
+    old = reuse.read_record(self._spec.output, task.carry.generation, task.carry.record.shard.path)
+    name = self._spec.shard_name(task.split, task.index, task.num_shards).filename
+    same = old is not None and dataclasses.replace(old, inputs=()) == task.carry.record
+    info = reuse.adopt(self._spec.output, self._spec.generation, task.carry, dest_name=name) if same else None
+    if info is None:
+      raise RuntimeError(
+          f"{self._spec.output}: shard {task.carry.generation}/{task.carry.record.shard.path} of the output appended to does not "
+          "match its manifest entry (changed or damaged since it was written); nothing was committed: "
+          "run --mode=rebuild")
+    record = dataclasses.replace(old, plan=reuse.carried_plan(old.plan, task.index, task.num_shards),
+                                 index=task.index, num_shards=task.num_shards,
+                                 shard=dataclasses.replace(old.shard, path=name))
+    yield from self._reused_shard(task, record, info, carried=True)
+
+  def _reused_shard(self, task: ShardTask, record: reuse.ShardRecord, info: ShardInfo, carried: bool = False):
     """What a reused shard reports: its earlier accounting, as if it had been converted now."""
     # Imported here: converter.py imports this module (the Event type lives there).
     from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
     reuse.write_record(self._spec.output, self._spec.generation, record)
     self._published()
     self._progress.add(units=task.num_units, records=info.num_records, bytes_out=info.num_bytes)
-    self._reused.inc()
+    if not carried:
+      self._reused.inc()
     self._shards.inc()
     self._records_out.inc(info.num_records)
     self._bytes_out.inc(info.num_bytes)
@@ -479,7 +521,8 @@ class _ConvertShardFn(beam.DoFn):
       yield beam.pvalue.TaggedOutput("rejects", Reject(*r))
     for name in record.events:
       yield beam.pvalue.TaggedOutput("events", Event(name))
-    yield ShardResult(task.split, task.index, info, task.num_units, record.inputs_used, record.inputs_rejected)
+    yield ShardResult(task.split, task.index, info, task.num_units, record.inputs_used, record.inputs_rejected,
+                      carried)
 
   def _payloads(self, task: ShardTask, side_inputs, state: _ShardState, stream: bool,
                 counted: int = 0) -> Iterator[bytes]:
@@ -631,7 +674,8 @@ class _FinalizeShardsFn(beam.DoFn):
     self._spec = spec
     self._launcher_rejects = launcher_rejects
 
-  def process(self, _, results, planned, rejects, summary: InputSummary | None, features: Features | None):
+  def process(self, _, results, planned, rejects, summary: InputSummary | None, features: Features | None,
+              append: AppendSummary | None):
     spec = self._spec if features is None else dataclasses.replace(self._spec, features=features)
     by_split = check_shards(dict(planned), results)
     splits: dict[str, SplitInfo] = {}
@@ -642,8 +686,9 @@ class _FinalizeShardsFn(beam.DoFn):
       else:  # every unit of the split was rejected: its empty shard files are not part of the output
         fs.delete_many([fs.join(spec.output, r.info.path) for r in shard_results])
     used = sum(r.inputs_used for rs in by_split.values() for r in rs)
+    append = append or AppendSummary(0)
     manifest = commit_records(spec, splits, set(spec.splits) | set(by_split), [*rejects, *self._launcher_rejects],
-                              summary, used)
+                              summary, used + append.adjust, append.warnings)
     yield manifest.to_json()
 
 
@@ -651,14 +696,15 @@ class FinalizeShards(beam.PTransform):
   """results (PCollection[ShardResult]) + rejects → the committed manifest (a PCollection of one dict).
 
   `planned` is a PCollection of (split, shard count) for every planned split;
-  `summary` and `features` as in `sink.WriteOutput`.
+  `summary` and `features` as in `sink.WriteOutput`; `append` a PCollection of one
+  `AppendSummary` when the run appends (`Planned.append`).
   """
 
   def __init__(self, spec: OutputSpec, planned, summary=None, launcher_rejects: Sequence[Reject] = (),
-               features=None):
+               features=None, append=None):
     super().__init__()
     self._spec, self._planned, self._summary = spec, planned, summary
-    self._launcher_rejects, self._features = tuple(launcher_rejects), features
+    self._launcher_rejects, self._features, self._append = tuple(launcher_rejects), features, append
 
   def expand(self, pcolls):
     results, rejects = pcolls["results"], pcolls["rejects"]
@@ -672,6 +718,7 @@ class FinalizeShards(beam.PTransform):
             rejects=beam.pvalue.AsList(rejects),
             summary=beam.pvalue.AsSingleton(self._summary) if self._summary is not None else None,
             features=beam.pvalue.AsSingleton(self._features) if self._features is not None else None,
+            append=beam.pvalue.AsSingleton(self._append) if self._append is not None else None,
         ))
 
 
@@ -719,42 +766,192 @@ def list_at_launch(folders: Sequence[tuple[Any, str]], budget: float, input_root
   return ListedAtLaunch(files, rejects)
 
 
+class AppendSummary(NamedTuple):
+  """What `--mode=append` adds to Finalize's accounting.
+
+  `adjust` is the listed input units the output already held (skipped: not converted again)
+  minus the input units its carried shards account for; `warnings` name the inputs that
+  changed or vanished since they were converted.
+  """
+
+  adjust: int
+  warnings: tuple[str, ...] = ()
+
+
+def _listed(keys: Sequence[str], limit: int = 5) -> str:
+  shown = ", ".join(sorted(keys)[:limit])
+  return shown + (", ..." if len(keys) > limit else "")
+
+
+def append_warnings(changed: Sequence[str], vanished: Sequence[str]) -> tuple[str, ...]:
+  """The manifest's warnings for inputs that changed or vanished since an appended-to output converted them."""
+  out = []
+  if changed:
+    out.append(f"{len(changed)} inputs changed since they were converted; the output keeps them as converted "
+               f"(--mode=rebuild converts them again): {_listed(changed)}")
+  if vanished:
+    out.append(f"{len(vanished)} inputs vanished since they were converted; the output keeps them as converted "
+               f"(--mode=rebuild leaves them out): {_listed(vanished)}")
+  return tuple(out)
+
+
+def _classify(unit: PlanUnit, held: tuple[str, int] | None, converter) -> tuple[str, int]:
+  """('new' | 'same' | 'changed', the input units the summary counts for it) for a listed unit against
+  what the output holds (`held`: its recorded version)."""
+  if held is None:
+    return "new", 0
+  paths = converter.input_paths(unit.unit)
+  if paths is None:
+    raise RuntimeError(f"{type(converter).__name__} names no input paths: it cannot append")
+  same = reuse.unit_version(reuse.input_versions(paths)) == held[0]
+  return ("same" if same else "changed"), converter.listed_units(unit.unit)
+
+
+class _ClassifyFn(beam.DoFn):
+  """((split, key), {"unit": [PlanUnit], "held": [(version, files)]}) → new units (main), skipped counts, names."""
+
+  def __init__(self, converter):
+    self._converter = converter
+
+  def process(self, element):
+    (split, key), groups = element
+    units, held = list(groups["unit"]), list(groups["held"])
+    if not units:  # held, not listed any more
+      yield beam.pvalue.TaggedOutput("vanished", f"{split}/{key}")
+      return
+    for u in units:
+      kind, files = _classify(u, held[0] if held else None, self._converter)
+      if kind == "new":
+        yield u
+      else:
+        yield beam.pvalue.TaggedOutput("skipped", files)
+        if kind == "changed":
+          yield beam.pvalue.TaggedOutput("changed", f"{split}/{key}")
+
+
+def _held_of_record(path: str):
+  rec = reuse.ShardRecord.from_json(json.loads(fs.read_bytes(path)))
+  for key, version, files in rec.inputs:
+    yield (rec.split, key), (version, files)
+
+
+def _carry_tasks(base: reuse.AppendBase, new_counts: Mapping[str, int]) -> list[ShardTask]:
+  """Tasks copying every shard of `base` under its name in the output with `new_counts` more shards per split."""
+  tasks = []
+  for split, shards in sorted(base.shards.items()):
+    total = len(shards) + new_counts.get(split, 0)
+    for i, found in enumerate(shards):
+      r = found.record  # shipped without its inputs list: the worker reads the record again
+      tasks.append(ShardTask(split, i, total, r.num_units, r.shard.num_bytes, b"", b"",
+                             dataclasses.replace(found, record=dataclasses.replace(r, inputs=()))))
+  return tasks
+
+
+def _offset(task: ShardTask, old: Mapping[str, int]) -> ShardTask:
+  """A task of the appended part, placed after the split's shards of the output appended to."""
+  n = old.get(task.split, 0)
+  return task._replace(index=task.index + n, num_shards=task.num_shards + n)
+
+
 class Planned(NamedTuple):
-  """The plan as the pipeline holds it: the tasks, (split, shard count) per planned split, and the totals."""
+  """The plan as the pipeline holds it: the tasks, (split, shard count) per planned split, and the totals.
+
+  With `--mode=append`, `append` is a PCollection of one `AppendSummary` for Finalize.
+  """
 
   tasks: beam.PCollection
   planned: beam.PCollection
   totals: Any  # (units, estimated bytes): a tuple when planned at launch, a PCollection of one when on the workers
+  append: beam.PCollection | None = None
 
 
-def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int) -> Planned:
+def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int, converter=None) -> Planned:
   """The shard plan of `units`: a list planned here, at launch; a PCollection planned on the workers.
+
+  With `spec.mode == "append"`, units the current output already holds are left out
+  (an input that changed since is kept as converted, and named in the warnings), the
+  rest are planned into new shards after each split's existing ones, and the existing
+  shards are carried over under their new names (`ShardTask.carry`).
 
   Args:
     p: the pipeline.
     units: the `PlanUnit`s: a list (the launcher's listing) or a PCollection (the workers').
-    spec: the output (seed, --num_shards, target shard size).
+    spec: the output (seed, --num_shards, target shard size, mode).
     workers: the workers the run may use; automatic shard counts are at least 2 per worker.
+    converter: the `UnitConverter` (needed to append: it names each unit's inputs).
 
   Returns:
     The `Planned` tasks.
   """
   min_shards = 2 * workers if workers > 1 else 1
+  base = reuse.append_base(spec.output) if spec.mode == "append" else None
+  if base is not None and converter is None:
+    raise TypeError("plan_shards(..., converter=) is needed to append")
+  old = {split: len(shards) for split, shards in base.shards.items()} if base else {}
   if isinstance(units, beam.PCollection):
+    append = None
+    if base is not None:
+      records = [reuse.record_path(spec.output, base.generation, r.record.shard.path)
+                 for rs in base.shards.values() for r in rs]
+      held = p | "AppendRecords" >> beam.Create(records) | "HeldInputs" >> beam.FlatMap(_held_of_record)
+      classified = (
+          {"unit": units | "UnitKeys" >> beam.Map(lambda u: ((u.split, u.key), u)), "held": held}
+          | "JoinHeld" >> beam.CoGroupByKey()
+          | "Classify" >> beam.ParDo(_ClassifyFn(converter)).with_outputs("skipped", "changed", "vanished", main="new"))
+      units = classified.new
+      carried = base.carried_inputs
+
+      def summarize(_, skipped, changed, vanished):
+        return AppendSummary(sum(skipped) - carried, append_warnings(changed, vanished))
+
+      append = (p | "AppendTrigger" >> beam.Create([None])
+                | "AppendSummary" >> beam.Map(summarize, skipped=beam.pvalue.AsList(classified.skipped),
+                                              changed=beam.pvalue.AsList(classified.changed),
+                                              vanished=beam.pvalue.AsList(classified.vanished)))
     tasks, layouts = units | "PlanOnWorkers" >> PlanOnWorkers(
         spec.seed, spec.num_shards, spec.target_shard_bytes, min_shards)
     planned = layouts | "ShardCounts" >> beam.MapTuple(lambda split, layout: (split, layout.num_shards))
     totals = (layouts
               | "SplitTotals" >> beam.MapTuple(lambda split, layout: (layout.num_units, layout.nbytes))
               | "PlanTotals" >> beam.CombineGlobally(lambda ts: tuple(map(sum, zip(*ts))) or (0, 0)))
-    return Planned(tasks, planned, totals)
+    if base is not None:
+      new_counts = beam.pvalue.AsDict(planned)
+      carry = (p | "CarryTrigger" >> beam.Create([None])
+               | "CarryTasks" >> beam.FlatMap(lambda _, counts: _carry_tasks(base, counts), counts=new_counts))
+      tasks = (tasks | "AfterCarried" >> beam.Map(_offset, old), carry) | "AllTasks" >> beam.Flatten()
+      planned = (p | "CountTrigger" >> beam.Create([None])
+                 | "AllShardCounts" >> beam.FlatMap(
+                     lambda _, counts: sorted({s: old.get(s, 0) + counts.get(s, 0)
+                                               for s in {*old, *counts}}.items()), counts=new_counts))
+    return Planned(tasks, planned, totals, append)
   units = list(units)
+  summary = None
+  if base is not None:
+    kept, skipped, changed, seen = [], 0, [], set()
+    for u in units:
+      kind, files = _classify(u, base.held.get((u.split, u.key)), converter)
+      if kind == "new":
+        kept.append(u)
+        continue
+      seen.add((u.split, u.key))
+      skipped += files
+      if kind == "changed":
+        changed.append(f"{u.split}/{u.key}")
+    vanished = [f"{s}/{k}" for s, k in base.held if (s, k) not in seen]
+    summary = AppendSummary(skipped - base.carried_inputs, append_warnings(changed, vanished))
+    _log.info("appending %d new inputs to %d held (%d changed, %d vanished)", len(kept), len(seen), len(changed),
+              len(vanished))
+    units = kept
   plan = plan_in_memory(units, spec.seed, spec.num_shards, spec.target_shard_bytes, min_shards)
   counts = collections.Counter()
   for t in plan:
     counts[t.split] = t.num_shards
+  if base is not None:
+    plan = [_offset(t, old) for t in plan] + _carry_tasks(base, counts)
+    counts = collections.Counter({s: old.get(s, 0) + counts.get(s, 0) for s in {*old, *counts}})
   blob = sum(len(t.units_blob) for t in plan)
   _log.info("planned %d units into %d shards at launch (plan: %.1f MB compressed)", len(units), len(plan), blob / 1e6)
   return Planned(p | "ShardPlan" >> beam.Create(plan, reshuffle=False),
                  p | "ShardCounts" >> beam.Create(sorted(counts.items())),
-                 (len(units), sum(u.nbytes for u in units)))
+                 (len(units), sum(u.nbytes for u in units)),
+                 None if summary is None else p | "AppendSummary" >> beam.Create([summary]))

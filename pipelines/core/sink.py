@@ -255,6 +255,7 @@ class OutputSpec:
   generation: str = ""
   expected: commit.Version | None = None
   kind: str = ""  # the record kind (formats.kinds) the manifest records
+  mode: str = "rebuild"  # rebuild, or append: new shards after the current output's (pipelines/core/shards.py)
   reuse_shards: bool = True  # copy shards an earlier run of the same plan published (pipelines/core/reuse.py)
 
   def __post_init__(self):
@@ -390,7 +391,7 @@ class _FinalizeFn(beam.DoFn):
 
 
 def commit_records(spec: OutputSpec, splits: Mapping[str, SplitInfo], all_splits, rejects: Sequence[Reject],
-                   summary: InputSummary | None, used: int) -> Manifest:
+                   summary: InputSummary | None, used: int, warnings: Sequence[str] = ()) -> Manifest:
   """The end of a record output: the input accounting, then the manifest committed (`commit_output`).
 
   Args:
@@ -399,7 +400,8 @@ def commit_records(spec: OutputSpec, splits: Mapping[str, SplitInfo], all_splits
     all_splits: every split planned or expected; those without records get the manifest's warning.
     rejects: every reject (the launcher's included).
     summary: the input units found (None: not checked).
-    used: the input units the records were made from.
+    used: the input units the records were made from (appending: adjusted for what was carried and skipped).
+    warnings: more warnings for the manifest (an append's changed and vanished inputs).
 
   Returns:
     The committed manifest.
@@ -426,7 +428,8 @@ def commit_records(spec: OutputSpec, splits: Mapping[str, SplitInfo], all_splits
       splits=dict(splits),
       rejected=Rejected(len(rejects), dict(by_reason), spec.relative(REJECTED_FILENAME)),
       source=spec.source,
-      warnings=tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + empty_warning,
+      warnings=(tuple(spec.warnings) + tuple(sorted(summary.warnings if summary else ())) + tuple(warnings)
+                + empty_warning),
       kind=spec.kind,
   )
   commit_output(spec, manifest, rejects)

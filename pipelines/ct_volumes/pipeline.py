@@ -33,6 +33,7 @@ import numpy as np
 
 from formats import naming
 from formats.features import Features, Tensor, Text
+from formats.output import load_manifest
 from pipelines.core import inputs
 from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError
@@ -216,9 +217,12 @@ class _VolumeUnits(UnitConverter):
   def setup(self):
     self._count = counters(PIPELINE, "volumes_written", "slices_used", "volumes_rejected")
 
-  def input_paths(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
+  def input_paths(self, plan: VolumePlan, dtype: str = "", raw_paths: dict[str, bytes] | None = None):
     del dtype
-    return [inputs.InputFile(p, raw_paths.get(p, b"")).location for p in plan.files]
+    return [inputs.InputFile(p, (raw_paths or {}).get(p, b"")).location for p in plan.files]
+
+  def listed_units(self, plan: VolumePlan) -> int:
+    return len(plan.slices) + len(plan.duplicates)  # frames, as the summary counts them
 
   def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
@@ -319,6 +323,9 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       naming.check_split_name(split)
     if o.volume_dtype not in ("auto", "int16", "float32"):
       raise UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
+    volume_dtype = o.volume_dtype
+    if common.mode == "append" and volume_dtype == "auto":  # new volumes take the output's dtype
+      volume_dtype = load_manifest(common.output).features["volume"].dtype
     try:
       tolerance = float(o.slice_tolerance)
     except ValueError:
@@ -326,7 +333,7 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     if not 0 < tolerance < 0.5:
       raise UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
     return CtVolumesConfig(
-        salt=o.id_salt, splits=splits, volume_dtype=o.volume_dtype, tolerance=tolerance,
+        salt=o.id_salt, splits=splits, volume_dtype=volume_dtype, tolerance=tolerance,
         max_file_bytes=int_flag("max_file_bytes", o.max_file_bytes, 1),
         max_volume_voxels=int_flag("max_volume_voxels", o.max_volume_voxels, 1))
 
@@ -397,9 +404,10 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         | "VolumeDtype" >> beam.Map(_volume_dtype, config.volume_dtype)
     )
     units = planned.plans | "SeriesUnits" >> beam.Map(plan_unit, config.splits, config.volume_dtype)
-    shard_plan = plan_shards(p, units, spec, common.workers)
+    converter = _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels)
+    shard_plan = plan_shards(p, units, spec, common.workers, converter)
     volumes = shard_plan.tasks | "ReadVolumes" >> ConvertShards(
-        _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels), spec, PIPELINE,
+        converter, spec, PIPELINE,
         totals=shard_plan.totals, processes=common.processes,
         dtype=beam.pvalue.AsSingleton(dtype), raw_paths=beam.pvalue.AsDict(raw_paths))
     rejects = (
@@ -425,4 +433,4 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
                                   warnings=beam.pvalue.AsList(warnings))
     )
     features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])
-    return ShardsWritten(volumes.results, shard_plan.planned, rejects, summary, features)
+    return ShardsWritten(volumes.results, shard_plan.planned, rejects, summary, features, shard_plan.append)

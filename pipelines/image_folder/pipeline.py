@@ -26,6 +26,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import naming
+from formats.output import load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import inputs, shards
 from pipelines.core.converter import Converter, Event, OutputPlan, ShardsWritten, UnitConverter, counters
@@ -234,6 +235,9 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     layout = InputLayout(common.input, config.layout)
     if not layout.class_names:
       raise UsageError(f"--input {common.input!r} holds no class folders")
+    if common.mode == "append":  # existing label ids never change: new classes come after the output's
+      held = load_manifest(common.output).features["label"].names
+      layout.class_names = [*held, *sorted(set(layout.class_names) - set(held))]
     splits = tuple(sorted(layout.class_dirs))
     for s in splits:
       try:
@@ -291,9 +295,10 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     def unit_of(key, f, size):
       return PlanUnit(key[0], f.path[len(prefix):], (key, f), estimate(size))
 
+    units = _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy)
     if found.listed is not None:  # planned here
       listed = found.listed
-      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers)
+      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers, units)
       listing_rejects = p | "ListingRejects" >> beam.Create(
           [Reject(f.path, reason, key[0]) for key, f, reason in listed.rejects])
       per_folder = collections.Counter(key for key, _, _ in listed.files)
@@ -307,12 +312,11 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
           | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=layout.root,
                                             with_sizes=True)
       )
-      planned = plan_shards(p, listed.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers)
+      planned = plan_shards(p, listed.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers, units)
       listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
           lambda key, f, reason: Reject(f.path, reason, key[0]))
     done = planned.tasks | "Convert" >> ConvertShards(
-        _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy),
-        spec, PIPELINE, totals=planned.totals, processes=common.processes)
+        units, spec, PIPELINE, totals=planned.totals, processes=common.processes)
     multi_frame = done.events | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False))
     if found.listed is not None:
       counts = (
@@ -339,7 +343,7 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
             num_launcher_rejects=len(plan.launcher_rejects))
     )
     rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
-    return ShardsWritten(done.results, planned.planned, rejects, summary)
+    return ShardsWritten(done.results, planned.planned, rejects, summary, append=planned.append)
 
 
 @dataclasses.dataclass(frozen=True)
