@@ -14,7 +14,8 @@ The modules, bottom up: `errors` (every error type), `example` and
 `tfrecord`, `arrayrecord` and `adapters` (the file formats), `naming` (shard
 names), `manifest`, `graphbin`, `files` (local and gs:// I/O), `integrity`
 (checks of local copies), `output` (opening an output), `tfds_metadata` and
-`commit` (how a run publishes an output), `transforms` (the loaders' shared
+`commit` (how a run publishes an output and how long replaced generations
+stay), `leases` (readers' holds on a generation), `transforms` (the loaders' shared
 specification) and `inspect` (the command line).
 """
 
@@ -23,6 +24,7 @@ from formats.errors import (CommitConflict, CorruptRecordError, ExampleDecodeErr
 from formats.example import decode_example, encode_example
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.kinds import KINDS, RecordKind
+from formats.leases import LeaseError
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, Rejected, ShardInfo, SplitInfo
 from formats.naming import FILE_FORMATS, ShardName
 from formats.output import Output, SplitRecords, is_output, load_manifest, open_output
@@ -30,6 +32,7 @@ from formats.output import Output, SplitRecords, is_output, load_manifest, open_
 __all__ = [
     "FILE_FORMATS",
     "KINDS",
+    "LeaseError",
     "MANIFEST_FILENAME",
     "ClassLabel",
     "CommitConflict",

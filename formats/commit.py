@@ -25,10 +25,15 @@ layout and its guarantees are in docs/manifest.md):
      a generation that cleanup could remove: between the switch and the sync a
      TFDS reader sees the previous complete output, afterwards the new one.
   5. `cleanup`: removes generation folders that carry a toolkit marker, that
-     neither the manifest nor the TFDS metadata names, and whose run has
-     ended (committed and replaced, abandoned) or stopped heartbeating for
-     `LEASE_SECONDS` (a killed run); plus root files the replaced manifest
-     listed (outputs written before generations existed). Nothing without a
+     neither the manifest nor the TFDS metadata names, that no unexpired reader
+     lease holds (`formats.leases`), and whose retention is over: a replaced
+     generation (marker state "replaced", written by the commit that replaced
+     it) and a failed run's (state "abandoned", written by `finish`) are kept
+     for `keep_replaced_seconds` from that marker's modification time, a
+     killed run's (state "running", no heartbeat for `LEASE_SECONDS`) for as
+     long from its last heartbeat. Each is marked abandoned before it is
+     deleted. Plus root files the replaced manifest listed (outputs written
+     before generations existed) and expired lease objects. Nothing without a
      record is touched.
 
 Every step is idempotent, so a killed or retried step is repaired by running
@@ -43,6 +48,7 @@ import datetime
 import errno
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import socket
@@ -50,7 +56,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 
-from formats import files, naming, tfds_metadata
+from formats import files, leases, naming, tfds_metadata
 from formats.errors import CommitConflict
 from formats.manifest import MANIFEST_FILENAME, Manifest
 
@@ -61,6 +67,12 @@ TOOLKIT = "tpu-shards"
 # is older than LEASE_SECONDS belongs to a run that died (kill -9, lost machine).
 HEARTBEAT_SECONDS = 60.0
 LEASE_SECONDS = 15 * 60.0
+# How long clean-up keeps a replaced generation (and a failed or killed run's) after it was
+# replaced: readers that opened it keep reading, a resumed run reuses its shards. Costs up to one
+# extra copy of the output per run within the window (docs/manifest.md, "Generations and retention").
+DEFAULT_KEEP_REPLACED_SECONDS = 7 * 86400
+# The states a marker records (docs/manifest.md, "Generations and retention").
+RUNNING, COMMITTED, REPLACED, ABANDONED = "running", "committed", "replaced", "abandoned"
 # The environment variable naming a step at which a run kills itself (the fault
 # harness of the tests: kill -9 at every step of a commit). Unset in production.
 FAULT_POINT_ENV = "TPU_SHARDS_FAULT_POINT"
@@ -181,11 +193,27 @@ def _marker_path(output: str, generation: str) -> str:
   return files.join(output, generation, MARKER_FILENAME)
 
 
+def _now_iso() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
 def _write_marker(output: str, generation: str, state: str, info: Mapping | None = None) -> None:
   marker = {"toolkit": TOOLKIT, "generation": generation, "state": state, "host": socket.gethostname(),
-            "pid": os.getpid(), "written": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            **(info or {})}
+            "pid": os.getpid(), "written": _now_iso(), **(info or {})}
   files.write_bytes(_marker_path(output, generation), json.dumps(marker, sort_keys=True).encode() + b"\n")
+
+
+def _mark(output: str, generation: str, state: str, info: Mapping | None = None,
+          previous: Mapping | None = None) -> dict:
+  """Rewrites the marker to `state`, keeping the run's fields (`previous`: the marker as read,
+  default read now); a "removing" flag is kept only when `info` sets it. Returns the marker."""
+  if previous is None:
+    previous = _read_marker(output, generation)[0] or {}
+  marker = {"host": socket.gethostname(), "pid": os.getpid(),
+            **{k: v for k, v in previous.items() if k != "removing"},
+            "toolkit": TOOLKIT, "generation": generation, "state": state, "written": _now_iso(), **(info or {})}
+  files.write_bytes(_marker_path(output, generation), json.dumps(marker, sort_keys=True).encode() + b"\n")
+  return marker
 
 
 def begin(output: str, info: Mapping | None = None) -> tuple[str, Version]:
@@ -229,8 +257,9 @@ def finish(output: str, generation: str) -> bool:
 
   A generation that the manifest or the TFDS metadata names is the run's
   committed output (even if the run failed afterwards, e.g. in clean-up);
-  any other is abandoned and removed at once: the output is the record, not the
-  caller's belief.
+  any other is marked abandoned and kept for the retention period (a resumed
+  run reuses its shards; clean-up removes it afterwards): the output is the
+  record, not the caller's belief.
 
   Args:
     output: the output folder, local or gs://.
@@ -240,9 +269,8 @@ def finish(output: str, generation: str) -> bool:
     True when the manifest or the TFDS metadata names `generation` (it committed).
   """
   if not abandon(output, generation):
-    _write_marker(output, generation, "committed")
+    _mark(output, generation, COMMITTED)
     return True
-  remove_generation(output, generation)
   return False
 
 
@@ -262,25 +290,61 @@ def abandon(output: str, generation: str) -> bool:
   Returns:
     True when the generation was marked abandoned; False when it is committed.
   """
+  return _abandon(output, generation)
+
+
+def _abandon(output: str, generation: str, info: Mapping | None = None) -> bool:
+  """`abandon`, with extra marker fields (clean-up's "removing": the retention is over)."""
   with _lock_if_local(output):
-    _write_marker(output, generation, "abandoned")
+    previous = _read_marker(output, generation)[0] or {}
+    _mark(output, generation, ABANDONED, info, previous)
     if generation in (current_generation(output), _tfds_generation(output)):
-      _write_marker(output, generation, "committed")
+      _mark(output, generation, COMMITTED, previous=previous)
       return False
   return True
 
 
-def _marker(output: str, generation: str) -> tuple[dict | None, float]:
-  """(marker or None when the folder has no toolkit marker, seconds since it was written)."""
+def _read_marker(output: str, generation: str) -> tuple[dict | None, float]:
+  """(marker or None when the folder has no toolkit marker, its modification time)."""
   path = _marker_path(output, generation)
-  try:
-    data, mtime = files.read_bytes_and_mtime(path)
-    marker = json.loads(data)
-  except (FileNotFoundError, ValueError):
+  for _ in range(5):
+    try:
+      data, mtime = files.read_bytes_and_mtime(path)
+      marker = json.loads(data)
+      break
+    except (FileNotFoundError, ValueError):
+      return None, 0.0
+    except Exception as e:  # rewritten between its metadata and its content (a heartbeat): read again
+      if not (files.is_gcs(path) and isinstance(e, files.gcs_precondition_failed())):
+        raise
+  else:
     return None, 0.0
   if not isinstance(marker, dict) or marker.get("toolkit") != TOOLKIT or marker.get("generation") != generation:
     return None, 0.0
-  return marker, max(0.0, time.time() - mtime)
+  return marker, mtime
+
+
+def _marker(output: str, generation: str) -> tuple[dict | None, float]:
+  """(marker or None when the folder has no toolkit marker, seconds since it was written)."""
+  marker, mtime = _read_marker(output, generation)
+  return (marker, max(0.0, time.time() - mtime)) if marker is not None else (None, 0.0)
+
+
+def generation_state(output: str, generation: str) -> str | None:
+  """The state the generation's marker records: "running", "committed", "replaced" or "abandoned".
+
+  A reader that took a lease checks it: "abandoned" means a clean-up is
+  removing the generation (its lease came too late), None that it is gone.
+
+  Args:
+    output: the output folder, local or gs://.
+    generation: a generation folder name (`gen-...`).
+
+  Returns:
+    The state, or None when the folder has no toolkit marker.
+  """
+  marker, _ = _read_marker(output, generation)
+  return None if marker is None else str(marker.get("state"))
 
 
 def remove_generation(output: str, generation: str) -> None:
@@ -298,6 +362,7 @@ def remove_generation(output: str, generation: str) -> None:
   folder = files.join(output, generation)
   paths = [p for p in files.walk(folder) if posixpath.basename(p.replace(os.sep, "/")) != MARKER_FILENAME]
   files.delete_many(paths)
+  fault_point("remove:before_marker")
   files.delete_many([_marker_path(output, generation)])
   files.remove_empty_dirs(folder)
 
@@ -393,7 +458,25 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
       os.replace(tmp, path)
       _fsync_dir(output)
   fault_point("commit:after_switch")
+  previous = _generation_of(replaced) if replaced is not None else None
+  if previous and previous != generation:
+    _mark_replaced(output, previous, generation)
+    fault_point("commit:marked_replaced")
   return replaced
+
+
+def _mark_replaced(output: str, generation: str, by: str) -> None:
+  """Marks a generation the manifest no longer names "replaced": its retention starts now.
+
+  A failure is logged, not raised (the switch is done): the next clean-up marks it then.
+  """
+  try:
+    marker, _ = _read_marker(output, generation)
+    if marker is not None and marker.get("state") in (RUNNING, COMMITTED):
+      _mark(output, generation, REPLACED, {"replaced_at": _now_iso(), "replaced_by": by}, marker)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("could not mark generation %s replaced (%s); the next clean-up does", generation,
+                    type(e).__name__)
 
 
 def _check_claim(output: str, generation: str) -> None:
@@ -569,47 +652,192 @@ def _read_or_none(path: str) -> bytes | None:
 # --------------------------------------------------------------------------- cleanup
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationStatus:
+  """One generation folder of an output as clean-up sees it (what `formats.inspect` prints).
+
+  `state` is "current" (the manifest names it), "tfds" (only dataset_info.json
+  names it: the TFDS view lags), "running" (a live run), "dead" (a run that
+  stopped heartbeating), "committed" (replaced, not yet marked so), "replaced",
+  "abandoned" (a failed or given-up run), or "foreign" (no toolkit marker:
+  never touched). `age_seconds` runs from the marker's last write (for a
+  replaced generation, from its replacement; for a run, its last heartbeat);
+  `leases` counts the unexpired reader leases on it; `removable` says whether
+  a clean-up with the same settings would remove it now, and `reason` why.
+  """
+
+  name: str
+  state: str
+  age_seconds: float
+  leases: int
+  removable: bool
+  reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Policy:
+  """What clean-up keeps: runs within `lease_seconds` of a heartbeat, ended generations for
+  `keep_replaced_seconds`, leases refreshed within `lease_ttl_seconds`, measured at `now`."""
+
+  lease_seconds: float
+  keep_replaced_seconds: float
+  lease_ttl_seconds: float
+  now: float
+
+  def __post_init__(self):
+    for field in ("lease_seconds", "keep_replaced_seconds", "lease_ttl_seconds"):
+      value = getattr(self, field)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+        raise ValueError(f"{field} must be a number of seconds >= 0, got {value!r}")
+
+
+def _when(t: float) -> str:
+  return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(name: str, marker: Mapping | None, mtime: float, named: tuple[str | None, str | None], held: int,
+            policy: _Policy) -> GenerationStatus:
+  """What clean-up does with one generation folder under `policy`, and why."""
+  age = max(0.0, policy.now - mtime)
+  until = mtime + policy.keep_replaced_seconds
+  retention = (f"retention over since {_when(until)}" if policy.now >= until
+               else f"kept until {_when(until)}")
+  current, tfds = named
+  state = marker.get("state") if marker is not None else None
+  removable = False
+  if marker is None:
+    out_state, reason = "foreign", "no toolkit marker: not the toolkit's, never removed"
+  elif name == current:
+    out_state, reason = "current", "named by manifest.json" + (" and dataset_info.json" if name == tfds else "")
+  elif name == tfds:
+    out_state, reason = "tfds", "named by dataset_info.json (the TFDS view lags the manifest: --repair)"
+  elif state == RUNNING and age < policy.lease_seconds:
+    out_state, reason = "running", f"a live run (heartbeat {age:.0f} s ago)"
+  elif state == RUNNING:
+    out_state, removable = "dead", policy.now >= until
+    reason = f"a killed run (no heartbeat since {_when(mtime)}); {retention}"
+  elif state == COMMITTED:
+    out_state = "committed"
+    reason = "replaced, not yet marked: the next clean-up marks it replaced, and its retention starts then"
+  elif state == REPLACED:
+    out_state, removable = "replaced", policy.now >= until
+    by = marker.get("replaced_by")
+    reason = f"replaced{f' by {by}' if isinstance(by, str) and by else ''} at {_when(mtime)}; {retention}"
+  elif state == ABANDONED:
+    out_state = "abandoned"
+    removable = bool(marker.get("removing")) or policy.now >= until
+    reason = ("retention over, being removed" if marker.get("removing")
+              else f"a failed or given-up run, abandoned at {_when(mtime)}; {retention}")
+  else:
+    out_state, reason = "foreign", f"unknown marker state {str(state)[:40]!r}: never removed"
+  if held:
+    reason += f"; held by {held} reader lease{'s' if held > 1 else ''}"
+    removable = False
+  return GenerationStatus(name, out_state, age, held, removable, reason)
+
+
+def _survey(output: str, policy: _Policy, mark: bool = False,
+            log: Callable[[str], None] | None = None) -> list[GenerationStatus]:
+  """Every generation folder's status; with `mark`, committed ones nothing names are marked
+  replaced first (their retention starts now)."""
+  try:
+    dirs, _ = files.list_dir(output)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  named = (current_generation(output), _tfds_generation(output))
+  held: dict[str, int] = {}
+  for info in leases.list_leases(output, policy.lease_ttl_seconds, policy.now):
+    if not info.expired:
+      held[info.generation] = held.get(info.generation, 0) + 1
+  out = []
+  for d in dirs:
+    if not naming.is_generation(d):
+      continue
+    marker, mtime = _read_marker(output, d)
+    if mark and marker is not None and marker.get("state") == COMMITTED and d not in named:
+      marker = _mark(output, d, REPLACED, {"replaced_at": _now_iso(), "replaced_by": named[0] or ""}, marker)
+      mtime = policy.now  # its retention starts now
+      if log:
+        log(f"marked generation {d} replaced (nothing names it); kept for {policy.keep_replaced_seconds:.0f} s")
+      fault_point("cleanup:marked_replaced")
+    out.append(_status(d, marker, mtime, named, held.get(d, 0), policy))
+  return out
+
+
+def list_generations(output: str, *, lease_seconds: float = LEASE_SECONDS,
+                     keep_replaced_seconds: float = DEFAULT_KEEP_REPLACED_SECONDS,
+                     lease_ttl_seconds: float = leases.LEASE_TTL_SECONDS,
+                     now: float | None = None) -> list[GenerationStatus]:
+  """The generation folders of `output`, sorted by name (oldest first), with what clean-up would do.
+
+  Reads only. For example, the generations a resumed run may reuse:
+
+      [g.name for g in commit.list_generations(out) if g.state in ("abandoned", "dead")]
+
+  Args:
+    output: the output folder, local or gs://.
+    lease_seconds: a running generation's marker is live this long after a heartbeat.
+    keep_replaced_seconds: how long ended generations are kept.
+    lease_ttl_seconds: how long a reader lease holds after its last refresh.
+    now: the time ages are measured at (default: now).
+
+  Returns:
+    One GenerationStatus per folder named like a generation.
+  """
+  policy = _Policy(lease_seconds, keep_replaced_seconds, lease_ttl_seconds, time.time() if now is None else now)
+  return _survey(output, policy)
+
+
 def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float = LEASE_SECONDS,
-            log: Callable[[str], None] | None = None) -> list[str]:
+            log: Callable[[str], None] | None = None, *,
+            keep_replaced_seconds: float = DEFAULT_KEEP_REPLACED_SECONDS,
+            lease_ttl_seconds: float = leases.LEASE_TTL_SECONDS, now: float | None = None) -> list[str]:
   """Removes what the toolkit wrote and nothing holds any more; returns the removed generations.
 
-  Held: the generation the manifest names, the one the TFDS metadata names, and
-  any generation whose run is alive (marker state "running", refreshed within
-  `lease_seconds`). `replaced`, the manifest this run's commit replaced, names
-  the files of an output written before generations existed (removed if the
-  current manifest does not list them).
+  Held: the generation the manifest names, the one the TFDS metadata names,
+  any generation an unexpired reader lease names (`formats.leases`), any whose
+  run is alive (marker state "running", refreshed within `lease_seconds`),
+  and, for `keep_replaced_seconds` from their marker's modification time,
+  replaced generations, abandoned (failed) runs' and killed runs'. A committed
+  generation that nothing names is marked replaced first (its retention
+  starts then). Each removed generation is marked abandoned before its files
+  are deleted; a lease that appears in between keeps it (it is removed by the
+  next clean-up that finds it free). Expired leases are removed too.
+  `replaced`, the manifest this run's commit replaced, names the files of an
+  output written before generations existed (removed if the current manifest
+  does not list them). `keep_replaced_seconds=0` removes ended generations at once.
 
   Args:
     output: the output folder, local or gs://.
     replaced: the manifest this run's commit replaced, if any.
     lease_seconds: how long a running generation's marker stays valid without a heartbeat.
-    log: called with one line per removed generation.
+    log: called with one line per removed or newly marked generation.
+    keep_replaced_seconds: how long replaced, abandoned and killed runs' generations are kept.
+    lease_ttl_seconds: how long a reader lease holds after its last refresh.
+    now: the time ages are measured at (default: now; tests pass a later time).
 
   Returns:
     The removed generation folder names.
   """
+  policy = _Policy(lease_seconds, keep_replaced_seconds, lease_ttl_seconds, time.time() if now is None else now)
+  removed = []
+  for status in _survey(output, policy, mark=True, log=log):
+    if not status.removable:
+      continue
+    if not _abandon(output, status.name, {"removing": True}):
+      continue  # committed meanwhile
+    if status.name in leases.held_generations(output, lease_ttl_seconds, now=policy.now):
+      continue  # a reader took a lease meanwhile: stays abandoned, removed once it is free
+    fault_point("cleanup:abandoned")
+    remove_generation(output, status.name)
+    removed.append(status.name)
+    if log:
+      log(f"removed generation {status.name} ({status.reason})")
+  expired = leases.remove_expired(output, lease_ttl_seconds, now=policy.now)
+  if log and expired:
+    log(f"removed {len(expired)} expired reader lease(s)")
   current_data, _ = read_manifest_versioned(output)
   current = Manifest.loads(current_data) if current_data is not None else None
-  held = {g for g in (current and _generation_of(current), _tfds_generation(output)) if g}
-  removed = []
-  try:
-    dirs, _ = files.list_dir(output)
-  except (FileNotFoundError, NotADirectoryError):
-    return removed
-  for d in dirs:
-    if not naming.is_generation(d) or d in held:
-      continue
-    marker, age = _marker(output, d)
-    if marker is None:
-      continue  # not written by the toolkit (or not recognisably): never touched
-    if marker.get("state") == "running" and age < lease_seconds:
-      continue  # a live run's
-    if marker.get("state") != "abandoned" and not abandon(output, d):
-      continue  # committed meanwhile
-    remove_generation(output, d)
-    removed.append(d)
-    if log:
-      log(f"removed generation {d} ({marker.get('state')}, {age:.0f}s since its last heartbeat)")
   if replaced is not None and current is not None:
     keep = _data_paths(current)
     legacy = sorted(p for p in _data_paths(replaced) if "/" not in p and p not in keep
@@ -621,6 +849,9 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
 
 def repair(output: str, description: str = "") -> None:
   """Brings an output left in any state by killed runs to its committed state.
+
+  The TFDS view is synced, then `cleanup` runs with its defaults: retention
+  (`DEFAULT_KEEP_REPLACED_SECONDS`) and reader leases are honoured.
 
   Args:
     output: the output folder, local or gs://.

@@ -1,8 +1,12 @@
 """Look at an output: summary, verification against the manifest, a picture grid.
 
-    python -m formats.inspect OUTPUT [--verify] [--grid FILE.png] [--split=train] [--num=16]
+    python -m formats.inspect OUTPUT [--verify] [--repair] [--grid FILE.png] [--split=train] [--num=16]
 
-`--verify` re-reads every shard (a local copy for gs://), checks its SHA-256,
+It prints the output's summary, then its generation folders (current,
+TFDS view, running, dead, replaced with its retention, abandoned) and the
+reader leases on them (held, expired, and objects under `_leases/` that are
+not leases). `--repair` syncs the TFDS view and runs the clean-up a run
+would, which honours retention and leases (docs/manifest.md). `--verify` re-reads every shard (a local copy for gs://), checks its SHA-256,
 size and record count against the manifest and decodes every record; it exits
 1 naming each bad shard. `--grid` renders sample records and their labels.
 
@@ -19,7 +23,7 @@ import sys
 
 import numpy as np
 
-from formats import commit, files, kinds
+from formats import commit, files, kinds, leases
 from formats.features import ClassLabel, Tensor
 from formats.manifest import Manifest
 from formats.output import Output, load_manifest, verify
@@ -61,6 +65,57 @@ def summary(manifest: Manifest) -> str:
     lines.append(f"graph: {json.dumps(manifest.graph, sort_keys=True)}")
   for w in manifest.warnings:
     lines.append(f"warning: {w}")
+  return "\n".join(lines)
+
+
+def _clean(text: str) -> str:
+  """A name from the output (lease files are anyone's) made safe to print on a terminal."""
+  return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _duration(seconds: float) -> str:
+  for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+    if seconds >= size:
+      return f"{seconds / size:.1f} {unit}"
+  return f"{seconds:.0f} s"
+
+
+def generations_report(output: str, now: float | None = None) -> str:
+  """The text `python -m formats.inspect` prints about an output's generations and reader leases.
+
+  Uses clean-up's defaults (`commit.DEFAULT_KEEP_REPLACED_SECONDS`, `commit.LEASE_SECONDS`,
+  `leases.LEASE_TTL_SECONDS`): what a run's clean-up, or `--repair`, would keep and remove.
+
+  Args:
+    output: the output folder, local or gs://.
+    now: the time ages are measured at (default: now).
+
+  Returns:
+    One line per generation, then the leases; "" when there is neither.
+  """
+  gens = commit.list_generations(output, now=now)
+  found = leases.list_leases(output, now=now)
+  invalid = leases.list_invalid(output)
+  lines = []
+  if gens:
+    lines.append(f"generations ({len(gens)}; ended ones kept {_duration(commit.DEFAULT_KEEP_REPLACED_SECONDS)}):")
+    width = max(len(g.state) for g in gens)
+    for g in gens:
+      flag = " [removable]" if g.removable else ""
+      lines.append(f"  {g.name}  {g.state:<{width}}  {g.reason}{flag}")
+  held = [i for i in found if not i.expired]
+  expired = [i for i in found if i.expired]
+  if found or invalid:
+    lines.append(f"reader leases: {len(held)} held, {len(expired)} expired (TTL {_duration(leases.LEASE_TTL_SECONDS)}), "
+                 f"{len(invalid)} ignored")
+  for i in held:
+    purpose = f" ({i.purpose})" if i.purpose else ""
+    lines.append(f"  held {i.id}: {i.generation} by {i.host} pid {i.pid}{purpose}, refreshed {_duration(i.age_seconds)} ago")
+  for i in expired:
+    lines.append(f"  expired {i.id}: {i.generation} by {i.host} pid {i.pid}, last refreshed {_duration(i.age_seconds)} "
+                 "ago (holds nothing; the next clean-up removes it)")
+  for name, why in invalid:
+    lines.append(f"  ignored {leases.LEASES_FOLDER}/{_clean(name)[:120]}: {why} (holds nothing, never removed)")
   return "\n".join(lines)
 
 
@@ -158,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
   try:
     manifest = load_manifest(a.output)
   except (FileNotFoundError, ValueError, KeyError) as e:
+    report = _generations_or_none(a.output)
+    if report:
+      print(report)
     print(f"inspect: error: {e}", file=sys.stderr)
     return 2
   print(summary(manifest))
+  report = _generations_or_none(a.output)
+  if report:
+    print(report)
   status = 0
   if a.verify and commit.tfds_metadata_lags(a.output):
     # The output the manifest describes is complete (checked below); TFDS's view is the
@@ -174,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     n = render_grid(a.output, manifest, a.grid, a.split, a.num)
     print(f"grid: {n} records -> {a.grid}")
   return status
+
+
+def _generations_or_none(output: str) -> str:
+  try:
+    return generations_report(output)
+  except (FileNotFoundError, NotADirectoryError, ValueError):  # not a folder, or an unreadable manifest
+    return ""
 
 
 if __name__ == "__main__":

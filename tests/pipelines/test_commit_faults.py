@@ -83,18 +83,25 @@ def test_cleanup_removes_only_marked_generations_that_nothing_holds(output):
   put(f"{new}/d-train.tfrecord-00000-of-00001")
   replaced = commit.commit(output, new, _manifest(new), expected)
 
-  assert commit.cleanup(output, replaced=replaced, lease_seconds=3600) == [old]  # the live and dead run: within the lease
-  assert sorted(commit.cleanup(output, replaced=replaced, lease_seconds=0)) == sorted([live, dead])
+  # Without retention (keep_replaced_seconds=0, as before retention existed): the replaced one goes at once,
+  # the live and dead run stay within the lease. Retention is tested in tests/formats/test_retention.py.
+  assert commit.cleanup(output, replaced=replaced, lease_seconds=3600, keep_replaced_seconds=0) == [old]
+  assert sorted(commit.cleanup(output, replaced=replaced, lease_seconds=0, keep_replaced_seconds=0)) == sorted(
+      [live, dead])
   dirs, names = files.list_dir(output)
   assert sorted(dirs) == sorted(["gen-notes", "gen-20250101T000000-deadbeef", new])
   assert "report.tmp-draft" in names
   assert files.read_bytes(files.join(output, "gen-notes/todo.txt")) == b"a user's notes"
 
 
-def test_an_abandoned_run_removes_its_generation_unless_it_committed(output):
+def test_an_abandoned_run_keeps_its_generation_for_the_retention_unless_it_committed(output):
   gen, expected = commit.begin(output)
   files.write_bytes(files.join(output, gen, "shard"), b"x")
   assert not commit.finish(output, gen)
+  assert commit.generation_state(output, gen) == "abandoned"  # kept: a resumed run may reuse its shards
+  assert files.read_bytes(files.join(output, gen, "shard")) == b"x"
+  assert commit.cleanup(output) == []  # within the retention
+  assert commit.cleanup(output, keep_replaced_seconds=0) == [gen]
   assert not files.walk(files.join(output, gen)) and gen not in files.list_dir(output)[0]
   gen, expected = commit.begin(output)
   commit.commit(output, gen, _manifest(gen), expected)
@@ -180,6 +187,16 @@ def _generations(out: str) -> list[str]:
   return sorted(d for d in os.listdir(out) if naming.is_generation(d))
 
 
+def _loser_kept_then_removed(out: str, winner: str) -> None:
+  """The losing run marked its own generation abandoned and left it for the retention period (a
+  resumed run reuses its shards); a clean-up without retention then leaves only the winner's."""
+  states = {g.name: g.state for g in commit.list_generations(out)}
+  assert states.pop(winner) == "current"
+  assert list(states.values()) == ["abandoned"], states
+  commit.cleanup(out, keep_replaced_seconds=0)
+  assert [g.name for g in commit.list_generations(out)] == [winner]
+
+
 def test_two_overlapping_runs_never_leave_a_manifest_that_fails_verify(class_folder, tmp_path):
   """An Airflow retry overlapping a slow job: the slow one reaches its switch after the fast one
   committed. It must lose loudly, and the winner's output must stay whole (the old clean-up
@@ -195,12 +212,13 @@ def test_two_overlapping_runs_never_leave_a_manifest_that_fails_verify(class_fol
   assert slow.returncode == 1
   assert "another run committed a new manifest.json after this run started" in err.strip().splitlines()[-1]
   assert _complete(out) == winner
-  assert _generations(out) == [winner.splits["train"].shards[0].path.split("/")[0]]  # the loser took its own away
+  _loser_kept_then_removed(out, winner.splits["train"].shards[0].path.split("/")[0])
 
 
 # Every step of a switch, in order: a kill at any of them leaves the old or the new output.
 _STEPS = ["finalize:start", "finalize:rejects_written", "commit:before_switch", "commit:after_switch",
-          "tfds:info_removed", "tfds:wrote_features.json", "tfds:wrote_label.labels.txt", "cleanup:done"]
+          "commit:marked_replaced", "tfds:info_removed", "tfds:wrote_features.json", "tfds:wrote_label.labels.txt",
+          "cleanup:done"]
 
 
 @pytest.fixture(scope="module")
@@ -250,10 +268,60 @@ def test_a_kill_at_any_step_leaves_the_old_or_the_new_output(old_output, tmp_pat
   assert again.returncode == 0, again.stderr
   final = _complete(out)
   assert final.splits["train"].num_records == (len(CLASSES) + 1) * PER_CLASS
-  assert len(_generations(out)) <= 2  # at most the killed run's, kept until its lease expires
-  commit.cleanup(out, lease_seconds=0)
+  # At most the previous output's (replaced: kept for the retention) and the killed run's (kept until its
+  # lease and the retention expire); no other.
+  assert len(_generations(out)) <= 3
+  states = {g.name: g.state for g in commit.list_generations(out)}
+  assert sorted(states.values()).count("current") == 1
+  assert set(states.values()) <= {"current", "replaced", "running", "abandoned"}, states
+  old_gen = old.splits["train"].shards[0].path.split("/")[0]
+  assert states[old_gen] == "replaced"  # the previous output stays readable for the retention period
+  assert verify_output(out, old) == 0
+  commit.cleanup(out, lease_seconds=0, keep_replaced_seconds=0)
   assert _generations(out) == [final.splits["train"].shards[0].path.split("/")[0]]
   assert verify_output(out, final) == 0
+
+
+_CLEANUP_STEPS = ["cleanup:marked_replaced", "cleanup:abandoned", "remove:before_marker"]
+
+
+@pytest.mark.parametrize("step", _CLEANUP_STEPS)
+def test_a_kill_in_a_retention_cleanup_leaves_the_output_and_the_next_cleanup_finishes(output, step):
+  """A clean-up killed while it marks a replaced generation or removes one whose retention is over:
+  the current output is untouched, and the next clean-up (with the default retention) finishes the
+  job: a generation whose removal had begun is not kept for another retention period."""
+  def put(rel, data=b"x"):
+    files.write_bytes(files.join(output, rel), data)
+
+  old, expected = commit.begin(output)
+  put(f"{old}/d-train.tfrecord-00000-of-00001")
+  commit.commit(output, old, _manifest(old), expected)
+  assert commit.finish(output, old)
+  new, expected = commit.begin(output)
+  put(f"{new}/d-train.tfrecord-00000-of-00001", b"new")
+  commit.commit(output, new, _manifest(new), expected)
+  assert commit.finish(output, new)
+  assert commit.generation_state(output, old) == "replaced"  # marked by the switch
+  commit._write_marker(output, old, "committed")  # as if the switch had been killed before marking it
+  before = files.read_bytes(files.join(output, "manifest.json"))
+  code = f"from formats import commit; commit.cleanup({output!r}, keep_replaced_seconds=0)"
+  killed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO, commit.FAULT_POINT_ENV: step})
+  assert killed.returncode == -9, killed.stderr  # the fault point was reached
+  assert files.read_bytes(files.join(output, "manifest.json")) == before
+  assert files.read_bytes(files.join(output, new, "d-train.tfrecord-00000-of-00001")) == b"new"
+  assert commit.generation_state(output, new) == "committed"
+  state = commit.generation_state(output, old)
+  if step == "cleanup:marked_replaced":
+    assert state == "replaced"
+    assert commit.cleanup(output) == []  # its retention started when it was marked
+    assert commit.cleanup(output, keep_replaced_seconds=0) == [old]
+  else:
+    assert state == "abandoned"  # removal had begun: the marker is kept to the last
+    assert commit.cleanup(output) == [old]  # the default retention does not start over
+  assert files.walk(files.join(output, old)) == []
+  assert [g.name for g in commit.list_generations(output)] == [new]
+  assert files.read_bytes(files.join(output, "manifest.json")) == before
 
 
 def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults, class_folder, tmp_path):
@@ -271,6 +339,7 @@ def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults
   assert slow.returncode == 1 and "another run committed" in err
   assert _read_manifest(out) == winner
   assert verify_output(out, winner) == 0
+  _loser_kept_then_removed(out, winner.splits["train"].shards[0].path.split("/")[0])
   gens = sorted({p[len(out) + 1:].split("/")[0] for p in files.walk(out) if "/gen-" in p})
   assert gens == [winner.splits["train"].shards[0].path.split("/")[0]]
 
@@ -333,7 +402,7 @@ def test_graph_outputs_use_the_same_switch(tmp_path):
   assert slow.returncode == 1 and "another run committed" in err.strip().splitlines()[-1], err
   assert _read_manifest(out) == winner and winner.graph["csc"] is True
   assert verify_output(out, winner) == 0
-  assert _generations(out) == [winner.files[0].path.split("/")[0]]
+  _loser_kept_then_removed(out, winner.files[0].path.split("/")[0])
 
 
 def test_the_launcher_heartbeat_keeps_a_long_run_alive_and_stops_before_the_run_ends(tmp_path, monkeypatch):
@@ -347,10 +416,10 @@ def test_the_launcher_heartbeat_keeps_a_long_run_alive_and_stops_before_the_run_
   with launch._Heartbeat(out, gen, "test"):
     time.sleep(0.5)
   assert time.time() - os.path.getmtime(marker) < 60
-  assert commit.cleanup(out, lease_seconds=600) == []  # alive: another run's clean-up leaves it
-  assert not commit.finish(out, gen)  # never committed: removed
+  assert commit.cleanup(out, lease_seconds=600, keep_replaced_seconds=0) == []  # alive: another run's clean-up leaves it
+  assert not commit.finish(out, gen)  # never committed: abandoned (kept for the retention)
   time.sleep(0.3)
-  assert not os.path.exists(os.path.join(out, gen))  # no late beat re-created it
+  assert commit.generation_state(out, gen) == "abandoned"  # no late beat marked it running again
 
 
 @pytest.mark.gcs
