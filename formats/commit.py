@@ -52,6 +52,7 @@ import logging
 import os
 import posixpath
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -305,23 +306,51 @@ def _abandon(output: str, generation: str, info: Mapping | None = None) -> bool:
 
 
 def _read_marker(output: str, generation: str) -> tuple[dict | None, float]:
-  """(marker or None when the folder has no toolkit marker, its modification time)."""
+  """(marker or None when the folder has no toolkit marker, its modification time).
+
+  Markers are read as untrusted input: one larger than MAX_MARKER_BYTES, or not a
+  regular file, is no marker (and its folder is never touched).
+  """
   path = _marker_path(output, generation)
   for _ in range(5):
     try:
-      data, mtime = files.read_bytes_and_mtime(path)
-      marker = json.loads(data)
+      data, mtime = _read_small(path)
       break
-    except (FileNotFoundError, ValueError):
+    except FileNotFoundError:
       return None, 0.0
     except Exception as e:  # rewritten between its metadata and its content (a heartbeat): read again
       if not (files.is_gcs(path) and isinstance(e, files.gcs_precondition_failed())):
         raise
   else:
     return None, 0.0
+  try:
+    marker = json.loads(data) if data is not None else None
+  except ValueError:
+    return None, 0.0
   if not isinstance(marker, dict) or marker.get("toolkit") != TOOLKIT or marker.get("generation") != generation:
     return None, 0.0
   return marker, mtime
+
+
+MAX_MARKER_BYTES = 64 * 1024  # a marker is a few hundred bytes
+
+
+def _read_small(path: str) -> tuple[bytes | None, float]:
+  """(content, mtime) of a regular file of at most MAX_MARKER_BYTES; (None, mtime) for anything else."""
+  if files.is_gcs(path):
+    blob = files.gcs_blob(path)
+    try:
+      blob.reload()
+      if (blob.size or 0) > MAX_MARKER_BYTES:
+        return None, blob.updated.timestamp()
+      return blob.download_as_bytes(if_generation_match=blob.generation), blob.updated.timestamp()
+    except files.gcs_not_found():
+      raise FileNotFoundError(path) from None
+  st = os.stat(path, follow_symlinks=False)
+  if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MARKER_BYTES:
+    return None, st.st_mtime
+  with open(path, "rb") as f:
+    return f.read(MAX_MARKER_BYTES + 1), os.fstat(f.fileno()).st_mtime
 
 
 def _marker(output: str, generation: str) -> tuple[dict | None, float]:
@@ -722,7 +751,7 @@ def _status(name: str, marker: Mapping | None, mtime: float, named: tuple[str | 
   elif state == REPLACED:
     out_state, removable = "replaced", policy.now >= until
     by = marker.get("replaced_by")
-    reason = f"replaced{f' by {by}' if isinstance(by, str) and by else ''} at {_when(mtime)}; {retention}"
+    reason = f"replaced{f' by {by}' if leases.valid_generation(by) else ''} at {_when(mtime)}; {retention}"
   elif state == ABANDONED:
     out_state = "abandoned"
     removable = bool(marker.get("removing")) or policy.now >= until

@@ -102,7 +102,7 @@ def generations_report(output: str, now: float | None = None) -> str:
     width = max(len(g.state) for g in gens)
     for g in gens:
       flag = " [removable]" if g.removable else ""
-      lines.append(f"  {g.name}  {g.state:<{width}}  {g.reason}{flag}")
+      lines.append(f"  {_clean(g.name)}  {g.state:<{width}}  {g.reason}{flag}")
   held = [i for i in found if not i.expired]
   expired = [i for i in found if i.expired]
   if found or invalid:

@@ -242,3 +242,21 @@ def test_inspect_lists_generations_and_leases_and_repair_honours_them(tmp_path, 
   assert "reader leases: 1 held, 0 expired" in out  # --repair removed the expired one first
   assert "train job 7" in out and "ignored _leases/notes.txt" in out
   assert all(_present(output, g) for g in (held, replaced, failed, current))  # retention and the lease held
+
+
+def test_a_marker_that_is_too_large_or_a_link_is_no_marker(tmp_path):
+  """Markers are untrusted too: clean-up reads at most MAX_MARKER_BYTES of a regular file, and a
+  folder whose marker is not one is never touched (however abandoned its marker claims it is)."""
+  output = str(tmp_path / "out")
+  current = _run(output)
+  claim = {"toolkit": "tpu-shards", "state": "abandoned", "removing": True}
+  big, linked = "gen-20250101T000000-0000000b", "gen-20250101T000000-0000000c"
+  padded = json.dumps({**claim, "generation": big}) + " " * commit.MAX_MARKER_BYTES
+  files.write_bytes(files.join(output, big, commit.MARKER_FILENAME), padded.encode())
+  elsewhere = tmp_path / "marker.json"
+  elsewhere.write_text(json.dumps({**claim, "generation": linked}))
+  os.makedirs(os.path.join(output, linked))
+  os.symlink(elsewhere, os.path.join(output, linked, commit.MARKER_FILENAME))
+  assert commit.cleanup(output, lease_seconds=0, keep_replaced_seconds=0) == []
+  assert _states(output) == {current: "current", big: "foreign", linked: "foreign"}
+  assert os.path.exists(os.path.join(output, big, commit.MARKER_FILENAME)) and elsewhere.exists()
