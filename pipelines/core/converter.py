@@ -197,7 +197,8 @@ class Converter(abc.ABC):
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
         splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
         source=plan.source, generation=common.generation, expected=common.expected,
-        kind=plan.kind or self.kind, mode=common.mode, reuse_shards=common.reuse_shards)
+        kind=plan.kind or self.kind, mode=common.mode, reuse_shards=common.reuse_shards,
+        keep_replaced_seconds=common.keep_replaced_seconds)
 
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
     """Adds the whole conversion to `p`: plan, expand, then write and commit.

@@ -28,7 +28,7 @@ from pipelines.core import inputs
 from pipelines.core.errors import UsageError
 
 MODES = ("rebuild", "append")
-DEFAULT_KEEP_REPLACED = "7d"  # formats.commit.DEFAULT_KEEP_REPLACED_SECONDS, as a flag
+DEFAULT_KEEP_REPLACED = "7d"  # formats.commit.DEFAULT_KEEP_REPLACED_SECONDS, as a flag (a test checks they agree)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 # Beam's numeric flags and their smallest sensible value (Beam itself does not check them).
@@ -370,7 +370,7 @@ class CommonConfig:
   processes: int = 1  # worker processes sharing the work (`process_count`): what a progress ETA divides by
   mode: str = "rebuild"  # rebuild (the whole input) or append (only inputs the output does not hold)
   reuse_shards: bool = True  # copy shards an earlier run of the same plan published
-  keep_replaced_seconds: float = 7 * 86400.0  # how long clean-up keeps replaced generations
+  keep_replaced_seconds: float = commit.DEFAULT_KEEP_REPLACED_SECONDS  # how long clean-up keeps replaced generations
   generation: str = ""
   expected: commit.Version | None = None
 

@@ -371,24 +371,27 @@ def _sha256_of(f, size_limit: int) -> tuple[str, int]:
 def _adopt_local(src: str, dest: str, rec: ShardInfo) -> bool:
   with open(src, "rb") as f:
     st = os.fstat(f.fileno())
-    if st.st_size != rec.num_bytes:
-      return False
-    digest, n = _sha256_of(f, rec.num_bytes)
+    digest, n = _sha256_of(f, rec.num_bytes) if st.st_size == rec.num_bytes else ("", 0)
     if digest != rec.sha256 or n != rec.num_bytes:
       return False
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
     try:
-      os.link(f"/proc/self/fd/{f.fileno()}", tmp, follow_symlinks=True)  # exactly the inode just hashed
+      os.link(src, tmp)
+      linked = os.stat(tmp)
+      if (linked.st_dev, linked.st_ino) == (st.st_dev, st.st_ino):  # exactly the inode just hashed
+        os.replace(tmp, dest)
+        return True
+      os.remove(tmp)  # the source was replaced since it was hashed: copy the bytes that were
     except OSError as e:
-      if e.errno not in (errno.EXDEV, errno.EPERM, errno.ENOENT, errno.EMLINK, errno.ENOTSUP):
+      if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
         raise
-      f.seek(0)
-      with open(tmp, "wb") as out:
-        copied, _ = _copy_checked(f, out)
-      if copied != rec.sha256:
-        os.remove(tmp)
-        return False
+    f.seek(0)
+    with open(tmp, "wb") as out:
+      copied, _ = _copy_checked(f, out)
+    if copied != rec.sha256:
+      os.remove(tmp)
+      return False
   os.replace(tmp, dest)
   return True
 

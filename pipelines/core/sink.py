@@ -256,6 +256,7 @@ class OutputSpec:
   expected: commit.Version | None = None
   kind: str = ""  # the record kind (formats.kinds) the manifest records
   mode: str = "rebuild"  # rebuild, or append: new shards after the current output's (pipelines/core/shards.py)
+  keep_replaced_seconds: float = commit.DEFAULT_KEEP_REPLACED_SECONDS  # clean-up's retention (--keep_replaced)
   reuse_shards: bool = True  # copy shards an earlier run of the same plan published (pipelines/core/reuse.py)
 
   def __post_init__(self):
@@ -459,7 +460,7 @@ def commit_output(spec: OutputSpec, manifest: Manifest, rejects: Sequence[Reject
   replaced = commit.commit(out, spec.generation, manifest, spec.expected)  # the switch
   logging.info("committed %s (generation %s)", fs.join(out, MANIFEST_FILENAME), spec.generation)
   commit.sync_tfds_metadata(out, spec.description)  # a no-op for file outputs: they have no TFDS view
-  commit.cleanup(out, replaced=replaced, log=logging.info)
+  commit.cleanup(out, replaced=replaced, log=logging.info, keep_replaced_seconds=spec.keep_replaced_seconds)
 
 
 class _CommitFilesFn(beam.DoFn):

@@ -54,6 +54,31 @@ def test_seconds_flag_refuses_negative_infinite_and_non_numbers(value):
     flags.seconds_flag("t", value)
 
 
+@pytest.mark.parametrize("value,expected", [("0", 0.0), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0),
+                                            ("12h", 43200.0), ("7d", 604800.0), ("1.5d", 129600.0)])
+def test_duration_flag(value, expected):
+  assert flags.duration_flag("keep", value) == expected
+
+
+@pytest.mark.parametrize("value", ["-1d", "7w", "d", "", "soon", None, "1e9"])
+def test_duration_flag_refuses_anything_else(value):
+  with pytest.raises(UsageError, match=rf"^--keep must be a duration such as 7d, 12h, 30m, 90s or 0, got {value!r}$"):
+    flags.duration_flag("keep", value)
+
+
+def test_the_keep_replaced_default_is_the_commit_protocols():
+  from formats import commit
+  assert flags.duration_flag("keep_replaced", flags.DEFAULT_KEEP_REPLACED) == commit.DEFAULT_KEEP_REPLACED_SECONDS
+  assert CommonConfig(input="/i", output="/o", name="n", file_format="array_record").keep_replaced_seconds == (
+      commit.DEFAULT_KEEP_REPLACED_SECONDS)
+
+
+def test_mode_flag():
+  assert flags.mode_flag("append") == "append"
+  with pytest.raises(UsageError, match=r"^--mode must be rebuild or append, got 'merge'$"):
+    flags.mode_flag("merge")
+
+
 @pytest.mark.parametrize("flag,root,expected", [
     ("given", "/data/whatever", "given"),
     (None, "/data/My Pets-2024/", "my_pets_2024"),

@@ -99,8 +99,8 @@ def test_a_changed_input_or_flag_is_converted_again(images, tmp_path):
 
 
 def test_a_shard_whose_bytes_disagree_with_its_record_is_converted_again(images, clean, tmp_path):
-  """A killed run's shard changed afterwards (or written by someone else) with its record left as it was;
-  and a record rewritten to name the tampered bytes' SHA-256 but another plan: neither is reused."""
+  """A killed run's shard changed afterwards (or written by someone else) with its record left as it was,
+  and a record overwritten with junk: neither shard is reused, both are converted again."""
   out = str(tmp_path / "out")
   assert _run(f"--input={images}", f"--output={out}", *FLAGS, fault="shards:published:4").returncode == -9
   (generation, names), = _records(out).items()
