@@ -20,6 +20,8 @@ from collections.abc import Mapping
 import dataclasses
 import hashlib
 import json
+import math
+import re
 from typing import Any
 
 from formats import kinds, naming
@@ -31,6 +33,141 @@ ERRORS_DIR = "errors"
 REJECTED_FILENAME = "errors/rejected.jsonl"
 # Sharded record outputs, plus the single-file graph blob.
 OUTPUT_FORMATS = (*naming.FILE_FORMATS, "graphbin")
+# What a manifest may claim (it is untrusted input: outputs live in buckets others can write to).
+MAX_PATH_BYTES = 1024  # a data file's path, relative to the output (GCS's longest object name)
+MAX_NAME_LENGTH = 128  # dataset, split and feature names
+MAX_COUNT = 2**63 - 1  # records, bytes and nodes: int64
+MAX_TENSOR_DIMS = 32
+MAX_TENSOR_ELEMENTS = 2**62
+TENSOR_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
+                 "float32", "float64")
+_FEATURE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,%d}$" % MAX_NAME_LENGTH)
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_path(field: str, path: Any) -> str:
+  """Checks that a path a manifest names stays inside its output.
+
+  A data file's path is relative to the output root, normalised and plain:
+  segments of printable characters separated by single '/', none of them
+  '.' or '..', no leading '/', no backslash and no ':' (no scheme such as
+  gs:// or file:, no drive), at most MAX_PATH_BYTES bytes of UTF-8.
+
+      check_path("rejected.path", "gen-20260101T000000-0123abcd/errors/rejected.jsonl")
+
+  Args:
+    field: where the manifest holds it, for the message ("splits.train.shards[3].path").
+    path: the value.
+
+  Returns:
+    `path`.
+
+  Raises:
+    ValueError: "manifest <field>: path <path> <why>: ...".
+  """
+  if not isinstance(path, str):
+    raise ValueError(f"manifest {field}: expected a relative path, found {path!r}")
+  why = None
+  if not path:
+    why = "is empty"
+  elif len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+    why = f"is longer than {MAX_PATH_BYTES} bytes"
+  elif any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in path):
+    why = "holds a control character"
+  elif path.startswith("/"):
+    why = "is absolute"
+  elif ":" in path:
+    why = "has a ':' (a scheme or drive)"
+  elif "\\" in path:
+    why = "has a backslash"
+  elif any(seg in ("", ".", "..") for seg in path.split("/")):
+    why = "is not normalised (an empty, '.' or '..' segment)"
+  if why:
+    raise ValueError(f"manifest {field}: path {path!r:.200} {why}: a manifest names files inside its output only, "
+                     f"by relative, normalised paths")
+  return path
+
+
+def _count(field: str, value: Any) -> int:
+  if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+    raise ValueError(f"manifest {field}: expected a non-negative integer, found {value!r:.100}")
+  return value
+
+
+def _sha256(field: str, value: Any) -> str:
+  if not isinstance(value, str) or not _SHA256_RE.match(value):
+    raise ValueError(f"manifest {field}: expected 64 lowercase hex digits, found {value!r:.100}")
+  return value
+
+
+def _typed(field: str, value: Any, kind: type, name: str) -> Any:
+  if not isinstance(value, kind):
+    raise ValueError(f"manifest {field}: expected {name}, found {type(value).__name__}")
+  return value
+
+
+def _strings(field: str, value: Any) -> list[str]:
+  if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    raise ValueError(f"manifest {field}: expected a list of strings, found {value!r:.200}")
+  return value
+
+
+def _entry(cls: type, field: str, d: Any, checks: Mapping[str, Any]) -> Any:
+  """A dataclass entry from its JSON object: known fields only, each checked."""
+  _typed(field, d, dict, "an object")
+  known = {f.name for f in dataclasses.fields(cls)}
+  for key in d:
+    if key not in known:
+      raise ValueError(f"manifest {field}: unknown field {key!r:.100}")
+  values = {k: checks[k](f"{field}.{k}", v) if k in checks else v for k, v in d.items()}
+  return cls(**values)
+
+
+def _check_features(d: Any) -> Any:
+  """The claims of manifest.json's `features` that the feature classes do not check themselves."""
+  _typed("features", d, dict, "an object")
+  for name, spec in d.items():
+    field = f"features.{name}"
+    _typed(field, spec, dict, "an object")
+    kind = spec.get("kind")
+    if kind in ("tensor", "image"):
+      shape = spec.get("shape")
+      if not isinstance(shape, list) or not all(
+          v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT) for v in shape):
+        raise ValueError(f"manifest {field}.shape: expected a list of non-negative integers or null, "
+                         f"found {shape!r:.200}")
+      if len(shape) > MAX_TENSOR_DIMS:
+        raise ValueError(f"manifest {field}.shape: expected at most {MAX_TENSOR_DIMS} dimensions, found {len(shape)}")
+      elements = math.prod(v for v in shape if v is not None)
+      if elements > MAX_TENSOR_ELEMENTS:
+        raise ValueError(f"manifest {field}.shape: expected at most 2**62 elements, found {elements}")
+    if kind == "tensor" and spec.get("dtype") not in TENSOR_DTYPES:
+      raise ValueError(f"manifest {field}.dtype: expected one of {', '.join(TENSOR_DTYPES)}, "
+                       f"found {spec.get('dtype')!r:.100}")
+    if kind == "class_label":
+      names = _strings(f"{field}.names", spec.get("names"))
+      if "num_classes" in spec and spec["num_classes"] != len(names):
+        raise ValueError(f"manifest {field}.num_classes: {spec['num_classes']!r:.100} disagrees with its "
+                         f"{len(names)} names")
+  return d
+
+
+def check_name(what: str, name: str) -> str:
+  """Checks that a dataset, split or feature name is short (MAX_NAME_LENGTH characters).
+
+  Args:
+    what: "dataset", "split" or "feature".
+    name: the name.
+
+  Returns:
+    `name`.
+
+  Raises:
+    ValueError: it is longer.
+  """
+  if len(name) > MAX_NAME_LENGTH:
+    raise ValueError(f"{what} name {name!r:.60} is longer than {MAX_NAME_LENGTH} characters")
+  return name
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:
@@ -153,13 +290,18 @@ class Manifest:
   kind: str = ""  # the record kind (formats.kinds); "" in manifests written before kinds existed
 
   def __post_init__(self):
-    naming.check_dataset_name(self.name)
+    if not isinstance(self.name, str):
+      raise ValueError(f"dataset name must be a string, got {self.name!r:.100}")
+    naming.check_dataset_name(check_name("dataset", self.name))
     if self.file_format not in OUTPUT_FORMATS:
-      raise ValueError(f"format must be one of {OUTPUT_FORMATS}, got {self.file_format!r}")
+      raise ValueError(f"format must be one of {OUTPUT_FORMATS}, got {self.file_format!r:.100}")
+    for name in self.features:
+      if not isinstance(name, str) or not _FEATURE_NAME_RE.match(name) or name in (".", ".."):
+        raise ValueError(f"feature name {name!r:.200} must be 1..{MAX_NAME_LENGTH} letters, digits, '_', '.' or '-'")
     if self.kind:
       kinds.check(self.kind, self.features)
     for split in self.splits:
-      naming.check_split_name(split)
+      naming.check_split_name(check_name("split", split))
 
   @property
   def num_records(self) -> int:
@@ -205,31 +347,56 @@ class Manifest:
       The manifest.
 
     Raises:
-      ValueError: an unknown version, counts that disagree, or features that do not fit the kind.
+      ValueError: an unknown version; a path that leaves the output (`check_path`) or is listed
+        twice; a count that is not a non-negative integer or disagrees with its parts; a digest
+        that is not 64 lowercase hex digits; an unknown field, dtype or shape; a name too long or
+        of other characters; features that do not fit the kind. The message names the field.
       KeyError: a required field is missing.
     """
+    if not isinstance(d, dict):
+      raise ValueError(f"manifest.json: expected a JSON object, found {type(d).__name__}")
     version = d.get("manifest_version")
     if version != MANIFEST_VERSION:
-      raise ValueError(f"manifest_version {version!r} is not supported (expected {MANIFEST_VERSION})")
-    splits = {
-        name: SplitInfo(tuple(ShardInfo(**s) for s in split["shards"]))
-        for name, split in d["splits"].items()
-    }
-    for name, split in d["splits"].items():
-      if split["num_records"] != splits[name].num_records:
-        raise ValueError(f"manifest split {name!r}: num_records disagrees with its shards")
-    rej = d.get("rejected", {})
+      raise ValueError(f"manifest_version {version!r:.100} is not supported (expected {MANIFEST_VERSION})")
+    shard_checks = {"path": check_path, "num_records": _count, "num_bytes": _count, "sha256": _sha256}
+    splits = {}
+    for name, split in _typed("splits", d["splits"], dict, "an object").items():
+      field = f"splits.{name}"
+      _typed(field, split, dict, "an object")
+      shards = _typed(f"{field}.shards", split["shards"], list, "a list")
+      info = splits[name] = SplitInfo(tuple(_entry(ShardInfo, f"{field}.shards[{i}]", s, shard_checks)
+                                            for i, s in enumerate(shards)))
+      for key, total in (("num_records", info.num_records), ("num_bytes", info.num_bytes)):
+        if key in split and split[key] != total:
+          raise ValueError(f"manifest {field}.{key}: {split[key]!r:.100} disagrees with its shards' sum, {total}")
+    rej = _typed("rejected", d.get("rejected", {}), dict, "an object")
+    by_reason = _typed("rejected.by_reason", rej.get("by_reason", {}), dict, "an object")
+    for reason, n in by_reason.items():
+      _count(f"rejected.by_reason[{reason!r:.100}]", n)
+    rejected = Rejected(_count("rejected.count", rej.get("count", 0)), by_reason,
+                        check_path("rejected.path", rej.get("path", REJECTED_FILENAME)))
+    file_checks = {"path": check_path, "num_bytes": _count, "sha256": _sha256}
+    data_files = tuple(_entry(FileInfo, f"files[{i}]", f, file_checks)
+                       for i, f in enumerate(_typed("files", d.get("files", []), list, "a list")))
+    graph = d.get("graph")
+    if graph is not None:
+      _typed("graph", graph, dict, "an object")
+      for key in ("num_nodes", "num_edges"):
+        counts = graph.get(key, {})
+        for t, n in (counts.items() if isinstance(counts, dict) else [("", counts)]):
+          _count(f"graph.{key}[{t!r:.100}]", n)
+    _check_unique_paths(splits, rejected, data_files)
     return cls(
         name=d["name"],
         file_format=d["format"],
-        features=Features.from_json(d["features"]),
+        features=Features.from_json(_check_features(d["features"])),
         splits=splits,
-        rejected=Rejected(rej.get("count", 0), rej.get("by_reason", {}), rej.get("path", REJECTED_FILENAME)),
-        source=d.get("source", {}),
-        warnings=tuple(d.get("warnings", ())),
-        files=tuple(FileInfo(**f) for f in d.get("files", ())),
-        graph=d.get("graph"),
-        kind=d.get("kind", ""),
+        rejected=rejected,
+        source=_typed("source", d.get("source", {}), dict, "an object"),
+        warnings=tuple(_strings("warnings", d.get("warnings", []))),
+        files=data_files,
+        graph=graph,
+        kind=_typed("kind", d.get("kind", ""), str, "a string"),
     )
 
   @classmethod
@@ -246,4 +413,28 @@ class Manifest:
       ValueError: malformed JSON or an invalid manifest (see `from_json`).
       KeyError: a required field is missing.
     """
-    return cls.from_json(json.loads(data))
+    try:
+      d = json.loads(data)
+    except RecursionError:
+      raise ValueError("manifest.json is not JSON (nested too deeply)") from None
+    return cls.from_json(d)
+
+
+def _check_unique_paths(splits: Mapping[str, SplitInfo], rejected: Rejected, data_files: tuple[FileInfo, ...]) -> None:
+  """No split lists a shard twice, and no data file is also another file or the rejected list.
+
+  Two splits may name the same path: the SHA-256 each claims for it is what proves (or refutes) it
+  at the default verification level, and "size"/"none" take the manifest's paths on trust.
+  """
+  other = [(f"files[{i}].path", f.path) for i, f in enumerate(data_files)] + [("rejected.path", rejected.path)]
+  _unique(other)
+  for name, split in sorted(splits.items()):
+    _unique([(f"splits.{name}.shards[{i}].path", s.path) for i, s in enumerate(split.shards)] + other)
+
+
+def _unique(named: list[tuple[str, str]]) -> None:
+  seen: dict[str, str] = {}
+  for field, path in named:
+    if path in seen:
+      raise ValueError(f"manifest {field}: path {path!r} is also {seen[path]}")
+    seen[path] = field
