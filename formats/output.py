@@ -2,6 +2,7 @@
 
     out = open_output("gs://bucket/flowers")         # NotAnOutputError without manifest.json
     out.kind, out.file_format, sorted(out.splits)     # "image", "array_record", ["train", ...]
+    out.generation, out.manifest_sha256               # "gen-20250101T000000Z-1a2b3c4d", the manifest's SHA-256
     local = out.local_copy(out.shards("train")[0])    # gs://: downloaded once, SHA-256 checked
     records = out.open_records("train")               # records[i] across the split's shards
     bad = out.verify()                                # re-reads every file; prints one line per bad one
@@ -10,6 +11,11 @@ Every reader (`formats.inspect`, the loaders, the graph loader, the
 pipelines' checks of an existing output) goes through this module, so what
 "an output" is (manifest.json written last, data files relative to it, each
 with its size and SHA-256) is written down once. Paths are local or gs://.
+
+An `Output` is what its manifest said when it was read: its shard paths name
+that manifest's generation folder for as long as the object lives, whatever
+is committed later. `Output.identity` (the generation and the SHA-256 of the
+manifest's bytes as read) is how a reader names the data it opened.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import bisect
 import collections
 from collections.abc import Callable, Iterator, Mapping
 import dataclasses
+import hashlib
 import os
 import resource
 import sys
@@ -25,7 +32,7 @@ import threading
 from typing import TextIO
 import weakref
 
-from formats import adapters, files, kinds
+from formats import adapters, files, kinds, naming
 from formats.errors import CorruptRecordError, NotAnOutputError
 from formats.features import Features
 from formats.graphbin import GraphBin
@@ -33,8 +40,8 @@ from formats.integrity import Verify, check_local_file, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
 
 __all__ = [
-    "DEFAULT_CACHE_ROOT", "Output", "SplitRecords", "is_output", "iter_records", "load_manifest", "open_output",
-    "verify", "verify_file", "verify_shard",
+    "DEFAULT_CACHE_ROOT", "Output", "OutputIdentity", "SplitRecords", "data_generations", "generation_of", "is_output",
+    "iter_records", "load_manifest", "open_output", "verify", "verify_file", "verify_shard",
 ]
 
 # Where local copies of gs:// data files are cached: <root>/shards for shards, <root>/graphs for other files.
@@ -68,16 +75,24 @@ def load_manifest(path: str) -> Manifest:
     ValueError: the manifest is malformed or of an unknown version.
     KeyError: the manifest lacks a required field.
   """
+  return _read_manifest(path)[0]
+
+
+def _read_manifest(path: str) -> tuple[Manifest, str]:
+  """(the manifest of the output at `path`, the hex SHA-256 of its bytes as read); raises as `load_manifest`."""
   manifest_path = files.join(path, MANIFEST_FILENAME)
   try:
     data = files.read_bytes(manifest_path)
   except (FileNotFoundError, NotADirectoryError):
     raise NotAnOutputError(f"{manifest_path} not found: {path} is not a complete output") from None
-  return Manifest.loads(data)
+  return Manifest.loads(data), hashlib.sha256(data).hexdigest()
 
 
 def open_output(path: str) -> Output:
-  """Opens the output at `path` (reads its manifest; no data file is touched).
+  """Opens the output at `path` (reads its manifest once; no data file is touched).
+
+  The result keeps what that manifest said for its whole life: a later commit
+  to `path` changes nothing in it (`Output.identity` names what was read).
 
   Args:
     path: an output folder, local or gs://.
@@ -90,7 +105,66 @@ def open_output(path: str) -> Output:
     ValueError: the manifest is malformed.
     KeyError: the manifest lacks a required field.
   """
-  return Output(path, load_manifest(path))
+  manifest, digest = _read_manifest(path)
+  return Output(path, manifest, manifest_sha256=digest)
+
+
+def generation_of(manifest: Manifest) -> str | None:
+  """The generation folder (`gen-<time>-<random>`) of the run that committed `manifest`.
+
+  That run writes its rejected list into its own generation, so the folder of
+  `rejected.path` names it; otherwise the one generation folder holding every
+  data file. None for an output written before generations existed (data
+  files at the root).
+
+  Args:
+    manifest: a manifest.
+
+  Returns:
+    The generation folder name, or None.
+  """
+  own = manifest.rejected.path.split("/", 1)[0]
+  if "/" in manifest.rejected.path and naming.is_generation(own):
+    return own
+  folders = data_generations(manifest)
+  return folders[0] if len(folders) == 1 else None
+
+
+def data_generations(manifest: Manifest) -> tuple[str, ...]:
+  """Every generation folder that holds a data file (shard or file) of `manifest`, sorted.
+
+  One for an output a single run wrote; more when a run's manifest lists
+  files of earlier generations (an appended output). A reader must keep all
+  of them.
+
+  Args:
+    manifest: a manifest.
+
+  Returns:
+    The folder names.
+  """
+  paths = [s.path for split in manifest.splits.values() for s in split.shards] + [f.path for f in manifest.files]
+  return tuple(sorted({p.split("/", 1)[0] for p in paths if "/" in p and naming.is_generation(p.split("/", 1)[0])}))
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputIdentity:
+  """Which data an opened output is: the generation its manifest names and the manifest's SHA-256.
+
+  Two outputs with the same `manifest_sha256` hold the same data (a copy of
+  an output, e.g. local and gs://, has the same identity).
+
+  Attributes:
+    generation: the generation folder of the run that committed the manifest (None: an output without
+      generations).
+    manifest_sha256: the hex SHA-256 of the bytes of manifest.json as read.
+  """
+
+  generation: str | None
+  manifest_sha256: str
+
+  def __str__(self) -> str:
+    return f"{self.generation or 'an output without generations'} (manifest sha256 {self.manifest_sha256[:12]})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +174,27 @@ class Output:
   Attributes:
     path: the output folder, local or gs://.
     manifest: its manifest.
+    manifest_sha256: the hex SHA-256 of manifest.json's bytes as `open_output` read them (for an `Output`
+      built from a `Manifest` instead: of `manifest.dumps()`).
   """
 
   path: str
   manifest: Manifest
+  manifest_sha256: str = dataclasses.field(default="", compare=False)
+
+  def __post_init__(self):
+    if not self.manifest_sha256:
+      object.__setattr__(self, "manifest_sha256", hashlib.sha256(self.manifest.dumps()).hexdigest())
+
+  @property
+  def generation(self) -> str | None:
+    """The generation folder the manifest names (`generation_of`); None for an output without generations."""
+    return generation_of(self.manifest)
+
+  @property
+  def identity(self) -> OutputIdentity:
+    """The generation and the manifest's SHA-256: which data this output is."""
+    return OutputIdentity(self.generation, self.manifest_sha256)
 
   @property
   def kind(self) -> str:

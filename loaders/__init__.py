@@ -12,30 +12,39 @@ only its own framework:
 This package itself names the framework-free pieces (importing it imports no
 grain, torch, torch_xla or TensorFlow): random access to the records of a
 split, the error a damaged record raises, the record → example transform and
-its options, and the graph file and sampler. It builds on `formats` only and
-never imports `pipelines` or Beam.
+its options, the graph file and sampler, and the errors of resuming on other
+data. It builds on `formats` only and never imports `pipelines` or Beam.
+
+Every loader reads the generation its output's manifest named when it was
+opened, for its whole life, holds a lease on it, and names it in every saved
+state (docs/loaders.md, "Pinning, state identity and leases").
 """
 
 from __future__ import annotations
 
 from formats.errors import CorruptRecordError
 from formats.integrity import VERIFY_LEVELS, Verify
-from loaders._graph_file import Graph, load as load_graph
+from loaders._graph_file import Graph
 from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
+from loaders._pinning import DataIdentity, StateMismatchError, UnverifiedStateWarning
 from loaders._sampler import Budgets, NeighborSampler, budgets
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform
+from loaders.graph import load as load_graph
 
 __all__ = [
     "VERIFY_LEVELS",
     "Budgets",
     "CorruptRecordError",
+    "DataIdentity",
     "ExampleOptions",
     "Graph",
     "HeteroBudgets",
     "HeteroNeighborSampler",
     "NeighborSampler",
     "ShardedRecords",
+    "StateMismatchError",
+    "UnverifiedStateWarning",
     "Verify",
     "budgets",
     "example_transform",

@@ -19,7 +19,9 @@ class DeviceLoader:
 
   The device loader prefetches ahead of the training loop, so the state is the
   host iterator's state recorded right after the last batch the loop received,
-  not the (further advanced) live one.
+  not the (further advanced) live one. Over the toolkit's datasets
+  (loaders._pinned) that state names the data read, and a state of other
+  data is refused when the loader is built (StateMismatchError).
   """
 
   def __init__(self, iter_dataset, device, state: dict | None, **loader_kwargs):
@@ -31,9 +33,13 @@ class DeviceLoader:
       device: the XLA device.
       state: a get_state() of an earlier loader over the same dataset, to resume after it; None starts.
       **loader_kwargs: passed to torch_xla's MpDeviceLoader (loader_prefetch_size, device_prefetch_size, ...).
+
+    Raises:
+      StateMismatchError: `state` names other data than `iter_dataset` reads (and it refuses those).
     """
     from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+    self._dataset = iter_dataset
     self._iter = iter(iter_dataset)
     if state is not None:
       self._iter.set_state(state)
@@ -63,6 +69,17 @@ class DeviceLoader:
 
   def __len__(self) -> int:
     return len(self._loader)
+
+  @property
+  def identity(self):
+    """The data read (a loaders._pinning.DataIdentity), or None over a dataset that does not name it."""
+    return getattr(self._dataset, "identity", None)
+
+  def close(self) -> None:
+    """Releases the dataset's lease and stops its reading (when it has `close()`); idempotent."""
+    close = getattr(self._dataset, "close", None)
+    if close is not None:
+      close()
 
   def get_state(self) -> dict[str, Any]:
     """Where to resume so that the next batch is the one after the last batch received.

@@ -30,7 +30,7 @@ import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
-from loaders._order import SeedOrder, per_host_batch_size
+from loaders._order import SeedOrder, per_host_batch_size, seeds_name
 
 Fanouts = Sequence[int] | Mapping[str, Sequence[int]]
 
@@ -213,6 +213,7 @@ class HeteroNeighborSampler:
     self.batch_size = batch_size
     self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
     self.seed_nodes = np.asarray(self._seed_split(split) if seed_nodes is None else seed_nodes, np.int64)
+    self.split = f"{self.seed_type}/{split}" if seed_nodes is None else seeds_name(self.seed_nodes)
     self._order = SeedOrder(self.seed_nodes, batch_size, seed, shard_index, shard_count, order)
     self.order, self.per_shard, self.num_batches = order, self._order.per_shard, self._order.num_batches
     self.budgets = hetero_budgets(batch_size, self.seed_type, self.fanouts, self.num_nodes, node_budget)

@@ -23,6 +23,7 @@ same whatever the host count, and the sampled neighbourhoods are not.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 
@@ -68,6 +69,11 @@ def per_host_batch_size(batch_size: int | None, shard_count: int, order: str, gl
   if batch_size is None or batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   return batch_size
+
+
+def seeds_name(seed_nodes: np.ndarray) -> str:
+  """"seed_nodes:<sha256 prefix>": how a sampler's saved state names explicit seeds instead of a split name."""
+  return "seed_nodes:" + hashlib.sha256(np.ascontiguousarray(seed_nodes, np.int64).tobytes()).hexdigest()[:16]
 
 
 class SeedOrder:

@@ -22,7 +22,7 @@ import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
-from loaders._order import SeedOrder, per_host_batch_size
+from loaders._order import SeedOrder, per_host_batch_size, seeds_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +87,9 @@ class NeighborSampler:
   worst case (x is node_budget x F; `observed_node_budget` suggests one); a
   batch that would need more raises instead of truncating.
 
+  `split` names the seeds in saved states: the split's name, or
+  "seed_nodes:<sha256 prefix>" for explicit `seed_nodes`.
+
   `x` comes from a pool of reused buffers (loaders._features): it stays valid
   for as long as the caller holds it, and its memory is reused once nothing
   refers to it.
@@ -137,6 +140,7 @@ class NeighborSampler:
     self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
     self.gather_features = gather_features and graph.node_features is not None
     self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
+    self.split = split if seed_nodes is None else seeds_name(self.seed_nodes)
     self._order = SeedOrder(self.seed_nodes, batch_size, seed, shard_index, shard_count, order)
     self.order, self.per_shard, self.num_batches = order, self._order.per_shard, self._order.num_batches
     self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes, node_budget)

@@ -6,7 +6,9 @@ the default, "size" or "none"; a gs:// shard is downloaded once into a cache)
 and serves record i as decoded numpy values plus its `record_index`. A
 damaged record raises `CorruptRecordError` naming the shard and the record.
 ArrayRecord shards are read by each thread through its own readers
-(formats.output.SplitRecords).
+(formats.output.SplitRecords). The manifest is read once: the records are
+those of the generation it named, for the object's life, held by a lease
+(loaders._pinning) until `close()` or collection.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import numpy as np
 
 from formats.errors import CorruptRecordError
 from formats.integrity import Verify, verify_level
-from formats.output import open_output
+from formats.output import Output
+from loaders._pinning import DataIdentity, Pin, pin_output
 
 __all__ = ["ShardedRecords"]
 
@@ -29,16 +32,21 @@ class ShardedRecords:
     output: the opened output (formats.output.Output).
     manifest: its manifest.
     features: the records' schema.
+    pin: what was opened and the lease that holds it (None when given an opened Output).
   """
 
-  def __init__(self, path: str, split: str = "train", cache_dir: str | None = None, verify: Verify = "sha256"):
+  def __init__(self, path: str | Output, split: str = "train", cache_dir: str | None = None,
+               verify: Verify = "sha256", *, lease: bool = True):
     """Opens one split and makes its shards local, each proven at level `verify`.
 
     Args:
-      path: the output folder, local or gs://.
+      path: the output folder, local or gs://; or an Output already opened (formats.output.open_output),
+        whose manifest is read as it is (the caller holds its lease).
       split: the split to read.
       cache_dir: where gs:// shards are cached (default ~/.cache/tpu_shards/shards).
       verify: "sha256" (default; True), "size" or "none" (False); see docs/loaders.md.
+      lease: hold a lease on the generation read while this object lives (formats.leases; a read-only
+        output logs one warning and is read without one). Ignored when `path` is an Output.
 
     Raises:
       NotAnOutputError: `path` has no manifest.json (a FileNotFoundError).
@@ -47,15 +55,25 @@ class ShardedRecords:
       CorruptRecordError: a shard differs from the manifest.
     """
     verify_level(verify)
-    self.path = path
+    self.pin: Pin | None = None
+    if isinstance(path, Output):
+      self.output = path
+    else:
+      self.pin = pin_output(path, lease=lease, purpose=f"loaders.ShardedRecords {split}")
+      self.output = self.pin.output
+    self.path = self.output.path
     self.split = split
-    self.output = open_output(path)
     self.manifest = self.output.manifest
     self.features = self.manifest.features
     self._records = self.output.open_records(split, cache_dir, verify)
 
   def __len__(self) -> int:
     return len(self._records)
+
+  @property
+  def identity(self) -> DataIdentity:
+    """The data read: the output's generation and manifest digest, and the split."""
+    return DataIdentity.of(self.output, self.split)
 
   @property
   def kind(self) -> str:
@@ -98,8 +116,13 @@ class ShardedRecords:
     return self._records.where(index)
 
   def close(self) -> None:
-    """Closes every open reader (every thread's); a later read opens them again. Collection closes them too."""
+    """Closes every open reader (every thread's) and releases the lease; collection does both too.
+
+    A later read opens readers again, without a lease.
+    """
     self._records.close()
+    if self.pin is not None:
+      self.pin.release()
 
   def __getitem__(self, index: int) -> dict:
     return self.get(index)

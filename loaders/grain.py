@@ -4,7 +4,8 @@
                                image_size=(224, 224), shard_index=host, shard_count=hosts)
     for batch in ds:            # {"image": uint8 [256, 224, 224, 3], "label": int64 [256]}
       ...
-    it = iter(ds); state = it.get_state(); ...; it.set_state(state)   # resume
+    it = iter(ds); state = it.get_state(); ...; it.set_state(state)   # resume (same data only)
+    ds.close()                  # the lease on the generation read goes (collection does it too)
 
 Records are split disjointly over `shard_count` (strided, after trimming the
 split to a multiple of it, so every shard gets the same number of records and
@@ -12,6 +13,11 @@ batches), shuffled per shard with `seed`, reshuffled every epoch, transformed
 by the record kind's transform (loaders.example_transform) and batched. Prefetching
 runs on grain's thread pool (`ReadOptions(num_threads)`), never in worker
 processes; ArrayRecord reads and JPEG decodes release the GIL.
+
+The manifest is read once, when the dataset is made: every epoch reads the
+generation it named, held by a lease while the dataset lives, and every
+iterator state names that data (loaders._pinning): restoring a state saved
+on other data raises StateMismatchError unless on_new_data="restart_epoch".
 """
 
 from __future__ import annotations
@@ -25,21 +31,23 @@ import numpy as np
 
 from formats import files
 from formats.integrity import Verify, verify_level
-from formats.output import DEFAULT_CACHE_ROOT, open_output
+from formats.output import DEFAULT_CACHE_ROOT, Output
 from formats.transforms import element_rng
 from loaders._batch import BatchFiller
 from loaders._order import per_host_batch_size
+from loaders._pinned import PinnedIterDataset, PinnedMapDataset
+from loaders._pinning import ON_NEW_DATA, DataIdentity, StateGuard, check_on_new_data, pin_output
 from loaders._shards import ShardedRecords
 from loaders._stream import RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
-__all__ = ["FETCH_MODES", "data_source", "dataset", "map_dataset", "operations"]
+__all__ = ["FETCH_MODES", "ON_NEW_DATA", "data_source", "dataset", "map_dataset", "operations"]
 
 FETCH_MODES = ("auto", "shards", "records")  # how a streamed gs:// split is fetched (see `dataset`)
 
 
 def data_source(path: str, split: str = "train", cache_dir: str | None = None,
-                verify: Verify = "sha256") -> ShardedRecords:
+                verify: Verify = "sha256", *, lease: bool = True) -> ShardedRecords:
   """The split as a grain RandomAccessDataSource.
 
   Args:
@@ -47,6 +55,7 @@ def data_source(path: str, split: str = "train", cache_dir: str | None = None,
     split: the split to read.
     cache_dir: where gs:// shards are cached (default ~/.cache/tpu_shards/shards).
     verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+    lease: hold a lease on the generation read while the source lives (see `dataset`).
 
   Returns:
     The records, decoded, each with its `record_index`.
@@ -57,7 +66,7 @@ def data_source(path: str, split: str = "train", cache_dir: str | None = None,
     CorruptRecordError: a shard differs from the manifest.
     ValueError: `verify` is not a level, or the output holds no record shards.
   """
-  return ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
+  return ShardedRecords(path, split, cache_dir=cache_dir, verify=verify, lease=lease)
 
 
 class _ToExample(grain.transforms.RandomMap):
@@ -174,7 +183,7 @@ def _fill_records(source, options: ExampleOptions, batch_size: int, with_mask: b
   return fill
 
 
-def _check_fits(output, split: str, cache_dir: str | None, cache_limit_bytes: int | None) -> None:
+def _check_fits(output: Output, split: str, cache_dir: str | None, cache_limit_bytes: int | None) -> None:
   """Random access to a gs:// split copies all of it: refuse early (not after hours) when it cannot fit."""
   if not files.is_gcs(output.path):
     return
@@ -201,19 +210,24 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
                 seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
                 drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
                 order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
-                cache_limit_bytes: int | None = None, fetch: str = "auto", **example_options) -> grain.MapDataset:
+                cache_limit_bytes: int | None = None, fetch: str = "auto", lease: bool = True,
+                on_new_data: str = "error", **example_options) -> PinnedMapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
+
+  Its `to_iter_dataset()` iterators carry the data's identity in their states,
+  as `dataset`'s do; `close()` releases the lease.
 
   Args:
     path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
     drop_remainder, cache_dir, verify, order, global_batch_size, window_shards,
-    cache_limit_bytes, fetch, **example_options: as in `dataset`.
+    cache_limit_bytes, fetch, lease, on_new_data, **example_options: as in `dataset`.
 
   Returns:
     A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level, window, cache limit or example option.
+    ValueError: a bad batch size, shard, epoch count, verify level, window, cache limit, on_new_data or
+      example option.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
   batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
@@ -226,31 +240,42 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
   verify_level(verify)
   if fetch not in FETCH_MODES:
     raise ValueError(f"fetch must be one of {FETCH_MODES}, got {fetch!r}")
-  if window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
-    output = open_output(path)
-    counts = [s.num_records for s in output.shards(split)]
-    windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
-                          shard_count=shard_count, order=order, drop_remainder=drop_remainder)
-    options = ExampleOptions(**example_options)
-    example_transform(output.kind, output.features, options)  # refuses missing options before anything starts
-    positions = windows.batches_per_epoch * num_epochs
-    if fetch == "auto":  # each host reads only its own records: whole shards with the host order, else ranges
-      fetch = ("records" if order == "global" and shard_count > 1 and output.file_format == "array_record"
-               else "shards")
-    if fetch == "records" and files.is_gcs(path):
-      stream = RecordStream(output, split, windows, positions, cache_dir=cache_dir,
-                            cache_limit_bytes=cache_limit_bytes)
+  check_on_new_data(on_new_data)
+  pin = pin_output(path, lease=lease, purpose=f"loaders.grain {split}")  # the one read of the manifest
+  try:
+    output = pin.output
+    identity = DataIdentity.of(output, split)
+    if window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
+      counts = [s.num_records for s in output.shards(split)]
+      windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
+                            shard_count=shard_count, order=order, drop_remainder=drop_remainder)
+      options = ExampleOptions(**example_options)
+      example_transform(output.kind, output.features, options)  # refuses missing options before anything starts
+      positions = windows.batches_per_epoch * num_epochs
+      if fetch == "auto":  # each host reads only its own records: whole shards with the host order, else ranges
+        fetch = ("records" if order == "global" and shard_count > 1 and output.file_format == "array_record"
+                 else "shards")
+      if fetch == "records" and files.is_gcs(path):
+        stream = RecordStream(output, split, windows, positions, cache_dir=cache_dir,
+                              cache_limit_bytes=cache_limit_bytes)
+      else:
+        stream = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
+                             cache_limit_bytes=cache_limit_bytes, verify=verify)
+      read = StreamedBatches(stream, _fill_records(stream, options, batch_size, not drop_remainder, seed))
+      source = stream
     else:
-      stream = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
-                           cache_limit_bytes=cache_limit_bytes, verify=verify)
-    read = StreamedBatches(stream, _fill_records(stream, options, batch_size, not drop_remainder, seed))
-    return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
-  _check_fits(open_output(path), split, cache_dir, cache_limit_bytes)
-  source = ShardedRecords(path, split, cache_dir=cache_dir, verify=verify)
-  transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
-  read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
-                    len(source) // shard_count, drop_remainder, order)
-  return grain.MapDataset.range(read.batches_per_epoch * num_epochs).map_with_index(read)
+      _check_fits(output, split, cache_dir, cache_limit_bytes)
+      source = ShardedRecords(output, split, cache_dir=cache_dir, verify=verify)
+      transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
+      read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
+                        len(source) // shard_count, drop_remainder, order)
+  except BaseException:
+    pin.release()  # nothing will read it: its lease goes now, not when the traceback is dropped
+    raise
+  positions = read.batches_per_epoch * num_epochs
+  batches = grain.MapDataset.range(positions).map_with_index(read)
+  guard = StateGuard(identity, read.batches_per_epoch, on_new_data, positions)
+  return PinnedMapDataset(batches, guard, keep=(pin, source), close=(source.close, pin.release))
 
 
 def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
@@ -258,7 +283,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
             verify: Verify = "sha256", order: str = "host", global_batch_size: int | None = None,
             window_shards: int | None = None, cache_limit_bytes: int | None = None, fetch: str = "auto",
-            **example_options) -> grain.IterDataset:
+            lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedIterDataset:
   """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
 
   Args:
@@ -303,24 +328,34 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       (default): "records" with order="global" on several hosts (every host
       reads every window), else "shards". Either way every host reads about
       its share: one pass over the data in all.
+    lease: hold a lease (formats.leases) on the generation read while the
+      dataset lives, so that clean-up after a rerun does not remove it;
+      released by `close()` or when the dataset and its iterators are
+      collected. On read-only storage one warning is logged and the dataset
+      reads without one. False: no lease.
+    on_new_data: what `set_state` does with a state saved on other data (another generation, manifest or
+      split): "error" (default) raises StateMismatchError naming both generations; "restart_epoch" keeps
+      the state's epoch and starts that epoch over, from its first batch, in this data's order.
     **example_options: the fields of loaders.ExampleOptions (image_size,
       patch_size, patch, hu_window, normalize, max_nodes, max_edges).
 
   Returns:
     An IterDataset of dicts of numpy arrays with static shapes; its iterator
-    has get_state()/set_state() for resuming.
+    has get_state()/set_state() for resuming (each state names the data:
+    generation, manifest SHA-256, split); `identity` names the data and
+    `close()` releases the lease.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level, order, window, cache limit or example
-      option, a global batch the host count does not divide, or a gs:// split that cannot fit on local disk
-      for random access.
+    ValueError: a bad batch size, shard, epoch count, verify level, order, window, cache limit, on_new_data
+      or example option, a global batch the host count does not divide, or a gs:// split that cannot fit on
+      local disk for random access.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
                    cache_dir=cache_dir, verify=verify, order=order, global_batch_size=global_batch_size,
-                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, fetch=fetch,
-                   **example_options)
+                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, fetch=fetch, lease=lease,
+                   on_new_data=on_new_data, **example_options)
   # More threads than cores only adds GIL contention for the Python parts of a batch.
   threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))

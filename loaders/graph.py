@@ -7,6 +7,7 @@
       ...
     loader = loaders.graph.xla_loader(sampler, num_epochs=1)          # tensors on the XLA device
     state = loader.get_state()                                        # resume: xla_loader(..., state=state)
+    graph.pin.release()                                               # the lease (collection releases it too)
 
     mag = loaders.graph.load("gs://bucket/graphs/ogbn_mag")            # converted with --add_reverse_relations
     sampler = loaders.graph.HeteroNeighborSampler(mag, fanouts=[15, 10, 5], batch_size=1024)
@@ -20,21 +21,91 @@ grain's thread pool, and `xla_loader` moves its batches to the device with
 loaders.xla's resumable DeviceLoader (torch_xla's MpDeviceLoader). grain and
 torch_xla are imported only when those are called; this module never imports
 TensorFlow.
+
+`load` reads the output's manifest once and holds a lease on its generation
+while the Graph lives (`graph.pin`, `graph.identity`); the feeders' states
+name the graph (generation, manifest and file SHA-256) and the sampler's
+seeds, and a state of another graph is refused (loaders._pinning).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import numpy as np
 
+from formats import files
+from formats.integrity import Verify
+from formats.output import DEFAULT_CACHE_ROOT, Output, is_output
+from loaders import _graph_file
 from loaders._device import DeviceLoader
-from loaders._graph_file import Graph, load
+from loaders._graph_file import Graph
 from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
+from loaders._pinning import PIN_ATTEMPTS, DataIdentity, StateGuard, check_on_new_data, pin_output
 from loaders._sampler import Budgets, NeighborSampler, budgets
 
 __all__ = ["Budgets", "Graph", "HeteroBudgets", "HeteroNeighborSampler", "NeighborSampler", "budgets",
-           "grain_dataset", "hetero_budgets", "load", "xla_loader"]
+           "grain_dataset", "hetero_budgets", "load", "sampler_identity", "xla_loader"]
 
 Sampler = NeighborSampler | HeteroNeighborSampler
+
+
+def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, streams: int = 8,
+         chunk_bytes: int = 32 << 20, progress: bool = True, lease: bool = True) -> Graph:
+  """Opens a graph output (its folder, or the .graphbin in it), local or gs://, pinned to one generation.
+
+  As loaders._graph_file.load (fetching, caching, verification), plus: the
+  manifest is read once, the graph is the file that manifest lists, and with
+  `lease` the generation is leased while the Graph lives (`graph.pin`;
+  `graph.pin.release()` lets it go sooner). `graph.identity` names it.
+
+      graph = load("gs://bucket/graphs/ogbn_products", streams=16)
+
+  Args:
+    path, cache_dir, verify, streams, chunk_bytes, progress: as loaders._graph_file.load.
+    lease: hold a lease on the generation read (a read-only output logs one warning and loads without one).
+
+  Returns:
+    The mapped graph, with `pin` (None for a bare .graphbin) and `identity`.
+
+  Raises:
+    As loaders._graph_file.load.
+  """
+  folder, file_name = path, None
+  if path.endswith(".graphbin"):
+    folder = path.rsplit("/", 1)[0] if files.is_gcs(path) else os.path.dirname(path)
+    file_name = os.path.basename(path)
+    if not files.is_gcs(path) and not is_output(folder):  # a bare .graphbin: nothing to pin
+      graph = _graph_file.load(path, cache_dir, verify, streams=streams, chunk_bytes=chunk_bytes, progress=progress)
+      graph.pin, graph.identity = None, DataIdentity(path, None, None, None)
+      return graph
+  for _ in range(PIN_ATTEMPTS):
+    pin = pin_output(folder, lease=lease, purpose="loaders.graph")
+    infos = [f for f in pin.output.files
+             if f.kind == "graphbin" and (file_name is None or os.path.basename(f.path) == file_name)]
+    graph = _graph_file.load(path, cache_dir, verify, streams=streams, chunk_bytes=chunk_bytes, progress=progress)
+    # _graph_file.load reads the manifest itself: keep its graph only if it is the file the pinned manifest lists
+    if len(infos) == 1 and graph.path == _local_path(pin.output, infos[0], cache_dir):
+      graph.pin, graph.identity = pin, pin.identity(None, infos[0])
+      return graph
+    pin.release()
+  raise RuntimeError(f"{folder}: a new manifest was committed during each of {PIN_ATTEMPTS} loads; try again")
+
+
+def _local_path(output: Output, info, cache_dir: str | None) -> str:
+  """Where loaders._graph_file.load maps the graph `info` of `output` from: the file itself, or its gs:// cache."""
+  src = output.shard_path(info)
+  if not files.is_gcs(src):
+    return src
+  return files.cache_path(src, info.sha256, cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "graphs"))
+
+
+def sampler_identity(sampler: Sampler) -> DataIdentity:
+  """The data a sampler's batches come from: its graph's identity (`load`) and its seeds (`sampler.split`)."""
+  graph = sampler.graph
+  base = getattr(graph, "identity", None) or DataIdentity(graph.path, None, None, None)
+  return dataclasses.replace(base, split=sampler.split)
 
 
 class _EpochSource:
@@ -55,7 +126,7 @@ class _EpochSource:
 
 
 def grain_dataset(sampler: Sampler, num_epochs: int = 1, num_threads: int = 4,
-                  prefetch_buffer_size: int = 8):
+                  prefetch_buffer_size: int = 8, on_new_data: str = "error"):
   """A grain IterDataset of the sampler's batches, built by a pool of threads (never processes).
 
   Args:
@@ -63,19 +134,28 @@ def grain_dataset(sampler: Sampler, num_epochs: int = 1, num_threads: int = 4,
     num_epochs: epochs in a row (each reshuffles the seeds).
     num_threads: grain's reading threads.
     prefetch_buffer_size: batches read ahead.
+    on_new_data: what set_state does with a state saved on another graph or other seeds: "error"
+      (StateMismatchError naming both generations) or "restart_epoch" (the state's epoch, from its
+      first batch); see loaders.grain.dataset.
 
   Returns:
     A grain IterDataset of dicts of numpy arrays; its iterator supports
-    get_state()/set_state() for resuming.
+    get_state()/set_state() for resuming, and every state names the graph
+    and the seeds (`sampler_identity`).
   """
   import grain
 
-  return grain.MapDataset.source(_EpochSource(sampler, num_epochs)).to_iter_dataset(
+  from loaders._pinned import PinnedMapDataset
+
+  check_on_new_data(on_new_data)
+  source = grain.MapDataset.source(_EpochSource(sampler, num_epochs))
+  guard = StateGuard(sampler_identity(sampler), len(sampler), on_new_data, len(source))
+  return PinnedMapDataset(source, guard, keep=(sampler,)).to_iter_dataset(
       grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size))
 
 
 def xla_loader(sampler: Sampler, device=None, num_epochs: int = 1, num_threads: int = 4,
-               state: dict | None = None, **kwargs) -> DeviceLoader:
+               state: dict | None = None, on_new_data: str = "error", **kwargs) -> DeviceLoader:
   """The sampler's batches as dicts of tensors on the XLA device, resumable.
 
   Args:
@@ -84,11 +164,16 @@ def xla_loader(sampler: Sampler, device=None, num_epochs: int = 1, num_threads: 
     num_epochs: epochs in a row.
     num_threads: grain's reading threads on the host.
     state: a get_state() of an earlier loader over the same sampler and epochs: continue after it.
+    on_new_data: what a `state` of another graph or other seeds does (see `grain_dataset`).
     **kwargs: passed to torch_xla's MpDeviceLoader (loader_prefetch_size, device_prefetch_size, ...).
 
   Returns:
     A DeviceLoader (see loaders.xla): iterate it for batches; get_state() says where to resume.
+
+  Raises:
+    StateMismatchError: `state` was saved on another graph or other seeds and on_new_data="error".
   """
   import torch_xla
 
-  return DeviceLoader(grain_dataset(sampler, num_epochs, num_threads), device or torch_xla.device(), state, **kwargs)
+  return DeviceLoader(grain_dataset(sampler, num_epochs, num_threads, on_new_data=on_new_data),
+                      device or torch_xla.device(), state, **kwargs)

@@ -13,6 +13,9 @@ Before tf.data sees a shard, its bytes are proven at the `verify` level (see
 formats.integrity) and its framing is walked once to count its records against
 the manifest: tf.data's own errors name a byte offset but not the file, ours
 name the shard and the record.
+
+The manifest is read once: the dataset reads the generation it named, every
+epoch, and holds a lease on it while the dataset lives (loaders._pinning).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import tensorflow as tf
 from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.integrity import Verify, verify_level
-from formats.output import Output, open_output
+from formats.output import Output
+from loaders._pinning import pin_output
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
                                 hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)
 from loaders._transforms import ExampleOptions, batched_features
@@ -135,12 +139,11 @@ def _check_arguments(verify: Verify, batch_size: int, num_epochs: int) -> None:
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
 
 
-def _tfrecord_output(path: str) -> Output:
-  """The output at `path`, which must hold TFRecord shards."""
-  output = open_output(path)
+def _check_tfrecord(output: Output) -> None:
+  """Rejects an output whose shards are not TFRecord."""
   if output.manifest.file_format != "tfrecord":
-    raise ValueError(f"{path} holds {output.manifest.file_format} shards; tf.data reads tfrecord (use loaders.grain)")
-  return output
+    raise ValueError(f"{output.path} holds {output.manifest.file_format} shards; tf.data reads tfrecord "
+                     f"(use loaders.grain)")
 
 
 def _check_shard(shard_index: int, shard_count: int) -> None:
@@ -261,7 +264,8 @@ def _whole_batches(records: tf.data.Dataset, convert: _Convert, per_shard: int, 
 
 def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, cache_dir: str | None = None,
-            shuffle_buffer: int = 10_000, verify: Verify = "sha256", **example_options) -> tf.data.Dataset:
+            shuffle_buffer: int = 10_000, verify: Verify = "sha256", lease: bool = True,
+            **example_options) -> tf.data.Dataset:
   """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards: images, CT volumes, tensors records.
 
   The batches have loaders.grain's keys, dtypes and values (formats.transforms
@@ -283,6 +287,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     cache_dir: where gs:// shards are cached.
     shuffle_buffer: the shuffle buffer's size.
     verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+    lease: hold a lease on the generation read while the dataset (or one made from it by tf.data
+      transformations) lives; see loaders.grain.dataset.
     **example_options: the fields of loaders.ExampleOptions.
 
   Returns:
@@ -296,7 +302,9 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
     CorruptRecordError: a shard differs from the manifest (size, digest or record count).
   """
   _check_arguments(verify, batch_size, num_epochs)
-  output = _tfrecord_output(path)
+  pin = pin_output(path, lease=lease, purpose=f"loaders.tfdata {split}")
+  output = pin.output
+  _check_tfrecord(output)
   _check_shard(shard_index, shard_count)  # after opening: a missing or non-TFRecord output is reported first
   kind = output.kind  # here: a manifest without a kind is reported before bad options or a missing split
   options = ExampleOptions(**example_options)
@@ -306,4 +314,6 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
   records = _shard_records(paths, per_shard, shard_index, shard_count)
   if shuffle:
     records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-  return _whole_batches(records, convert, per_shard, batch_size, num_epochs)
+  ds = _whole_batches(records, convert, per_shard, batch_size, num_epochs)
+  ds._tpu_shards_pin = pin  # lives as long as the dataset and every dataset made from it (they hold their input)
+  return ds

@@ -4,7 +4,8 @@
                                        image_size=(224, 224))
     for batch in loader:          # batch["image"]: uint8 [128, 224, 224, 3] on xla:0
       ...
-    state = loader.get_state()    # resume: device_loader(..., state=state)
+    state = loader.get_state()    # resume: device_loader(..., state=state); names the data it was saved on
+    loader.close()                # the lease on the generation read goes (collection does it too)
 
 Host-side reading is loaders.grain's thread pool; torch_xla's loader moves
 batches to the device in its own background thread. Shard index and count
@@ -26,20 +27,23 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
                   loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
                   order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
-                  cache_limit_bytes: int | None = None, cache_dir: str | None = None,
-                  **example_options) -> DeviceLoader:
+                  cache_limit_bytes: int | None = None, cache_dir: str | None = None, lease: bool = True,
+                  on_new_data: str = "error", **example_options) -> DeviceLoader:
   """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.
 
   Args:
     path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify, order,
-      global_batch_size, window_shards, cache_limit_bytes, cache_dir, **example_options: as in
+      global_batch_size, window_shards, cache_limit_bytes, cache_dir, lease, on_new_data,
+      **example_options: as in
       loaders.grain.dataset (order="global": a state resumes on any number of hosts with the same
       global batch; window_shards: stream a gs:// split through a bounded cache).
     device: the XLA device (default torch_xla.device()).
     shard_index, shard_count: this replica's share (default torch_xla.runtime's
       global_ordinal() and world_size()).
     state: a DeviceLoader.get_state() of an earlier loader with the same
-      arguments: continue after the last batch it delivered.
+      arguments: continue after the last batch it delivered. A state saved on
+      other data raises StateMismatchError (on_new_data="error") or starts
+      its epoch over on this data (on_new_data="restart_epoch").
     loader_prefetch_size, device_prefetch_size: torch_xla MpDeviceLoader's queues.
 
   Returns:
@@ -47,6 +51,7 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
 
   Raises:
     ValueError, NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.dataset.
+    StateMismatchError: `state` was saved on other data and on_new_data="error".
   """
   import torch_xla
   import torch_xla.runtime as xr
@@ -58,6 +63,7 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
                             shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
                             drop_remainder=True, num_threads=num_threads, verify=verify, order=order,
                             global_batch_size=global_batch_size, window_shards=window_shards,
-                            cache_limit_bytes=cache_limit_bytes, cache_dir=cache_dir, **example_options)
+                            cache_limit_bytes=cache_limit_bytes, cache_dir=cache_dir, lease=lease,
+                            on_new_data=on_new_data, **example_options)
   return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
                       device_prefetch_size=device_prefetch_size)
