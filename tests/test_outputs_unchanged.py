@@ -7,6 +7,8 @@ run-specific parts normalised (the generation folder's random name, the input
 folder's temporary path). Markers of the commit protocol (`_toolkit_run.json`,
 the lock file) are left out: they record times; so are the shard records that
 resumed runs reuse shards by (`_toolkit_shards/`): they name the code's digest.
+Generations the manifest does not name (replaced or failed runs', kept for the
+retention period) are not part of the output.
 
 The fingerprints live in tests/golden_outputs.json. A change that is meant to
 change an output regenerates them with TOOLKIT_REGEN_GOLDEN=1 and says why in
@@ -45,8 +47,12 @@ def _normalise_text(text: str, input_root: str, output: str) -> str:
 def fingerprint(output: str, input_root: str) -> dict[str, str]:
   """{path relative to the output (generation normalised): sha256 of its normalised bytes}."""
   out = {}
+  with open(os.path.join(output, "manifest.json")) as f:
+    current = {p.split("/", 1)[0] for p in re.findall(r'"path": "([^"]+)"', f.read()) if "/" in p}
   for folder, dirs, names in os.walk(output):
-    dirs[:] = [d for d in dirs if d not in _BOOKKEEPING]
+    # Only the committed generation: replaced and failed runs' generations are kept for a while (retention).
+    dirs[:] = [d for d in dirs if d not in _BOOKKEEPING and (folder != output or not _GENERATION.fullmatch(d)
+                                                             or d in current)]
     for name in names:
       if name in _VOLATILE:
         continue

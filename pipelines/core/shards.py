@@ -402,13 +402,14 @@ class ShardResult(NamedTuple):
 class _ConvertShardFn(beam.DoFn):
   """ShardTask → the shard written and published (main), its rejects and events (tagged).
 
-  A shard whose plan digest names a shard an earlier run published (`reusable`, found at
-  launch) is copied from there once its bytes check out (pipelines/core/reuse.py); any other
-  is converted. Either way the shard's record is written beside it for later runs.
+  A shard whose plan digest names a shard an earlier run published (`reusable`: plan digest →
+  (generation, shard file), found at launch) is copied from there once its record and bytes
+  check out (pipelines/core/reuse.py); any other is converted. Either way the shard's record
+  is written beside it for later runs.
   """
 
   def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int], processes: int,
-               identity: str, reusable: Mapping[str, reuse.Reusable]):
+               identity: str, reusable: Mapping[str, tuple[str, str]]):
     self._converter = converter
     self._spec = spec
     self._namespace = namespace
@@ -435,9 +436,11 @@ class _ConvertShardFn(beam.DoFn):
       yield from self._carried_shard(task)
       return
     digest, unit_inputs = self._plan_digest(task, side_inputs)
-    found = self._reusable.get(digest) if digest else None
-    if found is not None:
-      info = reuse.adopt(self._spec.output, self._spec.generation, found)
+    where = self._reusable.get(digest) if digest else None
+    if where is not None:
+      record = reuse.read_record(self._spec.output, *where)  # read again: only its place crossed the job graph
+      found = reuse.Reusable(where[0], record) if record is not None and record.plan == digest else None
+      info = reuse.adopt(self._spec.output, self._spec.generation, found) if found is not None else None
       if info is not None:
         yield from self._reused_shard(task, found.record, info)
         return
@@ -627,7 +630,7 @@ class ConvertShards(beam.PTransform):
     # The converter's own settings (its config, class ids, options) shape the bytes too.
     settings = {**spec.reuse_settings(), "converter": hashlib.sha256(pickle.dumps(converter, protocol=4)).hexdigest()}
     self._fn = _ConvertShardFn(converter, spec, namespace, totals, processes, reuse.output_identity(settings),
-                               reusable)
+                               {d: (r.generation, r.record.shard.path) for d, r in reusable.items()})
     self._side_inputs = side_inputs
 
   def expand(self, tasks):

@@ -17,7 +17,7 @@ import pytest
 
 import make_sample_images
 from formats import commit, files, naming
-from formats.manifest import Manifest
+from formats.manifest import Manifest, ShardInfo
 from formats.output import verify as verify_output
 from pipelines.core import reuse
 from tests.conftest import REPO, upload_tree
@@ -120,13 +120,16 @@ def test_a_shard_whose_bytes_disagree_with_its_record_is_converted_again(images,
 
 
 def test_a_record_that_lies_about_its_shard_is_refused():
-  good = reuse.ShardRecord("a" * 64, "train", 1, 4, reuse.ShardInfo("d-train.array_record-00001-of-00004", 3, 10,
-                                                                    "b" * 64), 3, 2, 1, (("x.jpg", "not an image", "train", 1),))
+  good = reuse.ShardRecord("a" * 64, "train", 1, 4, ShardInfo("d-train.array_record-00001-of-00004", 3, 10,
+                                                                    "b" * 64), 3, 2, 1, (("x.jpg", "not an image", "train", 1),),
+                           inputs=(("a.jpg", "v", 1), ("b.jpg", "v", 1), ("x.jpg", "v", 1)))
   assert reuse.ShardRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
   for change in ({"index": 5}, {"num_shards": 1}, {"inputs_rejected": 0}, {"num_units": 9}, {"plan": "A" * 64},
                  {"rejects": [["x", "y", "train", -1]]}, {"shard": {**good.to_json()["shard"], "path": "../x"}},
                  {"shard": {**good.to_json()["shard"], "path": "d-train.array_record-00002-of-00004"}},
-                 {"shard": {**good.to_json()["shard"], "num_bytes": -1}}, {"record_version": 99}):
+                 {"shard": {**good.to_json()["shard"], "num_bytes": -1}}, {"record_version": 99},
+                 {"inputs": [["a.jpg", "v", 1], ["a.jpg", "v", 1], ["x.jpg", "v", 1]]}, {"inputs": []},
+                 {"inputs": [["a.jpg", "v", 1], ["", "v", 1], ["x.jpg", "v", 1]]}):
     with pytest.raises(ValueError):
       reuse.ShardRecord.from_json({**good.to_json(), **change})
 
@@ -148,3 +151,46 @@ def test_a_resumed_run_on_gcs_reuses_by_server_side_copy(images, gcs_emulator, t
     return {k: [(s.path.split("/", 1)[1], s.sha256) for s in v.shards] for k, v in m.splits.items()}
 
   assert shards(out) == shards(clean_out)
+
+
+def test_a_rerun_after_a_failed_run_reuses_its_shards(images, clean, tmp_path, monkeypatch, capsys):
+  """A run that fails after its shards are published (here: in Finalize) keeps its generation,
+  abandoned, for the retention period; the rerun reuses every shard."""
+  from pipelines import image_folder
+  from pipelines.core import shards
+
+  out = str(tmp_path / "out")
+
+  def crash(self, *a, **k):
+    raise RuntimeError("worker lost")
+    yield
+
+  monkeypatch.setattr(shards._FinalizeShardsFn, "process", crash)
+  with pytest.raises(Exception, match="worker lost"):
+    image_folder.run([f"--input={images}", f"--output={out}", *FLAGS])
+  monkeypatch.undo()
+  assert not os.path.exists(os.path.join(out, "manifest.json"))
+  (abandoned,) = [g for g in commit.list_generations(out) if g.state == "abandoned"]
+  capsys.readouterr()
+  image_folder.run([f"--input={images}", f"--output={out}", *FLAGS])
+  assert "(8 of 8 shards reused from earlier runs)" in capsys.readouterr().out
+  assert fingerprint(out, images) == clean
+
+
+def test_the_job_graph_carries_only_where_reusable_shards_are(images, tmp_path):
+  """What ConvertShards ships to the workers is (generation, shard file) per plan digest, not the records."""
+  from pipelines.core import shards
+  from pipelines.core.sink import OutputSpec
+  from pipelines.image_folder.pipeline import image_features
+
+  out = str(tmp_path / "out")
+  assert _run(f"--input={images}", f"--output={out}", *FLAGS).returncode == 0
+  spec = OutputSpec(output=out, name="pets", file_format="array_record", features=image_features(["cat"], _Opts()),
+                    splits=("train",), generation="gen-20990101T000000-00000000")
+  fn = shards.ConvertShards(object(), spec, "x")._fn
+  assert len(fn._reusable) == 8 and all(isinstance(v, tuple) and len(v) == 2 for v in fn._reusable.values())
+
+
+class _Opts:
+  size = None
+  encoding = "jpeg"
