@@ -22,7 +22,9 @@ or on Dataflow (`DataflowConfiguration`). Every run writes its own dated output
 with `--overwrite=true`: a retry or a re-run of the same date replaces that
 output atomically (the pipelines write a new generation of data files and
 switch by writing manifest.json last; the previous complete output stays
-readable until then).
+readable until then), and reuses the shards a failed attempt already published.
+With `"options": {"mode": "append"}` the output is one fixed folder instead
+(no date in it): each run converts only the inputs it does not hold yet.
 """
 
 from __future__ import annotations
@@ -60,9 +62,14 @@ class ConversionConfig:
   def __post_init__(self):
     if self.pipeline not in registry.CONVERTERS:
       raise ValueError(f"{self.dag_id}: pipeline must be one of {registry.names()}, got {self.pipeline!r}")
-    if not any(m in self.output for m in _DATE_MACROS):
+    appends = self.options.get("mode") == "append"
+    if not appends and not any(m in self.output for m in _DATE_MACROS):
       raise ValueError(f"{self.dag_id}: output {self.output!r} must contain the logical date (e.g. {{{{ ds }}}}) "
-                       "so that every run writes its own output")
+                       "so that every run writes its own output (or set options.mode to append: one output that "
+                       "each run adds the new inputs to)")
+    if appends and any(m in self.output for m in _DATE_MACROS):
+      raise ValueError(f"{self.dag_id}: with options.mode append, output {self.output!r} must be one fixed folder "
+                       "that every run adds to, without the logical date")
     if self.runner not in ("DirectRunner", "DataflowRunner"):
       raise ValueError(f"{self.dag_id}: runner must be DirectRunner or DataflowRunner, got {self.runner!r}")
     if self.runner == "DataflowRunner":

@@ -36,7 +36,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from formats import kinds
 from formats.features import ClassLabel, Features
 from formats.manifest import Manifest
-from formats.output import load_manifest
+from formats.output import is_output, load_manifest
 from pipelines.core import flags
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
@@ -216,7 +216,7 @@ class Converter(abc.ABC):
     """
     plan = self.plan(common, config)
     kinds.check(plan.kind or self.kind, plan.features)  # a converter's own mistake, found before anything runs
-    if common.mode == "append":
+    if common.mode == "append" and is_output(common.output):
       check_append(load_manifest(common.output), plan.features, common.file_format, common.name)
     spec = self.output_spec(common, plan)
     out = self.expand(p, common, config, plan)

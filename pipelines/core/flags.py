@@ -67,7 +67,8 @@ class ConverterOptions(PipelineOptions):
                         help="Largest input file read; a larger one is a reject (default 2 GiB).")
     parser.add_argument("--mode", default="rebuild",
                         help="rebuild (default: the output is made from the whole input) or append (convert only "
-                             "the inputs the current output does not hold, into new shards of the same splits).")
+                             "the inputs the current output does not hold, into new shards of the same splits; "
+                             "with no output there yet, the whole input).")
     parser.add_argument("--reuse_shards", default="true",
                         help="true (default): copy shards an earlier run of the same plan published (a failed or "
                              "killed run's) instead of converting them again; false converts every shard.")
@@ -312,7 +313,8 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
     output_flag: the --output flag.
     overwrite_flag: the --overwrite flag, as given.
     input_kind: the expected input, for the "--input is required" message.
-    append: --mode=append: the output must already hold a complete output (no --overwrite needed).
+    append: --mode=append: adding to a complete output needs no --overwrite (and without one, the run
+      makes it, as rebuild would).
 
   Returns:
     (input root, output root, overwrite); local roots are absolute paths.
@@ -338,11 +340,7 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   if fs.is_gcs(output) and output.count("/") > 2 and fs.exists(output) or (
       not fs.is_gcs(output) and os.path.lexists(output) and not os.path.isdir(output)):
     raise UsageError(f"--output {output_flag!r} is a file; it must be a folder (or not exist yet)")
-  if append:
-    if not is_output(output):
-      raise UsageError(f"--mode=append needs a complete output at --output {output_flag!r}; there is none "
-                       "(run with --mode=rebuild first)")
-  elif is_output(output) and not overwrite:
+  if not append and is_output(output) and not overwrite:
     raise UsageError(f"--output {output_flag!r} already holds a complete output; pass --overwrite=true to replace it")
   return root, output, overwrite
 

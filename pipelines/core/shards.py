@@ -62,6 +62,7 @@ from formats import commit
 from formats import files as fs
 from formats.features import Features
 from formats.manifest import ShardInfo, SplitInfo
+from formats.output import is_output
 from pipelines.core import reuse
 from pipelines.core.progress import Progress
 from pipelines.core.sink import (
@@ -871,7 +872,7 @@ class Planned(NamedTuple):
 def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int, converter=None) -> Planned:
   """The shard plan of `units`: a list planned here, at launch; a PCollection planned on the workers.
 
-  With `spec.mode == "append"`, units the current output already holds are left out
+  With `spec.mode == "append"` (and an output there), units the current output already holds are left out
   (an input that changed since is kept as converted, and named in the warnings), the
   rest are planned into new shards after each split's existing ones, and the existing
   shards are carried over under their new names (`ShardTask.carry`).
@@ -887,7 +888,7 @@ def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int, convert
     The `Planned` tasks.
   """
   min_shards = 2 * workers if workers > 1 else 1
-  base = reuse.append_base(spec.output) if spec.mode == "append" else None
+  base = reuse.append_base(spec.output) if spec.mode == "append" and is_output(spec.output) else None
   if base is not None and converter is None:
     raise TypeError("plan_shards(..., converter=) is needed to append")
   old = {split: len(shards) for split, shards in base.shards.items()} if base else {}

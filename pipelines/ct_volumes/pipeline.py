@@ -33,7 +33,7 @@ import numpy as np
 
 from formats import naming
 from formats.features import Features, Tensor, Text
-from formats.output import load_manifest
+from formats.output import is_output, load_manifest
 from pipelines.core import inputs
 from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError
@@ -324,7 +324,7 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     if o.volume_dtype not in ("auto", "int16", "float32"):
       raise UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
     volume_dtype = o.volume_dtype
-    if common.mode == "append" and volume_dtype == "auto":  # new volumes take the output's dtype
+    if common.mode == "append" and volume_dtype == "auto" and is_output(common.output):  # the output's dtype
       volume_dtype = load_manifest(common.output).features["volume"].dtype
     try:
       tolerance = float(o.slice_tolerance)

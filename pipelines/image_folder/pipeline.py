@@ -26,7 +26,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import naming
-from formats.output import load_manifest
+from formats.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import inputs, shards
 from pipelines.core.converter import Converter, Event, OutputPlan, ShardsWritten, UnitConverter, counters
@@ -235,7 +235,7 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     layout = InputLayout(common.input, config.layout)
     if not layout.class_names:
       raise UsageError(f"--input {common.input!r} holds no class folders")
-    if common.mode == "append":  # existing label ids never change: new classes come after the output's
+    if common.mode == "append" and is_output(common.output):  # label ids never change: new classes come last
       held = load_manifest(common.output).features["label"].names
       layout.class_names = [*held, *sorted(set(layout.class_names) - set(held))]
     splits = tuple(sorted(layout.class_dirs))

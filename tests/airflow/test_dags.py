@@ -58,11 +58,18 @@ def test_every_registered_converter_can_be_scheduled(name):
     ({"pipeline": "nope"}, "pipeline must be one of"),
     ({"runner": "DataflowRunner"}, "needs dataflow.project_id"),
     ({"options": {"output": "x"}}, "through the config's own fields"),
+    ({"options": {"mode": "append"}}, "must be one fixed folder"),
 ])
 def test_bad_configs_are_rejected_with_the_field(change, message):
   base = dict(dag_id="d", pipeline="image_folder", input="/in", output="/out/{{ ds }}")
   with pytest.raises(ValueError, match=message):
     ConversionConfig(**{**base, **change})
+
+
+def test_an_appending_conversion_writes_one_fixed_output():
+  config = ConversionConfig(dag_id="d", pipeline="ct_volumes", input="/pacs/export", output="/shards/ct",
+                            options={"mode": "append", "id_salt": "s"})
+  assert make_dag(config).get_task("convert").pipeline_options["mode"] == "append"
 
 
 def test_a_scheduled_run_converts_end_to_end_and_a_rerun_replaces_it(tmp_path):
@@ -92,7 +99,10 @@ def test_a_scheduled_run_converts_end_to_end_and_a_rerun_replaces_it(tmp_path):
     return m
 
   first = run_once()
-  second = run_once()  # the same date again: a new generation, the old one removed after the switch
+  second = run_once()  # the same date again: a new generation; the replaced one is kept (retention)
   assert first.splits["train"].shards[0].path != second.splits["train"].shards[0].path
-  generations = [d for d in os.listdir(out) if d.startswith("gen-")]
-  assert generations == [second.splits["train"].shards[0].path.split("/")[0]]
+  assert [s.sha256 for s in first.splits["train"].shards] == [s.sha256 for s in second.splits["train"].shards]
+  generations = sorted(d for d in os.listdir(out) if d.startswith("gen-"))
+  assert generations == sorted(m.splits["train"].shards[0].path.split("/")[0] for m in (first, second))
+  marker = json.load(open(os.path.join(out, first.splits["train"].shards[0].path.split("/")[0], "_toolkit_run.json")))
+  assert marker["state"] == "replaced"
