@@ -2,7 +2,7 @@
 
     python scripts/bench_loaders.py [--work=bench_work] [--num_images=2000]
         [--batch_size=64] [--num_threads=16] [--num_workers=2] [--raw_epochs=5]
-        [--xla=raw,jpeg] [--stream=jpeg,raw] [--rounds=3] [--json=results.json]
+        [--xla=raw,jpeg] [--stream=jpeg,raw] [--rounds=3] [--json=results.json] [--pinning_only]
 
 On the cached folder of ~500x375 JPEGs that scripts/bench_image_folder.py
 generates, converts (once, cached under --work) ArrayRecord shards at 224x224,
@@ -26,6 +26,13 @@ batches from:
   (f) streaming: scripts/bench_stream.py on --stream kinds (one epoch from
       the GCS emulator through a cache of 40 % of the split vs the same
       window order from local disk, and ranged reads of one host's records).
+  (g) the cost of pinning and leases: (a)'s record path with lease=False
+      (the manifest read once either way; with the default lease=True a
+      lease object is written, the manifest read again to prove it came in
+      time, and a heartbeat thread runs). --pinning_only times just (a) and
+      (g), for both shard kinds, without (b) to (f): each round runs lease on
+      and off in the order on, off, off, on per kind (the run after its twin
+      finds warmer caches) and takes the mean of each variant's two runs.
 
 Every variant runs once per round, in an order rotated each round, for
 --rounds rounds; each reports its median images/s. Raw passes are repeated
@@ -65,6 +72,7 @@ SPLIT = "train"
 SPEEDUP_TARGET = 2.0  # (a) raw shards: the record path at least this times today's loader
 CEILING_TARGET = 0.70  # (a) raw shards: at least this fraction of the read ceiling (e)
 JPEG_TARGET = 5.0  # (a) JPEG shards: at least this times the DataLoader's images/s
+LEASE_TARGET = 0.97  # (g): with pinning and a lease, at least this fraction of the images/s without a lease
 RAW_TARGET = 20.0  # (a) raw shards: at least this times the DataLoader's images/s
 CHILD_TIMEOUT_S = 900
 
@@ -72,6 +80,7 @@ NEW_RAW, OLD_RAW = "(a) grain, raw shards", "(a) grain, raw shards, today's load
 NEW_JPEG, OLD_JPEG = "(a) grain, JPEG shards", "(a) grain, JPEG shards, today's loader"
 DATALOADER, BARE = "(c) torch DataLoader, folder", "(d) bare reads, raw shards, 1 thread"
 CEILING = "(e) read ceiling, raw shards, grain's threads"
+NO_LEASE_RAW, NO_LEASE_JPEG = "(g) grain, raw shards, lease=False", "(g) grain, JPEG shards, lease=False"
 
 
 def ensure_shards(work: str, root: str, encoding: str, size: tuple[int, int]) -> str:
@@ -133,19 +142,22 @@ def threads_of(a: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- the variants: each returns images
 
 
-def time_grain(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int, epochs: int, fast: bool) -> int:
-  """(a): shuffled passes of loaders.grain, through the record path (fast) or today's loader."""
+def time_grain(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int, epochs: int, fast: bool,
+               lease: bool = True) -> int:
+  """(a), (g): shuffled passes of loaders.grain, through the record path (fast) or today's loader, with or
+  without a lease (the dataset is built inside the timing: its manifest reads and lease count)."""
   old = grain_loader._ReadBatch.FAST
   grain_loader._ReadBatch.FAST = fast  # read when the dataset is built
   try:
     ds = grain_loader.dataset(path, SPLIT, batch_size=a.batch_size, image_size=size, num_threads=a.num_threads,
-                              num_epochs=epochs, shuffle=True, seed=seed)
+                              num_epochs=epochs, shuffle=True, seed=seed, lease=lease)
   finally:
     grain_loader._ReadBatch.FAST = old
   n = 0
   for batch in ds:
     check_batch("grain", batch["image"], a.batch_size, size)
     n += batch["image"].shape[0]
+  ds.close()
   return n
 
 
@@ -316,6 +328,8 @@ def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict
         CEILING_TARGET)
   check(f"(a) JPEG >= {JPEG_TARGET:g}x (c)", NEW_JPEG, DATALOADER, JPEG_TARGET)
   check(f"(a) raw >= {RAW_TARGET:g}x (c)", NEW_RAW, DATALOADER, RAW_TARGET)
+  check(f"(g) raw: pinned and leased >= {LEASE_TARGET:.0%} of lease=False", NEW_RAW, NO_LEASE_RAW, LEASE_TARGET)
+  check(f"(g) JPEG: pinned and leased >= {LEASE_TARGET:.0%} of lease=False", NEW_JPEG, NO_LEASE_JPEG, LEASE_TARGET)
   print()
   for text, ratio, ok in checks:
     print(f"{'PASS' if ok else 'MISS'}  {text} (ratio {ratio:.2f})")
@@ -337,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   help="shard kinds to stream from the GCS emulator (scripts/bench_stream.py) after the loader "
                        "variants, comma-separated; empty: skip")
   ap.add_argument("--json", default=None, help="also write the results here")
+  ap.add_argument("--pinning_only", action="store_true",
+                  help="time only (a)'s record path with and without a lease, (g); no (b), (c), (d), (e), (f)")
   ap.add_argument("--_xla_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_dataloader_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -345,8 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.error("--rounds, --num_images, --batch_size, --num_threads and --raw_epochs must be >= 1")
   if a.num_workers < 0:
     ap.error("--num_workers must be >= 0")
-  xla_kinds = [k for k in a.xla.split(",") if k]
-  stream_kinds = [k for k in a.stream.split(",") if k]
+  xla_kinds = [k for k in a.xla.split(",") if k] if not a.pinning_only else []
+  stream_kinds = [k for k in a.stream.split(",") if k] if not a.pinning_only else []
   if set(stream_kinds) - {"raw", "jpeg"}:
     ap.error(f"--stream takes raw and/or jpeg, got {a.stream!r}")
   if set(xla_kinds) - {"raw", "jpeg"}:
@@ -372,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(grain uses {threads_of(a)}) num_workers={a.num_workers} raw_epochs={a.raw_epochs} rounds={a.rounds} "
         f"cpus={os.cpu_count()} (page cache warmed: {cached / 1e6:.0f} MB)", flush=True)
 
-  raw_source = ShardedRecords(shards["raw"], SPLIT)
+  raw_source = ShardedRecords(shards["raw"], SPLIT, lease=False)  # (d), (e) time reads only
   xla_env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
              "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
   e = a.raw_epochs
@@ -384,7 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       OLD_RAW: lambda seed: timed(lambda: time_grain(shards["raw"], a, size, seed, e, fast=False)),
       CEILING: lambda seed: timed(lambda: time_ceiling(raw_source, a, size, seed, e)),
       BARE: lambda seed: timed(lambda: time_bare_reads(raw_source, e)),
+      NO_LEASE_JPEG: lambda seed: timed(lambda: time_grain(shards["jpeg"], a, size, seed, 1, fast=True, lease=False)),
+      NO_LEASE_RAW: lambda seed: timed(lambda: time_grain(shards["raw"], a, size, seed, e, fast=True, lease=False)),
   }
+  if a.pinning_only:
+    variants = {v: variants[v] for v in (NEW_JPEG, NO_LEASE_JPEG, NEW_RAW, NO_LEASE_RAW)}
   for kind in xla_kinds:
     label = f"(b) xla CPU device, {'JPEG' if kind == 'jpeg' else kind} shards"
     variants[label] = (lambda kind: lambda seed: from_child(
@@ -394,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   failures: dict[str, str] = {}
   for r in range(a.rounds):
     order = names[r % len(names):] + names[:r % len(names)]  # rotated: no variant always runs first or last
+    if a.pinning_only:  # lease on and off, A B B A per kind: a round's figure is the mean of both places
+      order = [NEW_JPEG, NO_LEASE_JPEG, NO_LEASE_JPEG, NEW_JPEG, NEW_RAW, NO_LEASE_RAW, NO_LEASE_RAW, NEW_RAW]
     for v in order:
       if v in failures:
         continue
@@ -403,6 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         failures[v] = str(err)
       print(f"round {r + 1}/{a.rounds}: {v}: {per_round[v][-1]:.1f} images/s" if v not in failures
             else f"round {r + 1}/{a.rounds}: {v}: FAILED", flush=True)
+    if a.pinning_only:
+      for v in names:
+        if len(per_round[v]) > r + 1:  # its two runs of this round: one figure
+          per_round[v][r:] = [statistics.mean(per_round[v][r:])]
   medians, checks = report(per_round, [f"{v}: {why}" for v, why in failures.items()])
   streaming = None
   if stream_kinds:

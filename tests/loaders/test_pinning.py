@@ -330,3 +330,17 @@ def test_a_read_only_output_loads_with_one_warning(where, images, tmp_path, requ
   if where == "local":
     os.remove(os.path.join(out, leases.LEASES_FOLDER))
   shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
+def test_a_tfdata_dataset_holds_a_lease_while_it_or_a_dataset_made_from_it_lives(images, tmp_path):
+  from loaders import tfdata
+
+  out = str(tmp_path / "out")
+  image_folder.run([f"--input={images}", f"--output={out}", "--num_shards=2", "--format=tfrecord", "--encoding=raw",
+                    "--image_size=8,8"])
+  ds = tfdata.dataset(out, "train", batch_size=4).prefetch(1)
+  assert _names(out) == {"loaders.tfdata train"}
+  assert len(list(ds.as_numpy_iterator())) == 24 // 4
+  del ds
+  gc.collect()
+  assert not leases.list_leases(out)
