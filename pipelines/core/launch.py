@@ -145,8 +145,9 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
     commit.finish(output, common.generation)
   if is_output(output):
     seconds = time.monotonic() - t0
-    reused = stage_counters(result, "toolkit").get("shards_reused", 0)
-    print(summary_line(prog, load_manifest(output), output, seconds, reused), flush=True)
+    counts = stage_counters(result, "toolkit")
+    print(summary_line(prog, load_manifest(output), output, seconds, counts.get("shards_reused", 0),
+                       counts.get("pieces_reused", 0)), flush=True)
     rates = progress.rates_line(prog, stage_counters(result, prog), seconds)
     if rates:
       print(rates, flush=True)
@@ -176,7 +177,7 @@ def stage_counters(result: PipelineResult, namespace: str) -> dict[str, int]:
   return out
 
 
-def summary_line(prog: str, m: Manifest, output: str, seconds: float, reused: int = 0) -> str:
+def summary_line(prog: str, m: Manifest, output: str, seconds: float, reused: int = 0, pieces_reused: int = 0) -> str:
   """The line a run prints when it is done (and its warnings, one line each).
 
   Args:
@@ -185,13 +186,15 @@ def summary_line(prog: str, m: Manifest, output: str, seconds: float, reused: in
     output: the output folder.
     seconds: how long the run took.
     reused: shards copied from earlier runs instead of converted (pipelines/core/reuse.py).
+    pieces_reused: pieces of a graph file copied from an earlier run instead of read again.
 
   Returns:
     The summary: files or records, shards, sizes, rejects; then one line per warning.
   """
   if m.files:
     return (f"{prog}: {', '.join(f'{f.path} ({f.num_bytes / 1e6:.1f} MB)' for f in m.files)} "
-            f"-> {output} in {seconds:.1f}s")
+            f"-> {output} in {seconds:.1f}s" + (f" ({pieces_reused} pieces reused from earlier runs)"
+                                                 if pieces_reused else ""))
   shards = sum(len(s.shards) for s in m.splits.values())
   size = sum(s.num_bytes for s in m.splits.values())
   lines = [f"{prog}: {m.num_records} records in {shards} shards ({size / 1e6:.1f} MB, "

@@ -299,6 +299,45 @@ def find_reusable(output: str, exclude: str = "") -> dict[str, Reusable]:
   return found
 
 
+def records_in(output: str, folder: str, exclude: str = "") -> list[tuple[str, str, dict]]:
+  """(generation, file name, parsed JSON object) of every `*.json` in `<generation>/<folder>/` of the
+  output's toolkit generations but `exclude` (read in parallel; unreadable or non-object files skipped).
+
+  Args:
+    output: the output folder.
+    folder: the folder inside each generation (e.g. a graph conversion's `_parts`).
+    exclude: a generation to leave out (the run's own).
+
+  Returns:
+    The records, by generation (oldest first) and name.
+  """
+  try:
+    dirs, _ = fs.list_dir(output)
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  paths = []
+  for g in sorted(dirs):
+    if not naming.is_generation(g) or g == exclude or not _is_toolkits(output, g):
+      continue
+    try:
+      _, names = fs.list_dir(fs.join(output, g, folder))
+    except (FileNotFoundError, NotADirectoryError):
+      continue
+    paths += [(g, n) for n in sorted(names) if n.endswith(".json")]
+
+  def read(gn):
+    try:
+      d = json.loads(fs.read_bytes(fs.join(output, gn[0], folder, gn[1])))
+    except (FileNotFoundError, ValueError):
+      return None
+    return d if isinstance(d, dict) and d.get("toolkit") == commit.TOOLKIT else None
+
+  if not paths:
+    return []
+  with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(paths))) as pool:
+    return [(g, n, d) for (g, n), d in zip(paths, pool.map(read, paths)) if d is not None]
+
+
 def _is_toolkits(output: str, generation: str) -> bool:
   try:
     marker = json.loads(fs.read_bytes(fs.join(output, generation, commit.MARKER_FILENAME)))
@@ -342,20 +381,34 @@ def adopt(output: str, generation: str, found: Reusable, dest_name: str | None =
     The shard's manifest entry in `generation`, or None (missing, or not the bytes its record names).
   """
   rec = found.record.shard
-  src = fs.join(output, found.generation, rec.path)
   name = dest_name or rec.path
-  dest = fs.join(output, generation, name)
-  try:
-    if fs.is_gcs(src):
-      ok = _adopt_gcs(src, dest, rec)
-    else:
-      ok = _adopt_local(src, dest, rec)
-  except FileNotFoundError:
-    ok = False
-  if not ok:
+  if not copy_verified(fs.join(output, found.generation, rec.path), fs.join(output, generation, name),
+                       rec.num_bytes, rec.sha256):
     _log.warning("shard %s/%s does not match its record: converted again", found.generation, rec.path)
     return None
   return ShardInfo(f"{generation}/{name}", rec.num_records, rec.num_bytes, rec.sha256)
+
+
+def copy_verified(src: str, dest: str, num_bytes: int, sha256: str) -> bool:
+  """Copies `src` to `dest` (same file system or bucket) if its bytes are `num_bytes` with `sha256`.
+
+  Locally a hard link of the inode that was hashed (a checked copy where links cannot be made);
+  on gs:// a server-side copy of the object generation that was hashed.
+
+  Args:
+    src: the earlier file.
+    dest: where the copy goes (replaced if there).
+    num_bytes: its size, as recorded.
+    sha256: its hex SHA-256, as recorded.
+
+  Returns:
+    Whether `dest` now holds exactly those bytes (False: missing, or other bytes; nothing written).
+  """
+  rec = ShardInfo("", 0, num_bytes, sha256)
+  try:
+    return _adopt_gcs(src, dest, rec) if fs.is_gcs(src) else _adopt_local(src, dest, rec)
+  except (FileNotFoundError, fs.gcs_not_found(), fs.gcs_precondition_failed()):
+    return False  # removed (a clean-up of another run) or replaced since it was listed: converted again
 
 
 def _sha256_of(f, size_limit: int) -> tuple[str, int]:

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 import dataclasses
+import hashlib
 import json
 import math
+import os
+import pickle
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 import numpy as np
 
+from formats import commit
 from formats import files as fs
 from formats.graphbin import META, index_dtype
 from formats.manifest import FileInfo
+from pipelines.core import reuse
 from pipelines.ogb_graphs.csr import csr_from_coo, interleave_inverse
 from pipelines.ogb_graphs.pieces import Piece, PieceWriter, SectionParts, glue_array, join_gcs, join_local, layout
 from pipelines.ogb_graphs.plan import (
@@ -304,18 +309,76 @@ def _node_array_chunks(unit: NodeUnit, feature_dtype: str, nonfinite: str, count
   check_rows(path, rows, n, "nodes", count_file)
 
 
-class _NodeArrayFn(beam.DoFn):
-  """A NodeUnit → its piece of the file (rows checked, one dtype throughout)."""
+def node_piece_identity(plan: GraphPlan, feature_dtype: str) -> str:
+  """What shapes every node piece besides its unit and input files: the plan, the dtype, the code."""
+  return reuse.output_identity({"plan": hashlib.sha256(pickle.dumps(plan, protocol=4)).hexdigest(),
+                                "feature_dtype": feature_dtype})
 
-  def __init__(self, plan: GraphPlan, feature_dtype: str, parts_dir: str):
+
+def reusable_node_pieces(output: str, generation: str) -> dict[str, tuple[str, str]]:
+  """{piece digest: (generation, piece file)} of the node pieces the output's other toolkit generations
+  hold with their records (a failed or killed run's `_parts/`; a committed run's pieces are joined and gone)."""
+  found = {}
+  for g, name, record in reuse.records_in(output, PARTS_DIR, exclude=generation):
+    if isinstance(record.get("piece_digest"), str):
+      found[record["piece_digest"]] = (g, name[:-len(".json")])
+  return found
+
+
+class _NodeArrayFn(beam.DoFn):
+  """A NodeUnit → its piece of the file (rows checked, one dtype throughout).
+
+  A piece whose digest (its unit, its input files' versions, `identity`) names a piece an earlier
+  run wrote (`reusable`) is copied from there once its bytes check out, instead of read again: the
+  node features are most of a large graph's input (pipelines/core/reuse.py).
+  """
+
+  def __init__(self, plan: GraphPlan, feature_dtype: str, parts_dir: str, identity: str = "",
+               reusable: dict[str, tuple[str, str]] | None = None):
     self._plan, self._feature_dtype, self._parts_dir = plan, feature_dtype, parts_dir
+    self._identity, self._reusable = identity, dict(reusable or {})
 
   def setup(self):
     self._rows = Metrics.counter(PIPELINE, "node_rows_read")
     self._bytes = Metrics.counter(PIPELINE, "bytes_read")
     self._written = Metrics.counter(PIPELINE, "bytes_written")
+    self._reused = Metrics.counter("toolkit", "pieces_reused")
 
   def process(self, unit: NodeUnit):
+    dest = fs.join(self._parts_dir, f"{unit.section.replace('/', '~')}-{unit.start:012d}.bin")
+    digest = hashlib.sha256(f"{self._identity}\0{unit!r}\0".encode() + "\0".join(
+        reuse.input_versions([unit.path.split("#", 1)[0]])).encode()).hexdigest() if self._identity else ""
+    if digest in self._reusable:
+      piece = self._reused_piece(digest, dest)
+      if piece is not None:
+        self._reused.inc()
+        yield piece
+        return
+    piece, sha = self._read(unit, dest)
+    if digest:
+      fs.write_bytes(dest + ".json", json.dumps({
+          "toolkit": "tpu-shards", "piece_digest": digest, "sha256": sha, "nbytes": piece.nbytes,
+          "crc32c": piece.crc32c, "dtype": piece.dtype, "rows": piece.rows, "inner": list(piece.inner),
+          "section": piece.section, "order": piece.order, "source": piece.source}, sort_keys=True).encode())
+    yield piece
+
+  def _reused_piece(self, digest: str, dest: str) -> Piece | None:
+    """The earlier piece copied to `dest`, or None when it is gone or its bytes or record disagree."""
+    generation, name = self._reusable[digest]
+    src = fs.join(os.path.dirname(os.path.dirname(self._parts_dir)), generation, PARTS_DIR, name)
+    try:
+      r = json.loads(fs.read_bytes(src + ".json"))
+      piece = Piece(str(r["section"]), int(r["order"]), dest, int(r["nbytes"]), int(r["crc32c"]), str(r["dtype"]),
+                    int(r["rows"]), tuple(int(d) for d in r["inner"]), str(r["source"]))
+      ok = r["piece_digest"] == digest and reuse.copy_verified(src, dest, piece.nbytes, str(r["sha256"]))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+      ok = False
+    if not ok:
+      return None
+    fs.write_bytes(dest + ".json", fs.read_bytes(src + ".json"))
+    return piece
+
+  def _read(self, unit: NodeUnit, dest: str) -> tuple[Piece, str]:
     plan = self._plan
     opened: list[CountingFile] = []
 
@@ -323,9 +386,8 @@ class _NodeArrayFn(beam.DoFn):
       opened.append(CountingFile(open_input(path)))
       return opened[-1]
 
-    dest = fs.join(self._parts_dir, f"{unit.section.replace('/', '~')}-{unit.start:012d}.bin")
     first, rows, counted = None, 0, 0
-    with PieceWriter(dest) as w:
+    with PieceWriter(dest, sha256=bool(self._identity)) as w:
       for c in _node_array_chunks(unit, self._feature_dtype, plan.nonfinite(unit.section), plan.node_count_file,
                                   opener):
         if first is None:
@@ -341,8 +403,8 @@ class _NodeArrayFn(beam.DoFn):
     self._bytes.inc(sum(f.count for f in opened) - counted)
     self._written.inc(w.nbytes)
     dtype = "" if first is None else first.dtype.newbyteorder("<").str if first.dtype.itemsize > 1 else first.dtype.str
-    yield Piece(unit.section, unit.start, w.dest, w.nbytes, w.crc32c, dtype, rows,
-                () if first is None else tuple(first.shape[1:]), unit.path)
+    return Piece(unit.section, unit.start, w.dest, w.nbytes, w.crc32c, dtype, rows,
+                 () if first is None else tuple(first.shape[1:]), unit.path), w.sha256
 
 
 class _AssembleFn(beam.DoFn):
@@ -358,6 +420,7 @@ class _AssembleFn(beam.DoFn):
     self._written = Metrics.counter(PIPELINE, "bytes_written")
 
   def process(self, _, pieces):
+    commit.fault_point("graph:assemble")  # every piece written; nothing joined yet
     plan = self._plan
     by_section: dict[str, list[Piece]] = {}
     for piece in pieces:

@@ -58,12 +58,14 @@ class Piece:
 
 class PieceWriter:
   """Streams one piece to `dest` (local: a temp file renamed on `close`; gs://: one upload that
-  completes on `close`), keeping its size and CRC32C. Arrays are stored C-ordered, little-endian."""
+  completes on `close`), keeping its size and CRC32C (and SHA-256 with `sha256=True`: a piece a
+  later run may reuse). Arrays are stored C-ordered, little-endian."""
 
-  def __init__(self, dest: str):
+  def __init__(self, dest: str, sha256: bool = False):
     self.dest = dest
     self.nbytes = 0
     self.crc32c = 0
+    self._sha = hashlib.sha256() if sha256 else None
     if fs.is_gcs(dest):
       self._tmp = None
       self._f = FileSystems.create(dest, mime_type="application/octet-stream")
@@ -76,12 +78,19 @@ class PieceWriter:
     """Appends bytes (or anything with the buffer protocol)."""
     data = bytes(data) if not isinstance(data, bytes) else data
     self.crc32c = google_crc32c.extend(self.crc32c, data)
+    if self._sha is not None:
+      self._sha.update(data)
     self.nbytes += len(data)
     self._f.write(data)
 
   def write_array(self, arr: np.ndarray, dtype: str | np.dtype) -> None:
     """Appends an array as `dtype` (little-endian), C order."""
     self.write(np.ascontiguousarray(arr, dtype=stored_dtype(dtype)).tobytes())
+
+  @property
+  def sha256(self) -> str:
+    """The hex SHA-256 of the bytes written (with `sha256=True`)."""
+    return self._sha.hexdigest() if self._sha is not None else ""
 
   def close(self) -> None:
     """Completes the piece: after this, `dest` holds exactly the bytes written."""

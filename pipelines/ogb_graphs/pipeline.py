@@ -36,7 +36,8 @@ from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, ConverterOptions, bool_flag, common_config, dataset_name, int_flag
 from pipelines.core.sink import InputSummary
 from pipelines.ogb_graphs.assemble import (
-    PARTS_DIR, _AssembleFn, _BuildPartFn, _NodeArrayFn, _ReadEdgesFn, all_partitions, node_units)
+    PARTS_DIR, _AssembleFn, _BuildPartFn, _NodeArrayFn, _ReadEdgesFn, all_partitions, node_piece_identity,
+    node_units, reusable_node_pieces)
 from pipelines.ogb_graphs.plan import PIPELINE, GraphPlan, csv_path, plan_graph, read_counts
 from pipelines.ogb_graphs.property import GraphUnits, graph_features_from_plan
 from pipelines.ogb_graphs.read import OgbMissingFileError
@@ -190,7 +191,10 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
         p
         | "NodeFiles" >> beam.Create(node_units(graph))
         | "SpreadNodeFiles" >> beam.Reshuffle()
-        | "ReadNodeArrays" >> beam.ParDo(_NodeArrayFn(graph, config.feature_dtype, parts_dir))
+        | "ReadNodeArrays" >> beam.ParDo(_NodeArrayFn(
+            graph, config.feature_dtype, parts_dir,
+            node_piece_identity(graph, config.feature_dtype) if common.reuse_shards else "",
+            reusable_node_pieces(common.output, common.generation) if common.reuse_shards else {}))
     )
     pieces = (edge_pieces, node_pieces) | "AllPieces" >> beam.Flatten()
     files = (
