@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                   help="bring the TFDS metadata in line with the manifest and remove dead runs' generations "
                        "(what the next run would do first; see docs/manifest.md)")
   a = ap.parse_args(argv)
-  if a.repair:
-    commit.repair(a.output)
   try:
+    if a.repair:
+      commit.repair(a.output)  # refuses (ValueError) a manifest that is not valid: nothing is removed
     manifest = load_manifest(a.output)
   except (FileNotFoundError, ValueError, KeyError) as e:
     report = _generations_or_none(a.output)

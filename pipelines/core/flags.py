@@ -23,7 +23,7 @@ from apache_beam.runners.runner import PipelineRunner
 
 from formats import commit, naming
 from formats import files as fs
-from formats.output import is_output
+from formats.output import is_output, load_manifest
 from pipelines.core import inputs
 from pipelines.core.errors import UsageError
 
@@ -340,6 +340,12 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   if fs.is_gcs(output) and output.count("/") > 2 and fs.exists(output) or (
       not fs.is_gcs(output) and os.path.lexists(output) and not os.path.isdir(output)):
     raise UsageError(f"--output {output_flag!r} is a file; it must be a folder (or not exist yet)")
+  if is_output(output):
+    try:
+      load_manifest(output)
+    except ValueError as e:  # written by something else than the toolkit, or damaged: never built upon
+      raise UsageError(f"--output {output_flag!r} holds a manifest.json that is not a valid manifest ({e}); "
+                       "nothing was written: move the output aside or fix it") from None
   if not append and is_output(output) and not overwrite:
     raise UsageError(f"--output {output_flag!r} already holds a complete output; pass --overwrite=true to replace it")
   return root, output, overwrite

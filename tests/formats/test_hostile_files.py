@@ -259,7 +259,24 @@ def test_inspect_refuses_it_and_exits_non_zero(record_output, tmp_path, capsys):
   before = _tree(str(tmp_path))
   r = subprocess.run([sys.executable, "-m", "formats.inspect", out, "--repair"], capture_output=True, text=True,
                      cwd=REPO, timeout=300)
-  assert r.returncode != 0 and f"splits.train.shards[0].path: path '{bad}'" in r.stderr, r.stderr[-2000:]
+  assert r.returncode == 2 and r.stderr.startswith("inspect: error: "), r.stderr[-2000:]
+  assert f"splits.train.shards[0].path: path '{bad}'" in r.stderr
+  assert _tree(str(tmp_path)) == before
+
+
+@pytest.mark.parametrize("mode", ["--overwrite=true", "--mode=append"])
+def test_a_run_on_it_refuses_in_one_line_and_writes_nothing(record_output, tmp_path, mode):
+  """A rebuild or an append over an output whose manifest lies is refused before anything is written
+  (no generation claimed, no clean-up, no TFDS sync): the operator must look at it first."""
+  out, bad = _escape(record_output, tmp_path)
+  source = json.load(open(os.path.join(out, MANIFEST_FILENAME)))["source"]["input"]
+  before = _tree(str(tmp_path))
+  r = subprocess.run([sys.executable, "-m", "pipelines.image_folder", f"--input={source}", f"--output={out}", mode],
+                     capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert r.returncode == 2, r.stderr[-2000:]
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("pipelines.image_folder: error: --output") and "not a valid manifest" in last
+  assert f"path '{bad}'" in last
   assert _tree(str(tmp_path)) == before
 
 
