@@ -38,6 +38,8 @@ import os
 import re
 import uuid
 
+from google.cloud.storage.retry import DEFAULT_RETRY
+
 from formats import commit, naming
 from formats import files as fs
 from formats.manifest import Manifest, ShardInfo
@@ -479,8 +481,11 @@ def _adopt_gcs(src: str, dest: str, rec: ShardInfo) -> bool:
   blob.download_to_file(hasher, if_generation_match=generation)
   if hasher.n != rec.num_bytes or hasher.h.hexdigest() != rec.sha256:
     return False
-  # Server-side: no byte passes through here, and the copy is of the generation just hashed.
-  bucket.copy_blob(blob, fs.gcs_client().bucket(dest_bucket), dest_name, if_source_generation_match=generation)
+  # Server-side: no byte passes through here, and the copy is of the generation just hashed. Copying it
+  # again gives the same object, so transient errors are retried (the client would not: no
+  # destination precondition).
+  bucket.copy_blob(blob, fs.gcs_client().bucket(dest_bucket), dest_name, if_source_generation_match=generation,
+                   retry=DEFAULT_RETRY)
   return True
 
 

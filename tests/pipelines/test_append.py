@@ -246,3 +246,39 @@ def test_append_on_gcs(tmp_path, gcs_emulator):
   assert verify_output(out, after) == 0
   assert after.num_records == before.num_records + len(added)
   assert [s.sha256 for s in after.splits["train"].shards[:2]] == [s.sha256 for s in before.splits["train"].shards]
+
+
+def test_kills_and_503s_on_gcs_leave_the_previous_output_and_the_retry_completes_the_append(tmp_path, gcs_faults):
+  """Through the fault proxy: an append killed at its fault points, one after the other on the same
+  gs:// output, then retried while the shard records' reads and the server-side copies answer 503
+  (retried by the client): the output is always a whole one, and the last equals an uninterrupted append."""
+  local = _pets(str(tmp_path))
+  base = f"gs://{gcs_faults.bucket}/append-faults/{tmp_path.name}"
+  src, out, ref = f"{base}/pets", f"{base}/out", f"{base}/ref"
+  upload_tree(local, src)
+  for o in (out, ref):
+    assert _run(f"--input={src}", f"--output={o}", "--num_shards=2").returncode == 0
+  old = _manifest(out)
+  for rel in _add_images(local, ["cat", "eel"], seed=8):
+    with open(os.path.join(local, rel), "rb") as f:
+      files.write_bytes(f"{src}/{rel}", f.read())
+  assert _run(f"--input={src}", f"--output={ref}", "--mode=append").returncode == 0
+  want = _manifest(ref)
+
+  def shards(m):
+    return {k: [(s.path.split("/", 1)[1], s.sha256) for s in v.shards] for k, v in m.splits.items()}
+
+  for point in ("shards:published:1", "shards:published:3", "finalize:rejects_written", "commit:before_switch"):
+    proc = _run(f"--input={src}", f"--output={out}", "--mode=append", fault=point)
+    assert proc.returncode == -9, (point, proc.stderr[-2000:])
+    now = _manifest(out)
+    assert verify_output(out, now) == 0 and shards(now) == shards(old), point
+  gcs_faults.add_fault("_toolkit_shards", 503, times=3, method="GET")
+  gcs_faults.add_fault("copyTo", 503, times=1)
+  gcs_faults.add_fault("rewriteTo", 503, times=1)
+  proc = _run(f"--input={src}", f"--output={out}", "--mode=append")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  now = _manifest(out)
+  assert verify_output(out, now) == 0
+  assert shards(now) == shards(want)
+  assert now.features == want.features and now.warnings == want.warnings
