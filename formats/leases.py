@@ -153,7 +153,11 @@ def _release(state: _State) -> None:
     if state.released:
       return
     state.released = True
-    files.delete_many([state.path], missing_ok=True)
+    try:
+      files.delete_many([state.path], missing_ok=True)
+    except Exception as e:  # pylint: disable=broad-except  # at exit the client may be gone: it expires
+      logger.warning("lease %s not deleted (%s): it expires by itself after %.0f s",
+                     os.path.basename(state.path), type(e).__name__, LEASE_TTL_SECONDS)
 
 
 class Lease:
