@@ -71,7 +71,8 @@ def _run(folder: str, out: str, *flags: str, fault: str = "") -> tuple[float, fl
     env[FAULT_POINT_ENV] = fault
   t0 = time.monotonic()
   proc = subprocess.run([sys.executable, "-m", "pipelines.image_folder", f"--input={folder}", f"--output={out}",
-                         "--image_size=224,224", "--name=images", *flags], cwd=REPO, env=env, capture_output=True, text=True)
+                         "--image_size=224,224", "--name=images", *flags],
+                        cwd=REPO, env=env, capture_output=True, text=True)
   seconds = time.monotonic() - t0
   if proc.returncode != (-9 if fault else 0):
     raise RuntimeError(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -500,9 +500,9 @@ class _ConvertShardFn(beam.DoFn):
     info = reuse.adopt(self._spec.output, self._spec.generation, task.carry, dest_name=name) if same else None
     if info is None:
       raise RuntimeError(
-          f"{self._spec.output}: shard {task.carry.generation}/{task.carry.record.shard.path} of the output appended to does not "
-          "match its manifest entry (changed or damaged since it was written); nothing was committed: "
-          "run --mode=rebuild")
+          f"{self._spec.output}: shard {task.carry.generation}/{task.carry.record.shard.path} of the output "
+          "appended to does not match its manifest entry (changed or damaged since it was written); nothing "
+          "was committed: run --mode=rebuild")
     record = dataclasses.replace(old, plan=reuse.carried_plan(old.plan, task.index, task.num_shards),
                                  index=task.index, num_shards=task.num_shards,
                                  shard=dataclasses.replace(old.shard, path=name))
@@ -514,7 +514,10 @@ class _ConvertShardFn(beam.DoFn):
     from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
     reuse.write_record(self._spec.output, self._spec.generation, record)
     self._published()
-    self._progress.add(units=task.num_units, records=info.num_records, bytes_out=info.num_bytes)
+    if carried:  # not part of the plan's totals (those count the units to convert)
+      self._progress.add(bytes_out=info.num_bytes)
+    else:
+      self._progress.add(units=task.num_units, records=info.num_records, bytes_out=info.num_bytes)
     if not carried:
       self._reused.inc()
     self._shards.inc()

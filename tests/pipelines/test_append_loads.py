@@ -47,7 +47,8 @@ def _expected(m: Manifest) -> dict:
 
 
 def test_tfds_reads_every_record_of_an_appended_output(appended):
-  for fmt, read in (("array_record", "(lambda src: [src[i] for i in range(len(src))])(b.as_data_source()[s])"), ("tfrecord", "list(tfds.as_numpy(b.as_dataset(split=s)))")):
+  for fmt, read in (("array_record", "(lambda src: [src[i] for i in range(len(src))])(b.as_data_source()[s])"),
+                    ("tfrecord", "list(tfds.as_numpy(b.as_dataset(split=s)))")):
     out, m = appended[fmt]
     got = _python(f"""
 import json, tensorflow_datasets as tfds

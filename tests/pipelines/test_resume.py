@@ -64,8 +64,8 @@ def clean(images, tmp_path) -> dict:
 
 def _records(out: str) -> dict[str, list[str]]:
   """{generation: its shard records' file names}."""
-  return {g: sorted(os.listdir(os.path.join(out, g, reuse.RECORDS_FOLDER)))
-          for g in os.listdir(out) if naming.is_generation(g) and os.path.isdir(os.path.join(out, g, reuse.RECORDS_FOLDER))}
+  return {g: sorted(os.listdir(os.path.join(out, g, reuse.RECORDS_FOLDER))) for g in os.listdir(out)
+          if naming.is_generation(g) and os.path.isdir(os.path.join(out, g, reuse.RECORDS_FOLDER))}
 
 
 def test_a_rerun_after_a_kill_at_half_reuses_what_was_published_and_matches_a_clean_run(images, clean, tmp_path):
@@ -120,8 +120,8 @@ def test_a_shard_whose_bytes_disagree_with_its_record_is_converted_again(images,
 
 
 def test_a_record_that_lies_about_its_shard_is_refused():
-  good = reuse.ShardRecord("a" * 64, "train", 1, 4, ShardInfo("d-train.array_record-00001-of-00004", 3, 10,
-                                                                    "b" * 64), 3, 2, 1, (("x.jpg", "not an image", "train", 1),),
+  shard = ShardInfo("d-train.array_record-00001-of-00004", 3, 10, "b" * 64)
+  good = reuse.ShardRecord("a" * 64, "train", 1, 4, shard, 3, 2, 1, (("x.jpg", "not an image", "train", 1),),
                            inputs=(("a.jpg", "v", 1), ("b.jpg", "v", 1), ("x.jpg", "v", 1)))
   assert reuse.ShardRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
   for change in ({"index": 5}, {"num_shards": 1}, {"inputs_rejected": 0}, {"num_units": 9}, {"plan": "A" * 64},
@@ -137,7 +137,8 @@ def test_a_record_that_lies_about_its_shard_is_refused():
 def test_a_resumed_run_on_gcs_reuses_by_server_side_copy(images, gcs_emulator, tmp_path):
   src = f"gs://{gcs_emulator}/resume/{tmp_path.name}/pets"
   upload_tree(images, src)
-  clean_out, out = f"gs://{gcs_emulator}/resume/{tmp_path.name}/clean", f"gs://{gcs_emulator}/resume/{tmp_path.name}/out"
+  base = f"gs://{gcs_emulator}/resume/{tmp_path.name}"
+  clean_out, out = f"{base}/clean", f"{base}/out"
   assert _run(f"--input={src}", f"--output={clean_out}", "--reuse_shards=false", *FLAGS).returncode == 0
   killed = _run(f"--input={src}", f"--output={out}", *FLAGS, fault="shards:published:3")
   assert killed.returncode == -9
@@ -203,8 +204,10 @@ def test_a_graph_rerun_after_a_kill_reuses_the_node_pieces_and_matches_a_clean_r
   instead of reading the node files again. The .graphbin is byte for byte a clean run's."""
   import make_sample_ogb as mo
 
-  name, make = {"homogeneous": ("ogbn_arxiv", lambda d: mo.write_homogeneous_node(d, 3, num_nodes=300, num_edges=1500)),
-                "binary": ("ogbn_papers100M", lambda d: mo.write_binary_node(d, 3, num_nodes=300, num_edges=1200))}[writer]
+  name, make = {
+      "homogeneous": ("ogbn_arxiv", lambda d: mo.write_homogeneous_node(d, 3, num_nodes=300, num_edges=1500)),
+      "binary": ("ogbn_papers100M", lambda d: mo.write_binary_node(d, 3, num_nodes=300, num_edges=1200)),
+  }[writer]
   root = str(make(str(tmp_path / name)).folder)
   clean_out, out = str(tmp_path / "clean"), str(tmp_path / "out")
   module = "pipelines.ogb_graphs"
