@@ -41,6 +41,8 @@ MAX_TENSOR_DIMS = 32
 MAX_TENSOR_ELEMENTS = 2**62
 TENSOR_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16",
                  "float32", "float64")
+# Or numpy's explicit form of one of them ("<i4", ">f8", "|u1"): a converter may declare a byte order.
+_TENSOR_DTYPE_CODE_RE = re.compile(r"[<>=]?[iuf][248]|[<>=|]?[iub]1")
 _FEATURE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,%d}$" % MAX_NAME_LENGTH)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -141,9 +143,11 @@ def _check_features(d: Any) -> Any:
       elements = math.prod(v for v in shape if v is not None)
       if elements > MAX_TENSOR_ELEMENTS:
         raise ValueError(f"manifest {field}.shape: expected at most 2**62 elements, found {elements}")
-    if kind == "tensor" and spec.get("dtype") not in TENSOR_DTYPES:
-      raise ValueError(f"manifest {field}.dtype: expected one of {', '.join(TENSOR_DTYPES)}, "
-                       f"found {spec.get('dtype')!r:.100}")
+    dtype = spec.get("dtype")
+    if kind == "tensor" and dtype not in TENSOR_DTYPES and not (
+        isinstance(dtype, str) and _TENSOR_DTYPE_CODE_RE.fullmatch(dtype)):
+      raise ValueError(f"manifest {field}.dtype: expected one of {', '.join(TENSOR_DTYPES)} (or numpy's code for "
+                       f"one, such as '<i4'), found {dtype!r:.100}")
     if kind == "class_label":
       names = _strings(f"{field}.names", spec.get("names"))
       if "num_classes" in spec and spec["num_classes"] != len(names):
