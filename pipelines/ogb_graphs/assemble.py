@@ -7,7 +7,7 @@ splits and the section table, in the run's generation folder.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 import dataclasses
 import hashlib
 import json
