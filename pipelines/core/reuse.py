@@ -49,6 +49,7 @@ RECORDS_FOLDER = "_toolkit_shards"  # <generation>/_toolkit_shards/<shard file>.
 RECORD_VERSION = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _READ_THREADS = 32  # records read in parallel at launch (one small object each on gs://)
+_STAT_TIMEOUT_S = 30.0  # one attempt at an input's metadata (a failure only means: not reused)
 _log = logging.getLogger(__name__)
 
 
@@ -92,7 +93,8 @@ def output_identity(settings: Mapping) -> str:
 
 
 def input_versions(paths: Iterable[str]) -> list[str]:
-  """What each input is now: "size:mtime_ns:inode" locally, "size:g<generation>" on gs://, "missing".
+  """What each input is now: "size:mtime_ns:inode" locally, "size:g<generation>" on gs://, "missing"
+  (or, on gs://, "unknown:<random>" while it cannot be asked: it matches nothing).
 
   A changed input gives another version, so the shards it went into are converted again.
 
@@ -122,8 +124,14 @@ def input_versions(paths: Iterable[str]) -> list[str]:
 
 
 def _gcs_version(path: str) -> str:
+  """The object's size and generation; "missing"; or, when it cannot be known now (a transient
+  error), a version no record holds: nothing is reused for it, and its read, later, retries as
+  the read policy says (--transient_retry_seconds), which fails the job the usual way if it must."""
   bucket, name = fs.split_gcs(path)
-  blob = fs.gcs_client().bucket(bucket).get_blob(name)  # the client's own retry covers 5xx
+  try:
+    blob = fs.gcs_client().bucket(bucket).get_blob(name, retry=None, timeout=_STAT_TIMEOUT_S)
+  except Exception:  # pylint: disable=broad-except  # unknown now: converted, never reused
+    return f"unknown:{uuid.uuid4().hex}"
   return "missing" if blob is None else f"{blob.size}:g{blob.generation}"
 
 

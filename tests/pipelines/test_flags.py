@@ -167,12 +167,26 @@ def test_an_output_that_is_a_file_is_refused(tree):
 def test_an_existing_output_needs_overwrite(tree):
   os.makedirs(tree / "out")
   flags.check_input_output("in", "out", "false")  # an empty folder is no output yet
-  (tree / "out" / MANIFEST_FILENAME).write_text("{}")
+  (tree / "out" / MANIFEST_FILENAME).write_bytes(Manifest(
+      "d", "array_record", Features({}), {"train": SplitInfo((ShardInfo("gen-20260101T000000-00000000/d-train."
+                                                                          "array_record-00000-of-00001", 1, 1,
+                                                                          "0" * 64),))},
+      Rejected(0, {}, "gen-20260101T000000-00000000/errors/rejected.jsonl")).dumps())
   with pytest.raises(UsageError, match=r"^--output 'out' already holds a complete output; pass --overwrite=true"):
     flags.check_input_output("in", "out", "false")
   assert flags.check_input_output("in", "out", "true")[2] is True
+  assert flags.check_input_output("in", "out", "false", append=True)[2] is False  # an append adds to it
   with pytest.raises(UsageError, match=r"^--overwrite must be true or false, got 'maybe'$"):
     flags.check_input_output("in", "out", "maybe")
+
+
+def test_an_output_whose_manifest_is_not_valid_is_refused_even_with_overwrite(tree):
+  """Damaged or written by something else: nothing of it (its paths, its generations) can be trusted."""
+  os.makedirs(tree / "out")
+  (tree / "out" / MANIFEST_FILENAME).write_text("{}")
+  for overwrite, append in (("false", False), ("true", False), ("false", True)):
+    with pytest.raises(UsageError, match=r"^--output 'out' holds a manifest.json that is not a valid manifest \("):
+      flags.check_input_output("in", "out", overwrite, append=append)
 
 
 # --------------------------------------------------------------------------- parse_options
