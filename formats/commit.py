@@ -52,7 +52,6 @@ import logging
 import os
 import posixpath
 import socket
-import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -325,7 +324,7 @@ def _read_marker(output: str, generation: str) -> tuple[dict | None, float]:
     return None, 0.0
   try:
     marker = json.loads(data) if data is not None else None
-  except ValueError:
+  except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than the parser goes
     return None, 0.0
   if not isinstance(marker, dict) or marker.get("toolkit") != TOOLKIT or marker.get("generation") != generation:
     return None, 0.0
@@ -337,20 +336,7 @@ MAX_MARKER_BYTES = 64 * 1024  # a marker is a few hundred bytes
 
 def _read_small(path: str) -> tuple[bytes | None, float]:
   """(content, mtime) of a regular file of at most MAX_MARKER_BYTES; (None, mtime) for anything else."""
-  if files.is_gcs(path):
-    blob = files.gcs_blob(path)
-    try:
-      blob.reload()
-      if (blob.size or 0) > MAX_MARKER_BYTES:
-        return None, blob.updated.timestamp()
-      return blob.download_as_bytes(if_generation_match=blob.generation), blob.updated.timestamp()
-    except files.gcs_not_found():
-      raise FileNotFoundError(path) from None
-  st = os.stat(path, follow_symlinks=False)
-  if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MARKER_BYTES:
-    return None, st.st_mtime
-  with open(path, "rb") as f:
-    return f.read(MAX_MARKER_BYTES + 1), os.fstat(f.fileno()).st_mtime
+  return files.read_small(path, MAX_MARKER_BYTES)
 
 
 def _marker(output: str, generation: str) -> tuple[dict | None, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 
@@ -187,6 +188,38 @@ def read_bytes(path: str) -> bytes:
       raise FileNotFoundError(path) from None
   with open(path, "rb") as f:
     return f.read()
+
+
+def read_small(path: str, limit: int) -> tuple[bytes | None, float]:
+  """(content, modification time) of a regular file of at most `limit` bytes; (None, mtime) for anything
+  else (larger, a link, a FIFO, a device): what a reader of untrusted small files (markers, leases,
+  records) needs, so that no such file can make it block or read gigabytes.
+
+  Args:
+    path: the file, local or gs://.
+    limit: the largest content read.
+
+  Returns:
+    (the bytes or None, the modification time as a POSIX timestamp).
+
+  Raises:
+    FileNotFoundError: there is no such file.
+  """
+  if is_gcs(path):
+    blob = gcs_blob(path)
+    try:
+      blob.reload()
+      if (blob.size or 0) > limit:
+        return None, blob.updated.timestamp()
+      return blob.download_as_bytes(if_generation_match=blob.generation), blob.updated.timestamp()
+    except gcs_not_found():
+      raise FileNotFoundError(path) from None
+  st = os.stat(path, follow_symlinks=False)
+  if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+    return None, st.st_mtime
+  with open(path, "rb") as f:
+    data = f.read(limit + 1)
+    return (data if len(data) <= limit else None), os.fstat(f.fileno()).st_mtime
 
 
 def read_bytes_and_mtime(path: str) -> tuple[bytes, float]:

@@ -335,7 +335,7 @@ def _parse(name: str, data: bytes, age: float, ttl_seconds: float) -> tuple[Leas
     return None, "not a lease (its name is not <id>.json)"
   try:
     body = json.loads(data)
-  except ValueError:
+  except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
     return None, "malformed (not JSON)"
   if not isinstance(body, dict) or body.get("toolkit") != TOOLKIT:
     return None, "not written by the toolkit"

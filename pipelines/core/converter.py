@@ -62,6 +62,9 @@ class OutputPlan:
   launcher_rejects: tuple[Reject, ...] = ()
   kind: str | None = None
   state: Any = None  # what `plan` found that `expand` needs (the converter's own business)
+  # What decides the record keys but is in no manifest (a secret salt), as a keyed digest: an append
+  # with another one would convert every input again beside its old copy, so it is refused.
+  fingerprint: str = ""
 
 
 class Records(NamedTuple):
@@ -198,7 +201,7 @@ class Converter(abc.ABC):
         splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
         source=plan.source, generation=common.generation, expected=common.expected,
         kind=plan.kind or self.kind, mode=common.mode, reuse_shards=common.reuse_shards,
-        keep_replaced_seconds=common.keep_replaced_seconds)
+        keep_replaced_seconds=common.keep_replaced_seconds, fingerprint=plan.fingerprint)
 
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
     """Adds the whole conversion to `p`: plan, expand, then write and commit.
@@ -217,7 +220,7 @@ class Converter(abc.ABC):
     plan = self.plan(common, config)
     kinds.check(plan.kind or self.kind, plan.features)  # a converter's own mistake, found before anything runs
     if common.mode == "append" and is_output(common.output):
-      check_append(load_manifest(common.output), plan.features, common.file_format, common.name)
+      check_append(load_manifest(common.output), plan.features, common.file_format, common.name, plan.source)
     spec = self.output_spec(common, plan)
     out = self.expand(p, common, config, plan)
     if isinstance(out, Files):
@@ -230,23 +233,38 @@ class Converter(abc.ABC):
         spec, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
 
 
-def check_append(current: Manifest, features: Features, file_format: str, name: str) -> None:
-  """Refuses `--mode=append` flags that would give the new shards another layout than the output's.
+# Settings (the manifest's `source` keys) an append may change: where the input is, the order
+# and count of the new shards, and CT's dtype policy (the schema check covers the dtype itself).
+APPEND_MAY_CHANGE = frozenset({"input", "seed", "num_shards", "volume_dtype"})
 
-  The schema must stay as it is, except that class names may be added at the end (existing ids never change).
+
+def check_append(current: Manifest, features: Features, file_format: str, name: str,
+                 source: Mapping[str, Any] | None = None) -> None:
+  """Refuses `--mode=append` flags that would make the new shards unlike the output's.
+
+  The format, name and settings (`source`, but `APPEND_MAY_CHANGE`) must be the output's, and the
+  schema too, except that class names may be added at the end (existing ids never change).
 
   Args:
     current: the manifest of the output appended to.
     features: the features the run would write.
     file_format: --format.
     name: the data set name.
+    source: the run's `OutputPlan.source`.
 
   Raises:
-    UsageError: another format, name or schema (naming the feature and both specs).
+    UsageError: another format, name, setting or schema (naming them, with both values).
   """
   if (current.file_format, current.name) != (file_format, name):
     raise UsageError(f"--mode=append: the output is {current.file_format} shards named {current.name!r}; this run "
                      f"would write {file_format} shards named {name!r}")
+  if source is not None:
+    changed = sorted(k for k in set(current.source) | set(source)
+                     if k not in APPEND_MAY_CHANGE and current.source.get(k) != source.get(k))
+    if changed:
+      raise UsageError(f"--mode=append: the output was converted with other settings ({', '.join(changed)}: "
+                       f"{', '.join(f'{current.source.get(k)!r} now {source.get(k)!r}' for k in changed)}); "
+                       "give the flags it was made with, or run --mode=rebuild")
   if set(current.features) != set(features):
     raise UsageError(f"--mode=append: the output's features are {sorted(current.features)}, this run's "
                      f"{sorted(features)}")

@@ -46,9 +46,12 @@ from formats.manifest import Manifest, ShardInfo
 from pipelines.core.errors import UsageError
 
 RECORDS_FOLDER = "_toolkit_shards"  # <generation>/_toolkit_shards/<shard file>.json
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: each unit's inputs (`inputs`)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _READ_THREADS = 32  # records read in parallel at launch (one small object each on gs://)
+# The largest shard record read (a unit's entry is ~100 bytes: 600,000 units a shard); a larger one is
+# ignored (its shard is converted again; an append refuses the output), never read whole.
+MAX_RECORD_BYTES = 64 << 20
 _STAT_TIMEOUT_S = 30.0  # one attempt at an input's metadata (a failure only means: not reused)
 _log = logging.getLogger(__name__)
 
@@ -187,6 +190,7 @@ class ShardRecord:
   rejects: tuple[tuple[str, str, str, int], ...] = ()
   events: tuple[str, ...] = ()
   inputs: tuple[tuple[str, str, int], ...] = ()  # per unit: (plan key, unit_version, input files)
+  fingerprint: str = ""  # the run's OutputPlan.fingerprint (a keyed digest of what decides the keys)
 
   def to_json(self) -> dict:
     """The record as written (JSON-able)."""
@@ -194,7 +198,7 @@ class ShardRecord:
             "index": self.index, "num_shards": self.num_shards, "shard": self.shard.to_json(),
             "num_units": self.num_units, "inputs_used": self.inputs_used, "inputs_rejected": self.inputs_rejected,
             "rejects": [list(r) for r in self.rejects], "events": list(self.events),
-            "inputs": [list(i) for i in self.inputs]}
+            "inputs": [list(i) for i in self.inputs], "fingerprint": self.fingerprint}
 
   @classmethod
   def from_json(cls, d) -> ShardRecord:
@@ -236,15 +240,18 @@ class ShardRecord:
       raise ValueError("events: not a list of names")
     if sum(r[3] for r in rejects) != ints["inputs_rejected"]:
       raise ValueError("rejects: their units differ from inputs_rejected")
-    units = d.get("inputs", [])
+    units = d.get("inputs")
     if not isinstance(units, list) or len(units) != ints["num_units"] or not all(
         isinstance(u, list) and len(u) == 3 and isinstance(u[0], str) and u[0] and isinstance(u[1], str)
         and type(u[2]) is int and u[2] >= 0 for u in units) or len({u[0] for u in units}) != len(units):
       raise ValueError("inputs: not one distinct [key, version, files] per unit")
+    fingerprint = d.get("fingerprint")
+    if not isinstance(fingerprint, str) or len(fingerprint) > 128:
+      raise ValueError("fingerprint: not a short string")
     return cls(plan, split, ints["index"], ints["num_shards"],
                ShardInfo(path, ints["num_records"], ints["num_bytes"], sha), ints["num_units"],
                ints["inputs_used"], ints["inputs_rejected"], tuple(tuple(r) for r in rejects), tuple(events),
-               tuple(tuple(u) for u in units))
+               tuple(tuple(u) for u in units), fingerprint)
 
 
 def record_path(output: str, generation: str, shard_file: str) -> str:
@@ -272,20 +279,20 @@ class Reusable:
   record: ShardRecord
 
 
-def find_reusable(output: str, exclude: str = "") -> dict[str, Reusable]:
+def find_reusable(output: str, exclude: str = "") -> dict[str, list[Reusable]]:
   """The records of the output's toolkit generations (except `exclude`), by plan digest.
 
   A generation counts when its marker says the toolkit wrote it (any state:
-  committed, replaced, abandoned, or a killed run's). When two generations hold
-  a shard of the same plan, the newer one's is kept (they hold the same bytes,
-  or the check at reuse turns one down).
+  committed, replaced, abandoned, or a killed run's). Every candidate of a plan
+  is kept, the newest first: the shard step takes the first whose record and
+  bytes check out (a forged record does not hide a genuine one).
 
   Args:
     output: the output folder, local or gs://.
     exclude: a generation to leave out (the run's own).
 
   Returns:
-    {plan digest: Reusable}; empty when the output does not exist yet.
+    {plan digest: [Reusable, newest first]}; empty when the output does not exist yet.
   """
   try:
     dirs, _ = fs.list_dir(output)
@@ -301,11 +308,11 @@ def find_reusable(output: str, exclude: str = "") -> dict[str, Reusable]:
     paths += [(g, n) for n in sorted(names) if n.endswith(".json")]
   if not paths:
     return {}
-  found: dict[str, Reusable] = {}
+  found: dict[str, list[Reusable]] = {}
   with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(paths))) as pool:
     for (g, name), record in zip(paths, pool.map(lambda gn: _read_record(output, *gn), paths)):
       if record is not None and record.shard.path + ".json" == name:
-        found[record.plan] = Reusable(g, record)  # generations in name (time) order: the newest wins
+        found.setdefault(record.plan, []).insert(0, Reusable(g, record))  # generations oldest first: newest first
   return found
 
 
@@ -336,10 +343,7 @@ def records_in(output: str, folder: str, exclude: str = "") -> list[tuple[str, s
     paths += [(g, n) for n in sorted(names) if n.endswith(".json")]
 
   def read(gn):
-    try:
-      d = json.loads(fs.read_bytes(fs.join(output, gn[0], folder, gn[1])))
-    except (FileNotFoundError, ValueError):
-      return None
+    d = _read_json(fs.join(output, gn[0], folder, gn[1]), MAX_RECORD_BYTES)
     return d if isinstance(d, dict) and d.get("toolkit") == commit.TOOLKIT else None
 
   if not paths:
@@ -348,12 +352,19 @@ def records_in(output: str, folder: str, exclude: str = "") -> list[tuple[str, s
     return [(g, n, d) for (g, n), d in zip(paths, pool.map(read, paths)) if d is not None]
 
 
-def _is_toolkits(output: str, generation: str) -> bool:
+def _read_json(path: str, limit: int):
+  """The JSON value of a small regular file, or None: missing, larger than `limit`, not a regular
+  file (a FIFO would block), not JSON, or nested deeper than the parser goes. Files of an output
+  are untrusted input."""
   try:
-    marker = json.loads(fs.read_bytes(fs.join(output, generation, commit.MARKER_FILENAME)))
-  except (FileNotFoundError, ValueError):
-    return False
-  return isinstance(marker, dict) and marker.get("toolkit") == commit.TOOLKIT and marker.get("generation") == generation
+    data, _ = fs.read_small(path, limit)
+    return None if data is None else json.loads(data)
+  except (FileNotFoundError, ValueError, RecursionError):
+    return None
+
+
+def _is_toolkits(output: str, generation: str) -> bool:
+  return commit.generation_state(output, generation) is not None
 
 
 def read_record(output: str, generation: str, shard_file: str) -> ShardRecord | None:
@@ -362,10 +373,11 @@ def read_record(output: str, generation: str, shard_file: str) -> ShardRecord | 
 
 
 def _read_record(output: str, generation: str, name: str) -> ShardRecord | None:
-  try:
-    return ShardRecord.from_json(json.loads(fs.read_bytes(fs.join(output, generation, RECORDS_FOLDER, name))))
-  except FileNotFoundError:
+  d = _read_json(fs.join(output, generation, RECORDS_FOLDER, name), MAX_RECORD_BYTES)
+  if d is None:
     return None
+  try:
+    return ShardRecord.from_json(d)
   except ValueError as e:
     _log.warning("ignored shard record %s/%s/%s: %s", generation, RECORDS_FOLDER, name, e)
     return None
@@ -518,11 +530,12 @@ class AppendBase:
     return sum(r.record.inputs_used + r.record.inputs_rejected for rs in self.shards.values() for r in rs)
 
 
-def append_base(output: str) -> AppendBase:
+def append_base(output: str, fingerprint: str = "") -> AppendBase:
   """Reads the output an append adds to, checking that every shard has a record that agrees with it.
 
   Args:
     output: the output folder, holding a complete output.
+    fingerprint: the run's `OutputPlan.fingerprint`; every record must carry the same.
 
   Returns:
     The `AppendBase`.
@@ -545,7 +558,7 @@ def append_base(output: str) -> AppendBase:
   held: dict[tuple[str, str], tuple[str, int]] = {}
   for split, info in sorted(manifest.splits.items()):
     found = []
-    with concurrent.futures.ThreadPoolExecutor(min(_READ_THREADS, len(info.shards))) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(_READ_THREADS, len(info.shards)))) as pool:
       records = list(pool.map(lambda s: _read_record(output, generation, s.path.split("/", 1)[1] + ".json"),
                               info.shards))
     for i, (shard, record) in enumerate(zip(info.shards, records)):
@@ -554,6 +567,10 @@ def append_base(output: str) -> AppendBase:
           or record.split != split or not record.inputs):
         raise UsageError(f"{output}: shard {shard.path} has no record of its inputs that agrees with the manifest "
                          "(written before appends existed, or changed since): run --mode=rebuild once")
+      if record.fingerprint != fingerprint:
+        raise UsageError(f"{output}: the output's record keys were made with other settings that no manifest "
+                         "shows (for ct_volumes, another --id_salt): an append would convert every input again "
+                         "beside its old copy; give the same ones, or run --mode=rebuild")
       found.append(Reusable(generation, record))
       for key, version, n in record.inputs:
         if (split, key) in held:

@@ -404,13 +404,13 @@ class _ConvertShardFn(beam.DoFn):
   """ShardTask → the shard written and published (main), its rejects and events (tagged).
 
   A shard whose plan digest names a shard an earlier run published (`reusable`: plan digest →
-  (generation, shard file), found at launch) is copied from there once its record and bytes
-  check out (pipelines/core/reuse.py); any other is converted. Either way the shard's record
+  [(generation, shard file)], newest first, found at launch) is copied from the first whose record
+  and bytes check out (pipelines/core/reuse.py); any other is converted. Either way the shard's record
   is written beside it for later runs.
   """
 
   def __init__(self, converter, spec: OutputSpec, namespace: str, totals: tuple[int, int], processes: int,
-               identity: str, reusable: Mapping[str, tuple[str, str]]):
+               identity: str, reusable: Mapping[str, Sequence[tuple[str, str]]]):
     self._converter = converter
     self._spec = spec
     self._namespace = namespace
@@ -437,13 +437,14 @@ class _ConvertShardFn(beam.DoFn):
       yield from self._carried_shard(task)
       return
     digest, unit_inputs = self._plan_digest(task, side_inputs)
-    where = self._reusable.get(digest) if digest else None
-    if where is not None:
+    for where in self._reusable.get(digest, ()) if digest else ():  # newest first
       record = reuse.read_record(self._spec.output, *where)  # read again: only its place crossed the job graph
-      found = reuse.Reusable(where[0], record) if record is not None and record.plan == digest else None
-      info = reuse.adopt(self._spec.output, self._spec.generation, found) if found is not None else None
+      fits = record is not None and record.plan == digest and (
+          record.split, record.index, record.num_shards, tuple(k for k, _, _ in record.inputs)) == (
+              task.split, task.index, task.num_shards, task.keys())  # a record is untrusted: it must be this task's
+      info = reuse.adopt(self._spec.output, self._spec.generation, reuse.Reusable(where[0], record)) if fits else None
       if info is not None:
-        yield from self._reused_shard(task, found.record, info)
+        yield from self._reused_shard(task, record, info)
         return
     # Records are written as they are made when they come in sort-key order (each unit makes the
     # record its plan key names, and units come in that order): a worker then holds one record,
@@ -460,7 +461,7 @@ class _ConvertShardFn(beam.DoFn):
       reuse.write_record(self._spec.output, self._spec.generation, reuse.ShardRecord(
           digest, task.split, task.index, task.num_shards, dataclasses.replace(info, path=info.path.rsplit("/", 1)[-1]),
           task.num_units, state.used, state.rejected, tuple(tuple(r) for r in state.rejects),
-          tuple(e.name for e in state.events), unit_inputs))
+          tuple(e.name for e in state.events), unit_inputs, self._spec.fingerprint))
     self._published()
     self._progress.add(bytes_out=info.num_bytes)
     self._shards.inc()
@@ -634,7 +635,7 @@ class ConvertShards(beam.PTransform):
     # The converter's own settings (its config, class ids, options) shape the bytes too.
     settings = {**spec.reuse_settings(), "converter": hashlib.sha256(pickle.dumps(converter, protocol=4)).hexdigest()}
     self._fn = _ConvertShardFn(converter, spec, namespace, totals, processes, reuse.output_identity(settings),
-                               {d: (r.generation, r.record.shard.path) for d, r in reusable.items()})
+                               {d: [(r.generation, r.record.shard.path) for r in rs] for d, rs in reusable.items()})
     self._side_inputs = side_inputs
 
   def expand(self, tasks):
@@ -891,7 +892,8 @@ def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int, convert
     The `Planned` tasks.
   """
   min_shards = 2 * workers if workers > 1 else 1
-  base = reuse.append_base(spec.output) if spec.mode == "append" and is_output(spec.output) else None
+  base = (reuse.append_base(spec.output, spec.fingerprint) if spec.mode == "append" and is_output(spec.output)
+          else None)
   if base is not None and converter is None:
     raise TypeError("plan_shards(..., converter=) is needed to append")
   old = {split: len(shards) for split, shards in base.shards.items()} if base else {}

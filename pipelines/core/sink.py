@@ -257,6 +257,7 @@ class OutputSpec:
   kind: str = ""  # the record kind (formats.kinds) the manifest records
   mode: str = "rebuild"  # rebuild, or append: new shards after the current output's (pipelines/core/shards.py)
   keep_replaced_seconds: float = commit.DEFAULT_KEEP_REPLACED_SECONDS  # clean-up's retention (--keep_replaced)
+  fingerprint: str = ""  # OutputPlan.fingerprint: recorded with every shard, checked by an append
   reuse_shards: bool = True  # copy shards an earlier run of the same plan published (pipelines/core/reuse.py)
 
   def __post_init__(self):

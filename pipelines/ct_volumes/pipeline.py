@@ -325,7 +325,10 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       raise UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
     volume_dtype = o.volume_dtype
     if common.mode == "append" and volume_dtype == "auto" and is_output(common.output):  # the output's dtype
-      volume_dtype = load_manifest(common.output).features["volume"].dtype
+      held_features = load_manifest(common.output).features
+      if "volume" not in list(held_features) or not isinstance(held_features["volume"], Tensor):
+        raise UsageError(f"--mode=append: {common.output} holds no CT volume output (no volume feature)")
+      volume_dtype = held_features["volume"].dtype
     try:
       tolerance = float(o.slice_tolerance)
     except ValueError:
@@ -350,6 +353,7 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         features=volume_features("float32" if policy == "float32" else "int16"),
         splits=tuple(s for s, _ in config.splits),
         description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
+        fingerprint=salted_hash(config.salt, "tpu-shards append check"),
         source={"pipeline": PIPELINE, "input": inputs.printable(common.input), "splits": dict(config.splits),
                 "volume_dtype": policy, "slice_tolerance": config.tolerance, "seed": common.seed,
                 "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,

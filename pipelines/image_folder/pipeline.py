@@ -236,7 +236,10 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     if not layout.class_names:
       raise UsageError(f"--input {common.input!r} holds no class folders")
     if common.mode == "append" and is_output(common.output):  # label ids never change: new classes come last
-      held = load_manifest(common.output).features["label"].names
+      held_features = load_manifest(common.output).features
+      if "label" not in list(held_features) or not isinstance(held_features["label"], ClassLabel):
+        raise UsageError(f"--mode=append: {common.output} holds no image output (no class label feature)")
+      held = held_features["label"].names
       layout.class_names = [*held, *sorted(set(layout.class_names) - set(held))]
     splits = tuple(sorted(layout.class_dirs))
     for s in splits:

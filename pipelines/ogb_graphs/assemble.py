@@ -16,7 +16,9 @@ import os
 import pickle
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+import google_crc32c
 import numpy as np
 
 from formats import commit
@@ -325,6 +327,15 @@ def reusable_node_pieces(output: str, generation: str) -> dict[str, tuple[str, s
   return found
 
 
+def _crc32c_of(path: str) -> int:
+  """The CRC32C of a file's bytes (read once)."""
+  crc = 0
+  with (FileSystems.open(path) if fs.is_gcs(path) else open(path, "rb")) as f:
+    while block := f.read(16 << 20):
+      crc = google_crc32c.extend(crc, block)
+  return crc
+
+
 class _NodeArrayFn(beam.DoFn):
   """A NodeUnit → its piece of the file (rows checked, one dtype throughout).
 
@@ -349,7 +360,7 @@ class _NodeArrayFn(beam.DoFn):
     digest = hashlib.sha256(f"{self._identity}\0{unit!r}\0".encode() + "\0".join(
         reuse.input_versions([unit.path.split("#", 1)[0]])).encode()).hexdigest() if self._identity else ""
     if digest in self._reusable:
-      piece = self._reused_piece(digest, dest)
+      piece = self._reused_piece(digest, dest, unit)
       if piece is not None:
         self._reused.inc()
         yield piece
@@ -362,16 +373,26 @@ class _NodeArrayFn(beam.DoFn):
           "section": piece.section, "order": piece.order, "source": piece.source}, sort_keys=True).encode())
     yield piece
 
-  def _reused_piece(self, digest: str, dest: str) -> Piece | None:
+  def _reused_piece(self, digest: str, dest: str, unit: NodeUnit) -> Piece | None:
     """The earlier piece copied to `dest`, or None when it is gone or its bytes or record disagree."""
     generation, name = self._reusable[digest]
     src = fs.join(os.path.dirname(os.path.dirname(self._parts_dir)), generation, PARTS_DIR, name)
     try:
-      r = json.loads(fs.read_bytes(src + ".json"))
+      data, _ = fs.read_small(src + ".json", 1 << 20)
+      r = json.loads(data)
       piece = Piece(str(r["section"]), int(r["order"]), dest, int(r["nbytes"]), int(r["crc32c"]), str(r["dtype"]),
                     int(r["rows"]), tuple(int(d) for d in r["inner"]), str(r["source"]))
-      ok = r["piece_digest"] == digest and reuse.copy_verified(src, dest, piece.nbytes, str(r["sha256"]))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+      dt = np.dtype(piece.dtype) if piece.dtype else None
+      # A record is untrusted: its claims must be this unit's and agree with each other; its bytes are
+      # then checked against its SHA-256, and their CRC32C computed again.
+      ok = (r["piece_digest"] == digest and (piece.section, piece.order) == (unit.section, unit.start)
+            and (dt is None or dt.kind in "biuf") and piece.rows >= 0 and all(d >= 0 for d in piece.inner)
+            and piece.nbytes == (piece.rows * math.prod(piece.inner) * dt.itemsize if dt is not None else 0)
+            and reuse.copy_verified(src, dest, piece.nbytes, str(r["sha256"])))
+      if ok and _crc32c_of(dest) != piece.crc32c:
+        fs.delete_many([dest])
+        ok = False
+    except (FileNotFoundError, ValueError, KeyError, TypeError, RecursionError):
       ok = False
     if not ok:
       return None

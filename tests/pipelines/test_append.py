@@ -151,7 +151,9 @@ def test_append_refuses_what_it_cannot_do_and_writes_nothing(tmp_path):
   assert _run(f"--input={root}", f"--output={out}", "--num_shards=2").returncode == 0
   listing = sorted(os.listdir(out))
   other = _run(f"--input={root}", f"--output={out}", "--mode=append", "--image_size=16,16")
-  assert other.returncode == 2 and "feature 'image' would change" in other.stderr
+  assert other.returncode == 2 and "converted with other settings (image_size: None now [16, 16])" in other.stderr
+  quality = _run(f"--input={root}", f"--output={out}", "--mode=append", "--jpeg_quality=50")
+  assert quality.returncode == 2 and "(jpeg_quality: 95 now 50)" in quality.stderr
   fmt = _run(f"--input={root}", f"--output={out}", "--mode=append", "--format=tfrecord")
   assert fmt.returncode == 2 and "--mode=append" in fmt.stderr
   bad_mode = _run(f"--input={root}", f"--output={out}", "--mode=merge")
@@ -213,6 +215,13 @@ def test_ct_append_keeps_every_patient_in_its_split(tmp_path):
               for split in before.splits for ex in _examples(out, split)}
   ct.write_series(os.path.join(root, "later", "p9"), patient_id="SYN0099", seed=5, num_slices=10)
   ct.write_series(os.path.join(root, "later", "p1-again"), patient_id="SYN0001", seed=6, num_slices=12)
+  listing = sorted(os.listdir(out))
+  for other, message in ((("--id_salt=t", *flags[1:]), "another --id_salt"),
+                         (("--id_salt=s", "--splits=train=0.8,validation=0.2", "--num_shards=2"),
+                          "converted with other settings (splits:")):
+    refused = _run(f"--input={root}", f"--output={out}", *other, "--mode=append", module="pipelines.ct_volumes")
+    assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-1500:]
+    assert sorted(os.listdir(out)) == listing  # nothing claimed or written
   proc = _run(f"--input={root}", f"--output={out}", *flags, "--mode=append", module="pipelines.ct_volumes")
   assert proc.returncode == 0, proc.stderr
   after = _manifest(out)

@@ -189,7 +189,9 @@ def test_the_job_graph_carries_only_where_reusable_shards_are(images, tmp_path):
   spec = OutputSpec(output=out, name="pets", file_format="array_record", features=image_features(["cat"], _Opts()),
                     splits=("train",), generation="gen-20990101T000000-00000000")
   fn = shards.ConvertShards(object(), spec, "x")._fn
-  assert len(fn._reusable) == 8 and all(isinstance(v, tuple) and len(v) == 2 for v in fn._reusable.values())
+  assert len(fn._reusable) == 8 and all(
+      isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p)
+      for places in fn._reusable.values() for p in places)
 
 
 class _Opts:
@@ -236,3 +238,35 @@ def test_a_graph_rerun_after_a_kill_reuses_the_node_pieces_and_matches_a_clean_r
   final = _run(f"--input={root}", f"--output={out}", "--overwrite=true", module=module)
   assert final.returncode == 0, final.stderr[-3000:]
   assert fingerprint(out, root) == fingerprint(changed_clean, root)
+
+
+def test_hostile_records_in_another_generation_are_ignored_not_fatal(images, clean, tmp_path):
+  """A generation someone else wrote, with a toolkit marker, holding records nested too deep to parse,
+  a FIFO named like a record, an oversized one, and a valid record of another shard's place under
+  this shard's plan digest: the run ignores them all (no hang, no crash) and writes a clean run's bytes."""
+  out = str(tmp_path / "out")
+  assert _run(f"--input={images}", f"--output={out}", *FLAGS, fault="shards:published:2").returncode == -9
+  (generation, names), = _records(out).items()
+  forged = "gen-29990101T000000-0badf00d"  # sorts after every real generation
+  records = os.path.join(out, forged, reuse.RECORDS_FOLDER)
+  os.makedirs(records)
+  with open(os.path.join(out, forged, commit.MARKER_FILENAME), "w") as f:
+    json.dump({"toolkit": commit.TOOLKIT, "generation": forged, "state": "abandoned"}, f)
+  with open(os.path.join(records, "deep.json"), "w") as f:
+    f.write("[" * 100_000)
+  os.mkfifo(os.path.join(records, "fifo.json"))
+  with open(os.path.join(records, "big.json"), "wb") as f:
+    f.truncate(reuse.MAX_RECORD_BYTES + 1)
+  # The first real record, moved to another place: same plan digest, another split and index.
+  real = json.load(open(os.path.join(out, generation, reuse.RECORDS_FOLDER, names[0])))
+  other_split = "validation" if real["split"] == "train" else "train"
+  moved = {**real, "split": other_split, "shard": {**real["shard"], "path": real["shard"]["path"].replace(
+      f"-{real['split']}.", f"-{other_split}.")}}
+  with open(os.path.join(records, moved["shard"]["path"] + ".json"), "w") as f:
+    json.dump(moved, f)
+  import shutil
+  shutil.copy(os.path.join(out, generation, real["shard"]["path"]), os.path.join(out, forged, moved["shard"]["path"]))
+  rerun = _run(f"--input={images}", f"--output={out}", *FLAGS)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert _reused(rerun) == 2, _summary(rerun)  # the killed run's two; nothing of the forged generation
+  assert fingerprint(out, images) == clean
