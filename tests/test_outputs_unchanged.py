@@ -6,7 +6,8 @@ metadata) are compared as bytes; manifest.json as its JSON with the
 run-specific parts normalised (the generation folder's random name, the input
 folder's temporary path). Markers of the commit protocol (`_toolkit_run.json`,
 the lock file) are left out: they record times; so are the shard records that
-resumed runs reuse shards by (`_toolkit_shards/`): they name the code's digest.
+resumed runs reuse shards by (`_toolkit_shards/`): they name the code's digest;
+and leases (`_leases/`: a killed run's stays until it expires).
 Generations the manifest does not name (replaced or failed runs', kept for the
 retention period) are not part of the output.
 
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.slow
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden_outputs.json")
 _GENERATION = re.compile(r"gen-\d{8}T\d{6}-[0-9a-f]{8}")
 _VOLATILE = {"_toolkit_run.json", ".manifest.lock"}
-_BOOKKEEPING = {"_toolkit_shards"}  # pipelines/core/reuse.py's records: they carry the code's digest
+# pipelines/core/reuse.py's records (they carry the code's digest) and reader or run leases (hosts, times).
+_BOOKKEEPING = {"_toolkit_shards", "_leases"}
 # Keys a later change may add to manifest.json without changing what the output holds.
 _ADDED_MANIFEST_KEYS = {"kind"}
 

@@ -26,8 +26,9 @@ ignored, and the shard is converted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -40,7 +41,7 @@ import uuid
 
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from formats import commit, naming
+from formats import commit, leases, naming
 from formats import files as fs
 from formats.manifest import Manifest, ShardInfo
 from pipelines.core.errors import UsageError
@@ -167,6 +168,26 @@ def plan_digest(identity: str, split: str, index: int, num_shards: int, units_bl
   h.update(hashlib.sha256(units_blob).digest())
   h.update("\0".join(versions).encode())
   return h.hexdigest()
+
+
+@contextlib.contextmanager
+def leased(output: str, generation: str) -> Iterator[None]:
+  """Holds a lease on `generation` while a shard or piece is copied from it (formats.leases).
+
+  A clean-up of another run then leaves the source until the copy is made. Without write
+  access to `_leases/` the retention period is the only hold; either way the copy is verified,
+  and a source removed meanwhile only means the shard is converted again.
+  """
+  try:
+    lease = leases.acquire(output, generation, purpose="a conversion copying a shard", heartbeat=False)
+  except leases.LeaseError as e:
+    _log.warning("no lease on %s (%s) while copying from it", generation, type(e).__name__)
+    lease = None
+  try:
+    yield
+  finally:
+    if lease is not None:
+      lease.release()
 
 
 # ---------------------------------------------------------------- the records
@@ -404,8 +425,10 @@ def adopt(output: str, generation: str, found: Reusable, dest_name: str | None =
   """
   rec = found.record.shard
   name = dest_name or rec.path
-  if not copy_verified(fs.join(output, found.generation, rec.path), fs.join(output, generation, name),
-                       rec.num_bytes, rec.sha256):
+  with leased(output, found.generation):
+    copied = copy_verified(fs.join(output, found.generation, rec.path), fs.join(output, generation, name),
+                           rec.num_bytes, rec.sha256)
+  if not copied:
     _log.warning("shard %s/%s does not match its record: converted again", found.generation, rec.path)
     return None
   return ShardInfo(f"{generation}/{name}", rec.num_records, rec.num_bytes, rec.sha256)

@@ -388,7 +388,7 @@ class _NodeArrayFn(beam.DoFn):
       ok = (r["piece_digest"] == digest and (piece.section, piece.order) == (unit.section, unit.start)
             and (dt is None or dt.kind in "biuf") and piece.rows >= 0 and all(d >= 0 for d in piece.inner)
             and piece.nbytes == (piece.rows * math.prod(piece.inner) * dt.itemsize if dt is not None else 0)
-            and reuse.copy_verified(src, dest, piece.nbytes, str(r["sha256"])))
+            and self._copy(generation, src, dest, piece.nbytes, str(r["sha256"])))
       if ok and _crc32c_of(dest) != piece.crc32c:
         fs.delete_many([dest])
         ok = False
@@ -398,6 +398,10 @@ class _NodeArrayFn(beam.DoFn):
       return None
     fs.write_bytes(dest + ".json", fs.read_bytes(src + ".json"))
     return piece
+
+  def _copy(self, generation: str, src: str, dest: str, nbytes: int, sha256: str) -> bool:
+    with reuse.leased(os.path.dirname(os.path.dirname(self._parts_dir)), generation):
+      return reuse.copy_verified(src, dest, nbytes, sha256)
 
   def _read(self, unit: NodeUnit, dest: str) -> tuple[Piece, str]:
     plan = self._plan

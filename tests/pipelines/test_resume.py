@@ -270,3 +270,29 @@ def test_hostile_records_in_another_generation_are_ignored_not_fatal(images, cle
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert _reused(rerun) == 2, _summary(rerun)  # the killed run's two; nothing of the forged generation
   assert fingerprint(out, images) == clean
+
+
+def test_a_shard_is_copied_under_a_lease_on_its_source(images, tmp_path, monkeypatch):
+  """While a shard is copied from an earlier generation, a clean-up without retention (another run's)
+  must not remove the source; the lease goes once the copy is made."""
+  from formats import leases
+
+  out = str(tmp_path / "out")
+  assert _run(f"--input={images}", f"--output={out}", *FLAGS, fault="shards:published:2").returncode == -9
+  (killed,), seen = _records(out), []
+  real = reuse.copy_verified
+
+  def copy_and_clean(src, dest, num_bytes, sha256):
+    seen.append(killed in leases.held_generations(out))
+    os.utime(os.path.join(out, killed, commit.MARKER_FILENAME), (0, 0))  # long dead, retention over
+    commit.cleanup(out, keep_replaced_seconds=0)
+    return real(src, dest, num_bytes, sha256)
+
+  monkeypatch.setattr(reuse, "copy_verified", copy_and_clean)
+  g = "gen-20991231T000000-00000001"
+  commit.claim(out, g)
+  found = reuse.find_reusable(out, exclude=g)
+  (first, *_), = list(found.values())[:1]
+  info = reuse.adopt(out, g, first)
+  assert seen == [True] and info is not None and os.path.isdir(os.path.join(out, killed))
+  assert killed not in leases.held_generations(out)  # released after the copy
