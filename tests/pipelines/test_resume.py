@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -20,21 +19,13 @@ from formats import commit, files, naming
 from formats.manifest import Manifest, ShardInfo
 from formats.output import verify as verify_output
 from pipelines.core import reuse
-from tests.conftest import REPO, upload_tree
+from tests.conftest import upload_tree
+from tests.pipelines.test_append import _run
 from tests.test_outputs_unchanged import fingerprint
 
 pytestmark = pytest.mark.slow
 
 FLAGS = ("--num_shards=4", "--seed=3")  # 2 splits x 4 shards
-
-
-def _run(*flags: str, fault: str = "", module: str = "pipelines.image_folder") -> subprocess.CompletedProcess:
-  env = {**os.environ, "PYTHONPATH": REPO}
-  env.pop(commit.FAULT_POINT_ENV, None)
-  if fault:
-    env[commit.FAULT_POINT_ENV] = fault
-  return subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
 
 
 def _summary(proc: subprocess.CompletedProcess) -> str:
