@@ -214,37 +214,18 @@ def read_small(path: str, limit: int) -> tuple[bytes | None, float]:
       return blob.download_as_bytes(if_generation_match=blob.generation), blob.updated.timestamp()
     except gcs_not_found():
       raise FileNotFoundError(path) from None
-  st = os.stat(path, follow_symlinks=False)
-  if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-    return None, st.st_mtime
-  with open(path, "rb") as f:
+  try:  # no link followed, no FIFO waited on: the file is judged by what was opened
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+  except OSError as e:
+    if isinstance(e, FileNotFoundError):
+      raise
+    return None, os.stat(path, follow_symlinks=False).st_mtime  # a link (ELOOP), or unreadable
+  with os.fdopen(fd, "rb") as f:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+      return None, st.st_mtime
     data = f.read(limit + 1)
-    return (data if len(data) <= limit else None), os.fstat(f.fileno()).st_mtime
-
-
-def read_bytes_and_mtime(path: str) -> tuple[bytes, float]:
-  """(content, last modification as a Unix time: the object's `updated` on gs://).
-
-  Args:
-    path: a local or gs:// path.
-
-  Returns:
-    (content, modification time).
-
-  Raises:
-    FileNotFoundError: there is no such file.
-  """
-  if is_gcs(path):
-    blob = _blob(path)
-    try:
-      blob.reload()
-      updated = blob.updated
-      data = blob.download_as_bytes(if_generation_match=blob.generation)
-    except gcs_not_found():
-      raise FileNotFoundError(path) from None
-    return data, updated.timestamp()
-  with open(path, "rb") as f:
-    return f.read(), os.fstat(f.fileno()).st_mtime
+    return (data if len(data) <= limit else None), st.st_mtime
 
 
 def write_bytes(path: str, data: bytes) -> None:

@@ -299,8 +299,11 @@ def _objects(output: str) -> list[tuple[str, str, bytes | None, float, object, s
           continue  # released meanwhile
         except files.gcs_precondition_failed():  # refreshed meanwhile: its reader is alive
           try:
-            data, mtime = files.read_bytes_and_mtime(path)
+            data, mtime = files.read_small(path, MAX_LEASE_BYTES)
           except (FileNotFoundError, files.gcs_precondition_failed()):
+            continue
+          if data is None:  # grew past a lease's size since it was listed
+            out.append((rel, path, None, mtime, blob.generation, "not a lease (too large)"))
             continue
         out.append((rel, path, data, mtime, blob.generation, ""))
     return sorted(out)

@@ -29,7 +29,7 @@ def _lease_path(output: str, lease_id: str) -> str:
 
 
 def _mtime(path: str) -> float:
-  return files.read_bytes_and_mtime(path)[1]
+  return files.read_small(path, leases.MAX_LEASE_BYTES)[1]
 
 
 def _wait_for(condition, what: str, deadline_s: float = 60.0) -> None:
