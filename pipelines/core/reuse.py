@@ -109,10 +109,10 @@ def input_versions(paths: Iterable[str]) -> list[str]:
     One version string per path, in order.
   """
   paths = list(paths)
-  gcs = [i for i, p in enumerate(paths) if fs.is_gcs(p)]
-  out = ["" for _ in paths]
+  gcs, out = [], ["" for _ in paths]
   for i, p in enumerate(paths):
-    if i in gcs:
+    if fs.is_gcs(p):
+      gcs.append(i)
       continue
     try:
       st = os.stat(p)
@@ -538,14 +538,14 @@ def _adopt_gcs(src: str, dest: str, rec: ShardInfo) -> bool:
 class AppendBase:
   """The output `--mode=append` adds to: its manifest, and per split its shards with their records.
 
-  `held` maps (split, plan key) → (unit_version, input files) for every unit the
+  `held` maps (split, plan key) → its `unit_version` for every unit the
   output's shards were planned from (converted or rejected).
   """
 
   manifest: Manifest
   generation: str
   shards: Mapping[str, tuple[Reusable, ...]]
-  held: Mapping[tuple[str, str], tuple[str, int]]
+  held: Mapping[tuple[str, str], str]
 
   @property
   def carried_inputs(self) -> int:
@@ -578,7 +578,7 @@ def append_base(output: str, fingerprint: str = "") -> AppendBase:
     raise UsageError(f"{output}: its shards are not in one generation folder; run --mode=rebuild once")
   (generation,) = generations
   shards: dict[str, tuple[Reusable, ...]] = {}
-  held: dict[tuple[str, str], tuple[str, int]] = {}
+  held: dict[tuple[str, str], str] = {}
   for split, info in sorted(manifest.splits.items()):
     found = []
     with concurrent.futures.ThreadPoolExecutor(max(1, min(_READ_THREADS, len(info.shards)))) as pool:
@@ -595,9 +595,9 @@ def append_base(output: str, fingerprint: str = "") -> AppendBase:
                          "shows (for ct_volumes, another --id_salt): an append would convert every input again "
                          "beside its old copy; give the same ones, or run --mode=rebuild")
       found.append(Reusable(generation, record))
-      for key, version, n in record.inputs:
+      for key, version, _ in record.inputs:
         if (split, key) in held:
           raise UsageError(f"{output}: two shards of split {split!r} hold the same input; run --mode=rebuild")
-        held[(split, key)] = (version, n)
+        held[(split, key)] = version
     shards[split] = tuple(found)
   return AppendBase(manifest, generation, shards, held)

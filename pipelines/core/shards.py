@@ -47,7 +47,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import dataclasses
 import hashlib
 import itertools
-import json
 import logging
 import math
 import pickle
@@ -803,7 +802,7 @@ def append_warnings(changed: Sequence[str], vanished: Sequence[str]) -> tuple[st
   return tuple(out)
 
 
-def _classify(unit: PlanUnit, held: tuple[str, int] | None, converter) -> tuple[str, int]:
+def _classify(unit: PlanUnit, held: str | None, converter) -> tuple[str, int]:
   """('new' | 'same' | 'changed', the input units the summary counts for it) for a listed unit against
   what the output holds (`held`: its recorded version)."""
   if held is None:
@@ -811,12 +810,12 @@ def _classify(unit: PlanUnit, held: tuple[str, int] | None, converter) -> tuple[
   paths = converter.input_paths(unit.unit)
   if paths is None:
     raise RuntimeError(f"{type(converter).__name__} names no input paths: it cannot append")
-  same = reuse.unit_version(reuse.input_versions(paths)) == held[0]
+  same = reuse.unit_version(reuse.input_versions(paths)) == held
   return ("same" if same else "changed"), converter.listed_units(unit.unit)
 
 
 class _ClassifyFn(beam.DoFn):
-  """((split, key), {"unit": [PlanUnit], "held": [(version, files)]}) → new units (main), skipped counts, names."""
+  """((split, key), {"unit": [PlanUnit], "held": [unit_version]}) → new units (main), skipped counts, names."""
 
   def __init__(self, converter):
     self._converter = converter
@@ -837,10 +836,14 @@ class _ClassifyFn(beam.DoFn):
           yield beam.pvalue.TaggedOutput("changed", f"{split}/{key}")
 
 
-def _held_of_record(path: str):
-  rec = reuse.ShardRecord.from_json(json.loads(fs.read_bytes(path)))
-  for key, version, files in rec.inputs:
-    yield (rec.split, key), (version, files)
+def _held_of_record(place: tuple[str, str], output: str):
+  """((split, key), unit_version) of every unit a shard record of the output appended to lists."""
+  rec = reuse.read_record(output, *place)
+  if rec is None:  # read and checked at launch: changed since
+    raise RuntimeError(f"{output}: the record of {place[0]}/{place[1]} changed during the append; nothing was "
+                       "committed: run again")
+  for key, version, _ in rec.inputs:
+    yield (rec.split, key), version
 
 
 def _carry_tasks(base: reuse.AppendBase, new_counts: Mapping[str, int]) -> list[ShardTask]:
@@ -900,9 +903,9 @@ def plan_shards(p: beam.Pipeline, units, spec: OutputSpec, workers: int, convert
   if isinstance(units, beam.PCollection):
     append = None
     if base is not None:
-      records = [reuse.record_path(spec.output, base.generation, r.record.shard.path)
-                 for rs in base.shards.values() for r in rs]
-      held = p | "AppendRecords" >> beam.Create(records) | "HeldInputs" >> beam.FlatMap(_held_of_record)
+      records = [(base.generation, r.record.shard.path) for rs in base.shards.values() for r in rs]
+      held = (p | "AppendRecords" >> beam.Create(records)
+              | "HeldInputs" >> beam.FlatMap(_held_of_record, spec.output))
       classified = (
           {"unit": units | "UnitKeys" >> beam.Map(lambda u: ((u.split, u.key), u)), "held": held}
           | "JoinHeld" >> beam.CoGroupByKey()
