@@ -45,7 +45,7 @@ import time
 
 import google_crc32c
 
-from formats import files
+from formats import files, gcs_media
 from formats.errors import CorruptRecordError
 
 __all__ = [
@@ -87,8 +87,10 @@ class DownloadOptions:
       a dropped or timed-out connection, a short read).
     backoff_s: the first wait before a retry; doubled each time (jittered, at most 30 s).
     progress: show progress: a bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds.
-    durable: fsync the file before it is renamed into place (a cache that outlives the process); False for a
-      copy nobody reads after a crash (the loaders' private stream folders).
+    durable: fsync the file before it is renamed into place, and record what is on disk for a later call to
+      resume (a cache that outlives the process); False for a copy nobody reads after a crash (the loaders'
+      private stream folders): no fsync, no resume record.
+    timeout_s: seconds a read may wait for the next bytes before it fails (a stalled stream) and is retried.
   """
 
   streams: int = 8
@@ -97,6 +99,7 @@ class DownloadOptions:
   backoff_s: float = 0.5
   progress: bool = True
   durable: bool = True
+  timeout_s: float = gcs_media.DEFAULT_TIMEOUT_S
 
   def __post_init__(self):
     if not isinstance(self.streams, int) or self.streams < 1:
@@ -107,6 +110,8 @@ class DownloadOptions:
       raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
     if self.backoff_s < 0:
       raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
+    if not self.timeout_s > 0:
+      raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,13 +124,62 @@ class RangeCheck:
   crc32c: int
 
 
-@dataclasses.dataclass(frozen=True)
 class RemoteObject:
-  """A gs:// object as first seen: every later read is pinned to this generation."""
+  """A gs:// object: its size, and the generation every read is pinned to.
 
-  path: str
-  size: int
-  generation: int
+  `remote_object(path)` asks the server for both (one metadata request). A
+  reader that already knows the size (from a manifest) makes
+  `RemoteObject(path, size)` instead: its first read pins the generation that
+  answered, and every later read, from any thread, must come from that one.
+  """
+
+  def __init__(self, path: str, size: int, generation: int | None = None):
+    self.path, self.size = path, int(size)
+    self._generation = None if generation is None else int(generation)
+    self._lock = threading.Lock()
+    self.unconfirmed = False  # an answer did not name its generation: check it again when done (confirm)
+
+  @property
+  def generation(self) -> int | None:
+    """The pinned generation (None until the first read of an object made without one)."""
+    return self._generation
+
+  def _answered(self, answer: gcs_media.MediaAnswer) -> None:
+    """Pins the generation of a first answer; refuses an answer of another generation or size."""
+    generation = answer.generation
+    if generation is None:  # a server that does not name it (the emulator): one metadata request pins it
+      self.unconfirmed = True
+      if self._generation is not None:
+        generation = self._generation  # ifGenerationMatch was sent: trust the server to have enforced it
+      else:
+        generation = remote_object(self.path).generation
+    with self._lock:
+      if self._generation is None:
+        self._generation = generation
+      elif generation != self._generation:
+        raise SourceChangedError(f"{self.path} was replaced during the read (generation {self._generation} -> "
+                                 f"{generation}); load it again")
+    if answer.size != self.size:
+      raise CorruptRecordError(f"{self.path}: {answer.size} bytes, the manifest says {self.size}")
+
+  def confirm(self) -> None:
+    """After the reads: if an answer did not name its generation, checks (one request) that it is still current.
+
+    Raises:
+      SourceChangedError: the object was replaced or deleted meanwhile.
+    """
+    if not self.unconfirmed:
+      return
+    try:
+      now = remote_object(self.path)
+    except FileNotFoundError:
+      raise SourceChangedError(f"{self.path} was deleted during the download") from None
+    if now.generation != self._generation:  # a server that ignores if_generation_match
+      raise SourceChangedError(f"{self.path} was replaced during the download (generation {self._generation} "
+                               f"-> {now.generation}); load it again")
+
+  def __repr__(self) -> str:
+    return f"RemoteObject({self.path!r}, size={self.size}, generation={self._generation})"
 
 
 @dataclasses.dataclass
@@ -172,7 +226,7 @@ def read_range(obj: RemoteObject, start: int, stop: int, options: DownloadOption
   """Bytes [start, stop) of the object's pinned generation, retried on transient errors.
 
   Args:
-    obj: the object (its generation is required to match).
+    obj: the object (its generation, once pinned, is required to match).
     start: the first byte.
     stop: one past the last byte.
     options: the retry budget and backoff.
@@ -182,24 +236,32 @@ def read_range(obj: RemoteObject, start: int, stop: int, options: DownloadOption
     Exactly stop - start bytes.
 
   Raises:
-    SourceChangedError: the object was replaced (HTTP 412) or deleted.
+    SourceChangedError: the object was replaced (HTTP 412, or another generation answered) or deleted.
+    CorruptRecordError: the object's size is not `obj.size`.
     ConnectionError: transient errors outlasted the retries (the partial stays resumable).
   """
   if stop <= start:
     return b""
-  not_found, precondition_failed = files.gcs_not_found(), files.gcs_precondition_failed()
-  blob = files.gcs_blob(obj.path)
+  buffer = bytearray(stop - start)
+  read_range_into(obj, start, buffer, options, stats)
+  return bytes(buffer)
+
+
+def read_range_into(obj: RemoteObject, start: int, buffer, options: DownloadOptions = DownloadOptions(),
+                    stats: DownloadStats | None = None) -> None:
+  """Fills `buffer` with the object's bytes [start, start + len(buffer)); as `read_range`, without a copy."""
+  stop = start + len(buffer)
   for attempt in range(options.retries + 1):
     try:
-      data = blob.download_as_bytes(start=start, end=stop - 1, if_generation_match=obj.generation,
-                                    raw_download=True, checksum=None, retry=None, single_shot_download=True)
-      if len(data) != stop - start:
-        raise _ShortRead(f"{len(data)} bytes for a range of {stop - start}")
-      return data
-    except precondition_failed:
+      obj._answered(gcs_media.read_into(obj.path, start, buffer, generation=obj.generation,
+                                        timeout=options.timeout_s))
+      return
+    except gcs_media.GenerationMismatch:
       raise SourceChangedError(f"{obj.path} was replaced during the download (generation {obj.generation} "
                                "no longer current); load it again") from None
-    except not_found:
+    except FileNotFoundError:
+      if obj.generation is None:
+        raise
       raise SourceChangedError(f"{obj.path} was deleted during the download") from None
     except Exception as e:
       if not _transient(e):
@@ -340,6 +402,7 @@ class _Run:
     self.stop = threading.Event()
     self.verifier = _Verifier(obj.path, fd, sha256, checks)
     self.progress = _Progress(obj.path, obj.size, stats.bytes_resumed, options)
+    self.buffers = threading.local()
 
   def go(self) -> None:
     step = self.options.chunk_bytes
@@ -359,13 +422,7 @@ class _Run:
         self.progress.update(have)
       self.verifier.advance(self.obj.size)
       self.verifier.finish()
-      try:
-        now = remote_object(self.obj.path)
-      except FileNotFoundError:
-        raise SourceChangedError(f"{self.obj.path} was deleted during the download") from None
-      if now.generation != self.obj.generation:  # a server that ignores if_generation_match
-        raise SourceChangedError(f"{self.obj.path} was replaced during the download (generation "
-                                 f"{self.obj.generation} -> {now.generation}); load it again")
+      self.obj.confirm()  # every answer came from the pinned generation (or a server that does not say is asked)
       if self.options.durable:
         os.fsync(self.fd)
       ok = True
@@ -377,8 +434,11 @@ class _Run:
   def _fetch(self, start: int, stop: int) -> None:
     if self.stop.is_set():
       return
-    data = read_range(self.obj, start, stop, self.options, self.stats)
-    view = memoryview(data)
+    buffer = getattr(self.buffers, "chunk", None)  # one per stream thread, reused: no page faults per chunk
+    if buffer is None or len(buffer) < stop - start:
+      buffer = self.buffers.chunk = bytearray(self.options.chunk_bytes)
+    view = memoryview(buffer)[:stop - start]
+    read_range_into(self.obj, start, view, self.options, self.stats)
     at = start
     while view:
       n = os.pwrite(self.fd, view, at)
@@ -390,7 +450,8 @@ class _Run:
       self.done = _merge(self.done + [(start, stop)])
       self.stats.bytes_fetched += stop - start
       self.stats.ranges_fetched.append((start, stop))
-      _write_sidecar(self.dest, self.obj, self.done)
+      if self.options.durable:
+        _write_sidecar(self.dest, self.obj, self.done)
 
 
 class _Verifier:
@@ -511,6 +572,8 @@ def _resumable_ranges(dest: str, obj: RemoteObject) -> list[tuple[int, int]]:
     size = os.path.getsize(dest + PARTIAL_SUFFIX)
   except (OSError, ValueError):
     return []
+  if obj.generation is None:  # an object not looked up: which generation the partial holds is unknown
+    return []
   same = (isinstance(state, dict) and state.get("format") == _SIDECAR_FORMAT and state.get("source") == obj.path
           and state.get("generation") == str(obj.generation) and state.get("size") == obj.size == size)
   if not same:
@@ -524,6 +587,8 @@ def _resumable_ranges(dest: str, obj: RemoteObject) -> list[tuple[int, int]]:
 
 
 def _write_sidecar(dest: str, obj: RemoteObject, done: list[tuple[int, int]]) -> None:
+  if obj.generation is None:  # nothing answered yet: nothing to resume
+    return
   tmp = dest + SIDECAR_SUFFIX + ".tmp"
   with open(tmp, "w") as f:
     json.dump({"format": _SIDECAR_FORMAT, "source": obj.path, "generation": str(obj.generation),

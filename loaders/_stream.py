@@ -47,7 +47,7 @@ import numpy as np
 
 from formats import files
 from formats.errors import CorruptRecordError
-from formats.gcs_download import DownloadOptions, download, is_transient, read_range, remote_object
+from formats.gcs_download import DownloadOptions, RemoteObject, download, is_transient, read_range
 from formats.integrity import Verify, check_local_file
 from formats.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
@@ -560,10 +560,8 @@ class ShardStream:
     for attempt in range(1, _SHARD_ATTEMPTS + 1):
       try:
         obj = self._objects.get(k)
-        if obj is None:  # looked up once: later epochs fetch the same generation (a replaced object is refused)
-          obj = self._objects[k] = remote_object(src)
-        if obj.size != info.num_bytes:
-          raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
+        if obj is None:  # its first read pins the generation: later epochs fetch the same one (a replaced object
+          obj = self._objects[k] = RemoteObject(src, info.num_bytes)  # is refused), no metadata request
         stats = download(obj, dest, info.sha256, options=self._options)
         self.bytes_fetched += stats.bytes_fetched
         return dest
@@ -669,16 +667,14 @@ class RecordStream:
       if got is None:
         info = self._infos[k]
         src = self.output.shard_path(info)
-        try:
-          obj = remote_object(src)
-        except FileNotFoundError:
-          raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
-        if obj.size != info.num_bytes:
-          raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
+        obj = RemoteObject(src, info.num_bytes)  # the tail's read pins the generation (and checks the size)
 
         def read(a: int, b: int) -> bytes:
           self._count(0)
-          return read_range(obj, a, b, self._options)
+          try:
+            return read_range(obj, a, b, self._options)
+          except FileNotFoundError:
+            raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
         index = record_ranges(read, obj.size, name=src, scratch_dir=self._folder)
         if len(index) != info.num_records:
           raise CorruptRecordError(f"{src}: {len(index)} records, the manifest says {info.num_records}")

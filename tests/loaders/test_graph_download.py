@@ -72,20 +72,21 @@ class _Interrupted(Exception):
   pass
 
 
-_read_range = gcs_download.read_range
+_read_range_into = gcs_download.read_range_into
 
 
 def _recording_reads(monkeypatch, fail_after: int | None = None) -> list[tuple[int, int]]:
   """Records every ranged read of the download machinery; raises _Interrupted at read `fail_after` + 1."""
   calls: list[tuple[int, int]] = []
 
-  def read_range(obj, start, stop, *a, **k):
+  def read_range_into(obj, start, buffer, *a, **k):
+    stop = start + len(buffer)
     if fail_after is not None and len(calls) >= fail_after:
       raise _Interrupted(f"bytes [{start}, {stop})")
     calls.append((start, stop))
-    return _read_range(obj, start, stop, *a, **k)
+    return _read_range_into(obj, start, buffer, *a, **k)
 
-  monkeypatch.setattr(gcs_download, "read_range", read_range)
+  monkeypatch.setattr(gcs_download, "read_range_into", read_range_into)
   return calls
 
 
@@ -213,13 +214,13 @@ def test_an_object_replaced_during_the_download_is_refused(remote, graph_output,
   cache = str(tmp_path / "cache")
   calls = []
 
-  def read_range(obj, start, stop, *a, **k):
+  def read_range_into(obj, start, buffer, *a, **k):
     calls.append(start)
     if len(calls) == 4:  # after the header, the table and a chunk: a writer replaces the object
       files.write_bytes(files.join(gs, "g.graphbin"), _original(graph_output))
-    return _read_range(obj, start, stop, *a, **k)
+    return _read_range_into(obj, start, buffer, *a, **k)
 
-  monkeypatch.setattr(gcs_download, "read_range", read_range)
+  monkeypatch.setattr(gcs_download, "read_range_into", read_range_into)
   with pytest.raises(gcs_download.SourceChangedError, match="replaced during the download"):
     lg.load(gs, cache_dir=cache, **OPTS)
   assert _cache_files(cache) == []
@@ -237,14 +238,14 @@ def test_503s_and_dropped_connections_are_retried_not_reported(remote, graph_out
   gs, name, proxy = remote
   calls = []
 
-  def read_range(obj, start, stop, *a, **k):  # the faults start with the chunks, which run in parallel
+  def read_range_into(obj, start, buffer, *a, **k):  # the faults start with the chunks, which run in parallel
     calls.append(start)
     if len(calls) == 3:
       proxy.add_fault(f"/o/{name}?alt=media", status=503, times=3)
       proxy.add_fault(f"/o/{name}?alt=media", mode="drop", times=3)
-    return _read_range(obj, start, stop, *a, **k)
+    return _read_range_into(obj, start, buffer, *a, **k)
 
-  monkeypatch.setattr(gcs_download, "read_range", read_range)
+  monkeypatch.setattr(gcs_download, "read_range_into", read_range_into)
   caplog.set_level(logging.INFO, logger="formats.gcs_download")
   g = lg.load(gs, cache_dir=str(tmp_path / "cache"), **OPTS)
   with open(g.path, "rb") as f:
@@ -377,14 +378,14 @@ def test_two_loads_at_once_share_one_download(remote, graph_output, tmp_path, mo
   cache = str(tmp_path / "cache")
   first_started = threading.Event()
   calls = _recording_reads(monkeypatch)
-  slow_read = gcs_download.read_range
+  slow_read = gcs_download.read_range_into
 
-  def read_range(obj, start, stop, *a, **k):
+  def read_range_into(obj, start, buffer, *a, **k):
     if len(calls) > 2:  # the first load is fetching chunks: let the second one start meanwhile
       first_started.set()
-    return slow_read(obj, start, stop, *a, **k)
+    return slow_read(obj, start, buffer, *a, **k)
 
-  monkeypatch.setattr(gcs_download, "read_range", read_range)
+  monkeypatch.setattr(gcs_download, "read_range_into", read_range_into)
   results, errors = {}, []
 
   def load(key):
