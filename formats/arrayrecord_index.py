@@ -296,6 +296,43 @@ class VerifiedRecordReader:
       finally:
         self._free(start, stop)
 
+  def read_run(self, first: int, stop: int, data=None) -> list[bytes]:
+    """Records [first, stop), whose chunks are one byte range: fetched by one ranged read (or given), verified.
+
+    Args:
+      first: the first record.
+      stop: one past the last record.
+      data: the bytes of their chunks, [byte_range(first)[0], byte_range(stop - 1)[1]) of the file; fetched
+        when None.
+
+    Returns:
+      The records, in order.
+
+    Raises:
+      IndexError: a record outside the file.
+      CorruptRecordError: as `read`; or `data` is not the run's length.
+    """
+    if not first < stop:
+      return []
+    start, end = self.index.byte_range(first)[0], self.index.byte_range(stop - 1)[1]
+    if data is None:
+      data = self._fetch(start, end)
+    if len(data) != end - start:
+      raise CorruptRecordError(f"{self.index.name}: records [{first}, {stop}): {len(data)} bytes for [{start}, "
+                               f"{end})")
+    with self._lock:
+      if self._reader is None:
+        raise ValueError(f"{self.index.name}: read from a closed reader")
+      try:
+        os.pwrite(self._fd, data, start)
+        return self._reader.read(list(range(first, stop)))
+      except Exception as e:  # the C++ reader's own error: name the file, records and range
+        which = f"record {first}" if stop == first + 1 else f"records [{first}, {stop})"
+        raise CorruptRecordError(
+            f"{self.index.name}: {which} (chunk bytes [{start}, {end})): {type(e).__name__}: {e}") from None
+      finally:
+        self._free(start, end)
+
   def _free(self, start: int, stop: int) -> None:
     # Whole file system blocks, or those the chunk shares with its neighbours stay allocated (zeroed).
     # Nothing but this chunk lies before the tail, so rounding out frees only its bytes.

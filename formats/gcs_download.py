@@ -90,7 +90,8 @@ class DownloadOptions:
     durable: fsync the file before it is renamed into place, and record what is on disk for a later call to
       resume (a cache that outlives the process); False for a copy nobody reads after a crash (the loaders'
       private stream folders): no fsync, no resume record.
-    timeout_s: seconds a read may wait for the next bytes before it fails (a stalled stream) and is retried.
+    timeout_s: seconds a read may wait for the next bytes before it fails (a stalled stream) and is retried;
+      None: formats.gcs_media.DEFAULT_TIMEOUT_S.
   """
 
   streams: int = 8
@@ -99,7 +100,7 @@ class DownloadOptions:
   backoff_s: float = 0.5
   progress: bool = True
   durable: bool = True
-  timeout_s: float = gcs_media.DEFAULT_TIMEOUT_S
+  timeout_s: float | None = None
 
   def __post_init__(self):
     if not isinstance(self.streams, int) or self.streams < 1:
@@ -110,7 +111,7 @@ class DownloadOptions:
       raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
     if self.backoff_s < 0:
       raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
-    if not self.timeout_s > 0:
+    if self.timeout_s is not None and not self.timeout_s > 0:
       raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
 
 

@@ -139,7 +139,7 @@ def read_into(path: str, start: int, buffer, *, generation: int | None = None,
     reusable = not response.will_close
     return answer
   except socket.timeout:
-    raise TimeoutError(f"{path}: no bytes for {timeout or DEFAULT_TIMEOUT_S:.0f} s while reading [{start}, "
+    raise TimeoutError(f"{path}: no bytes for {timeout or DEFAULT_TIMEOUT_S:g} s while reading [{start}, "
                        f"{start + n})") from None
   finally:
     if reusable:

@@ -65,7 +65,11 @@ _BLOCK = 4096
 # (.fetched), its sidecar (.partial.json) and the sidecar's replacement being written (.partial.json.tmp); the
 # lock file is empty. One more block is counted for the private folder itself.
 _FILE_OVERHEAD = 3 * _BLOCK
-_SHARD_TAG, _WINDOW_TAG = 0x5748, 0x5749  # keys of the shard and window permutations (apart from other draws)
+_SHARD_TAG, _WINDOW_TAG, _PHASE_TAG = 0x5748, 0x5749, 0x574A  # keys of the shard and window permutations and of
+# the runs' phases (apart from other draws)
+# Records per run in the global order: a host's batch of B records is B / RUN_RECORDS runs of consecutive records,
+# each fetched by one ranged read (see WindowOrder).
+DEFAULT_RUN_RECORDS = 8
 _OPEN_SHARDS = 16  # shards whose readers stay open (at least 4 windows' worth)
 _FETCHERS = 2  # shards downloaded at once by a ShardStream: the next starts while one finishes (verify, rename)
 _SHARD_ATTEMPTS = 3  # downloads of one shard (each retrying its ranges) before a reader sees the error
@@ -84,25 +88,47 @@ class WindowOrder:
 
   Epoch e: the shards (all of them with order="global"; with order="host"
   shard s belongs to host s mod shard_count) in a permutation drawn from
-  (seed, e), cut into windows of `window_shards`; each window's records in a
+  (seed, e), cut into windows of `window_shards`. Each shard's records are cut
+  into *runs* of `run_records` consecutive records, the cuts shifted by a
+  phase drawn from (seed, e, shard) in [0, run_records) (so the first and last
+  run of a shard may be shorter), and each window's runs are put in a
   permutation drawn from (seed, e, window). The epoch's stream is the windows
-  one after the other. order="global": global step k takes stream records
-  [k·G, (k+1)·G), G = batch_size × shard_count, and host h the slice
-  [k·G + h·B, k·G + (h+1)·B): the batches of a step do not depend on the host
-  count. order="host": host h's batch k is records [k·B, (k+1)·B) of its own
-  stream; every host gets the same number of batches (the smallest host's
-  share; the rest of the larger shares is dropped each epoch).
+  one after the other, each run's records in shard order. With run_records=1
+  every record is a run: the window's records in one permutation.
+
+  order="global": global step k takes stream records [k·G, (k+1)·G), G =
+  batch_size × shard_count, and host h the slice [k·G + h·B, k·G + (h+1)·B):
+  the batches of a step do not depend on the host count. order="host": host
+  h's batch k is records [k·B, (k+1)·B) of its own stream; every host gets the
+  same number of batches (the smallest host's share; the rest of the larger
+  shares is dropped each epoch).
+
+  Randomness of runs: the converters write every shard's records in a seeded
+  random order, so a run is a random sample of its shard, and a batch of B
+  records is about B / run_records runs from random shards of the window at
+  random places. What runs give up: records next to each other in a shard
+  land in the same batch far more often than chance, in every epoch (the
+  phase moves the cuts, so a pair of neighbours is split in about 1 epoch in
+  run_records). What they buy: a host reading only its own records
+  (fetch="records") fetches a run with one ranged read instead of one per
+  record. The whole order is a pure function of (seed, epoch, counts,
+  window_shards, run_records) and never of the host count.
 
   Attributes:
     batches_per_epoch: batches each host reads per epoch.
     num_shards: the shards this host reads.
     first_slot: the slot of this host's first example in the global batch (keys random draws).
+    run_records: records per run.
   """
 
   def __init__(self, counts, window_shards: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
-               shard_index: int = 0, shard_count: int = 1, order: str = "host", drop_remainder: bool = True):
+               shard_index: int = 0, shard_count: int = 1, order: str = "host", drop_remainder: bool = True,
+               run_records: int = 1):
     if window_shards < 1:
       raise ValueError(f"window_shards must be >= 1, got {window_shards}")
+    if not isinstance(run_records, (int, np.integer)) or run_records < 1:
+      raise ValueError(f"run_records must be an integer >= 1, got {run_records!r}")
+    self.run_records = int(run_records)
     self.counts = np.asarray(counts, np.int64)
     self.starts = np.concatenate([[0], np.cumsum(self.counts)])
     self.window, self.batch_size, self.seed, self.shuffle = window_shards, batch_size, seed, shuffle
@@ -140,17 +166,38 @@ class WindowOrder:
         return cached
     shards, bounds = self._windows(epoch)
     parts = []
+    phases = None
+    if self.shuffle and self.run_records > 1:  # every shard's, drawn at once (the same on every host)
+      phases = np.random.default_rng([self.seed, epoch, _PHASE_TAG]).integers(self.run_records, size=len(self.counts))
     for w in range(len(bounds) - 1):
-      recs = np.concatenate([np.arange(self.starts[s], self.starts[s + 1])
-                             for s in shards[w * self.window:(w + 1) * self.window]])
-      if self.shuffle:
-        recs = recs[np.random.default_rng([self.seed, epoch, w, _WINDOW_TAG]).permutation(len(recs))]
-      parts.append(recs)
+      window = shards[w * self.window:(w + 1) * self.window]
+      if not self.shuffle:
+        parts.append(np.concatenate([np.arange(self.starts[s], self.starts[s + 1]) for s in window]))
+        continue
+      run_starts, run_lengths = self._runs(window, phases)
+      perm = np.random.default_rng([self.seed, epoch, w, _WINDOW_TAG]).permutation(len(run_starts))
+      parts.append(_expand(run_starts[perm], run_lengths[perm]))
     out = (shards, bounds, np.concatenate(parts) if parts else np.zeros(0, np.int64))
     with self._lock:
       self._epochs = {e: v for e, v in self._epochs.items() if e >= epoch - 1}
       self._epochs[epoch] = out
     return out
+
+  def _runs(self, window: np.ndarray, phases: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(first record, length) of every run of the window's shards, in shard and record order."""
+    starts, lengths = [], []
+    r = self.run_records
+    for s in window:
+      a, n = int(self.starts[s]), int(self.counts[s])
+      if n == 0:
+        continue
+      phase = int(phases[s]) if phases is not None else 0
+      cuts = np.concatenate([[0], np.arange(phase or r, n, r), [n]]) if r > 1 else np.arange(n + 1)
+      starts.append(a + cuts[:-1])
+      lengths.append(np.diff(cuts))
+    if not starts:
+      return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(starts).astype(np.int64), np.concatenate(lengths).astype(np.int64)
 
   def _span(self, position: int) -> tuple[int, int, int]:
     """(epoch, first stream position, stop) of this host's records of batch `position`."""
@@ -195,6 +242,14 @@ class WindowOrder:
         w = 0
       for s in shards[w * self.window:]:
         yield int(s)
+
+
+def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+  """The records of runs (first record, length), one run after the other."""
+  if not len(starts):
+    return np.zeros(0, np.int64)
+  offsets = np.cumsum(lengths) - lengths  # where each run begins in the output
+  return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 class _Entry:
@@ -587,40 +642,59 @@ class ShardStream:
     self._forget(e)
 
 
+class _Piece:
+  """Records [first, stop) of shard k: one ranged read, verified as a whole, kept until its batch is read."""
+
+  __slots__ = ("k", "first", "stop", "records")
+
+  def __init__(self, k: int, first: int, stop: int):
+    self.k, self.first, self.stop = k, first, stop
+    self.records: list[bytes] = []
+
+
 class RecordStream:
-  """This host's records of a gs:// ArrayRecord split, each fetched by one ranged read of its chunk.
+  """This host's records of a gs:// ArrayRecord split, fetched as few ranged reads of whole runs.
 
   With order="global" every host's batches come from every shard of a
   window; fetching whole shards would make each host read the whole split.
   Here a host reads only its own records: each shard's tail once
   (formats.arrayrecord_index.record_ranges: 1 or 2 ranged reads, ~128 KiB,
-  its hashes checked), then one ranged read per record, `streams` at a time,
-  for the batches from the lowest one being read up to `ahead` batches on
-  (and no more than `cache_limit_bytes` of chunks held). Each chunk is
-  verified by array_record's C++ reader (its riegeli hashes) through a sparse
-  file holding only the shard's tail (VerifiedRecordReader), and freed after
-  the read. The manifest's SHA-256 covers whole shards and cannot be checked
-  record by record: each shard's object is pinned to the generation first
-  seen, its size and record count are checked against the manifest, and
-  every byte read is covered by a chunk hash.
+  its hashes checked), then its batches' records, grouped into *pieces*:
+  records of one shard that lie next to each other (a run of the
+  WindowOrder, or neighbouring runs) are one ranged read of their chunks,
+  `streams` at a time, for the batches from the lowest one being read up to
+  `ahead` batches on (and no more than `cache_limit_bytes` held). Each piece
+  is verified by array_record's C++ reader (its riegeli hashes) through a
+  sparse file holding only the shard's tail (VerifiedRecordReader.read_run)
+  as soon as it arrives, in the fetching thread; its records are kept until
+  their batch has been read. The manifest's SHA-256 covers whole shards and
+  cannot be checked record by record: each shard's object is pinned to the
+  generation that answered first, its size is checked against the manifest
+  by every answer and its record count by its footer, and every byte read is
+  covered by a chunk hash.
 
   Same interface and batches as ShardStream (the order is the WindowOrder's).
+
+  Attributes:
+    requests: ranged reads sent (tails and pieces).
+    bytes_fetched: bytes they brought.
+    peak_bytes: the most bytes of pieces held at once (the manifest's mean record size per record).
   """
 
   def __init__(self, output: Output, split: str, order: WindowOrder, num_positions: int, *,
                cache_dir: str | None = None, cache_limit_bytes: int | None = None, streams: int = 32,
-               ahead: int = 16):
+               ahead: int = 16, piece_bytes: int = 16 << 20):
     if output.file_format != "array_record":
       raise ValueError(f"{output.path}: ranged reads of single records need ArrayRecord shards (their footer "
                        f"indexes the records), not {output.file_format}")
     self.output, self.split, self.order = output, split, order
     self._infos = output.shards(split)
-    self._num_positions, self._ahead = num_positions, ahead
+    self._num_positions, self._ahead, self._piece_bytes = num_positions, ahead, piece_bytes
     self._options = DownloadOptions(progress=False)
     root = os.path.join(cache_dir or DEFAULT_CACHE_ROOT, "stream")
     self.limit = default_cache_limit(root) if cache_limit_bytes is None else int(cache_limit_bytes)
     self._folder, self._finalizer = _private_folder(self, root)
-    self.peak_bytes = 0  # chunk bytes held in memory at once
+    self.peak_bytes = 0
     self.bytes_fetched = 0
     self.requests = 0
     self._cond = threading.Condition()
@@ -628,14 +702,14 @@ class RecordStream:
     self._shards: dict[int, tuple] = {}  # k -> (RemoteObject, RecordIndex)
     self._shard_locks = collections.defaultdict(threading.Lock)
     self._readers: collections.OrderedDict[int, object] = collections.OrderedDict()  # k -> VerifiedRecordReader
-    self._started: dict[int, dict[int, concurrent.futures.Future]] = {}  # position -> record -> its chunk
+    # position -> record -> the future of its piece (a piece's records share one future)
+    self._started: dict[int, dict[int, concurrent.futures.Future]] = {}
     self._held = 0
     self._in_flight: dict[int, int] = {}
     self._next = 0
     self._closed = False
     self._fatal: BaseException | None = None
     self._fetcher: threading.Thread | None = None
-    self._tls = threading.local()
     self._count_lock = threading.Lock()
     self._reader_users: dict[int, int] = {}  # shard -> threads reading through its reader now
 
@@ -681,14 +755,21 @@ class RecordStream:
         got = self._shards[k] = (obj, index)
     return got
 
-  def _fetch_record(self, index: int) -> bytes:
-    k, local = self._locate(index)
-    obj, ri = self._shard(k)
-    start, stop = ri.byte_range(local)
+  def _fetch_piece(self, piece: _Piece) -> _Piece:
+    """Reads the piece's chunks with one ranged read and verifies them (a pool thread)."""
+    obj, ri = self._shard(piece.k)
+    start, stop = ri.byte_range(piece.first)[0], ri.byte_range(piece.stop - 1)[1]
     self._count(0)
     data = read_range(obj, start, stop, self._options)
     self._count(len(data))
-    return data
+    reader = self._reader(piece.k)
+    try:
+      piece.records = reader.read_run(piece.first, piece.stop, data)
+    finally:
+      with self._cond:
+        self._reader_users[piece.k] -= 1
+        self._close_unused_readers()
+    return piece
 
   def _count(self, nbytes: int) -> None:
     """One more request (nbytes=0, when it is sent), or the bytes one brought."""
@@ -698,15 +779,40 @@ class RecordStream:
       else:
         self.requests += 1
 
+  def _pieces(self, indices: np.ndarray) -> list[_Piece]:
+    """The batch's records as pieces: each a run of neighbours in one shard, at most piece_bytes long."""
+    idx = np.unique(np.asarray(indices, np.int64))
+    if not len(idx):
+      return []
+    shard = np.searchsorted(self.order.starts, idx, side="right") - 1
+    local = idx - self.order.starts[shard]
+    breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(local) != 1)) + 1
+    pieces = []
+    for run_shard, run_local in zip(np.split(shard, breaks), np.split(local, breaks)):
+      k = int(run_shard[0])
+      info = self._infos[k]
+      per = max(1, -(-info.num_bytes // max(1, info.num_records)))  # the shard's mean record size
+      most = max(1, self._piece_bytes // per)
+      first, stop = int(run_local[0]), int(run_local[-1]) + 1
+      for a in range(first, stop, most):
+        pieces.append(_Piece(k, a, min(a + most, stop)))
+    return pieces
+
   def _start(self, position: int) -> None:
-    """Submits the chunk reads of batch `position` (self._cond held)."""
+    """Submits the piece reads of batch `position` (self._cond held)."""
     indices = self.order.indices(position)
-    self._started[position] = {int(i): self._pool.submit(self._fetch_record, int(i)) for i in indices}
+    futures: dict[int, concurrent.futures.Future] = {}
+    for piece in self._pieces(indices):
+      f = self._pool.submit(self._fetch_piece, piece)
+      first = int(self.order.starts[piece.k])
+      for local in range(piece.first, piece.stop):
+        futures[first + local] = f
+    self._started[position] = futures
     self._held += self._estimate(indices)
     self.peak_bytes = max(self.peak_bytes, self._held)
 
   def _estimate(self, indices) -> int:
-    """Bytes the chunks of `indices` take (the manifest's mean record size per shard)."""
+    """Bytes the records of `indices` take (the manifest's mean record size per shard)."""
     total = 0
     for i in indices:
       info = self._infos[int(np.searchsorted(self.order.starts, int(i), side="right")) - 1]
@@ -715,9 +821,9 @@ class RecordStream:
 
   @contextlib.contextmanager
   def batch(self, position: int):
-    """Waits for batch `position`'s chunks (fetching them now if the prefetcher has not); yields its indices.
+    """Waits for batch `position`'s pieces (fetching them now if the prefetcher has not); yields its indices.
 
-    A chunk whose read failed with a transient error (its retries spent while
+    A piece whose read failed with a transient error (its retries spent while
     it was prefetched) is read again, up to _SHARD_ATTEMPTS times in all.
     """
     with self._cond:
@@ -735,39 +841,42 @@ class RecordStream:
       self._cond.notify_all()
     try:
       for attempt in range(1, _SHARD_ATTEMPTS + 1):
-        concurrent.futures.wait(list(futures.values()))
-        failed = [i for i, f in futures.items() if f.exception() is not None and _transient(f.exception())]
+        distinct = {id(f): f for f in futures.values()}
+        concurrent.futures.wait(list(distinct.values()))
+        failed = [f for f in distinct.values() if f.exception() is not None and _transient(f.exception())]
         if not failed or attempt == _SHARD_ATTEMPTS:
           break
         with self._cond:
-          for i in failed:
-            futures[i] = self._pool.submit(self._fetch_record, i)
+          for f in failed:
+            piece = self._piece_of(f, futures)
+            again = self._pool.submit(self._fetch_piece, _Piece(piece.k, piece.first, piece.stop))
+            for i, g in futures.items():
+              if g is f:
+                futures[i] = again
       yield self.order.indices(position)
     finally:
       with self._cond:
         self._leave(position)
 
+  def _piece_of(self, future: concurrent.futures.Future, futures: dict) -> _Piece:
+    """The piece a failed future read (rebuilt from the records it was to bring)."""
+    records = sorted(i for i, f in futures.items() if f is future)
+    k, first = self._locate(records[0])
+    return _Piece(k, first, first + len(records))
+
   def raw(self, index: int) -> bytes:
-    """Record `index`, from the chunk its batch fetched, verified by the C++ reader.
+    """Record `index`, from the piece its batch fetched (verified by the C++ reader when it arrived).
 
     Raises:
-      CorruptRecordError: the chunk fails its hashes; the message names the shard, record and bytes.
-      ConnectionError, SourceChangedError: the chunk could not be read.
+      CorruptRecordError: the piece fails its hashes; the message names the shard, records and bytes.
+      ConnectionError, SourceChangedError: the piece could not be read.
     """
     k, local = self._locate(index)
-    data = self._chunk_of(index).result()
-    reader = self._reader(k)
-    self._tls.data = data  # what the reader's fetch gives it, in this thread
-    try:
-      return reader.read(local)
-    finally:
-      self._tls.data = None
-      with self._cond:
-        self._reader_users[k] -= 1
-        self._close_unused_readers()
+    piece = self._chunk_of(index).result()
+    return piece.records[local - piece.first]
 
   def _reader(self, k: int):
-    """Shard k's VerifiedRecordReader, counted as in use until raw() gives it back."""
+    """Shard k's VerifiedRecordReader, counted as in use until the caller gives it back."""
     from formats.arrayrecord_index import VerifiedRecordReader
 
     with self._cond:
@@ -777,14 +886,7 @@ class RecordStream:
         self._reader_users[k] = self._reader_users.get(k, 0) + 1
         return reader
     _, ri = self._shard(k)
-    tls = self._tls
-
-    def handed(start: int, stop: int) -> bytes:  # not a bound method: the reader must not hold the stream
-      data = getattr(tls, "data", None)
-      if data is None:
-        raise RuntimeError(f"bytes [{start}, {stop}) asked for outside raw()")
-      return data
-    made = VerifiedRecordReader(ri, handed, scratch_dir=self._folder)  # outside the lock: it writes the tail
+    made = VerifiedRecordReader(ri, _given_only, scratch_dir=self._folder)  # outside the lock: it writes the tail
     with self._cond:
       reader = self._readers.setdefault(k, made)
       self._readers.move_to_end(k)
@@ -864,11 +966,16 @@ class RecordStream:
     with self._cond:
       self._closed = True
       self._cond.notify_all()
-      readers, self._readers = list(self._readers.values()), collections.OrderedDict()
     self._pool.shutdown(wait=True, cancel_futures=True)
+    with self._cond:
+      readers, self._readers = list(self._readers.values()), collections.OrderedDict()
     for r in readers:
       r.close()
     self._finalizer()
+
+
+def _given_only(start: int, stop: int) -> bytes:
+  raise RuntimeError(f"bytes [{start}, {stop}) asked for: a RecordStream hands every piece's bytes to its reader")
 
 
 _FOLDER = re.compile(r"stream-(\d+)-[0-9a-f]{12}")

@@ -38,7 +38,7 @@ from loaders._order import per_host_batch_size
 from loaders._pinned import PinnedIterDataset, PinnedMapDataset
 from loaders._pinning import ON_NEW_DATA, DataIdentity, StateGuard, check_on_new_data, pin_output
 from loaders._shards import ShardedRecords
-from loaders._stream import RecordStream, ShardStream, StreamedBatches, WindowOrder
+from loaders._stream import DEFAULT_RUN_RECORDS, RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
 __all__ = ["FETCH_MODES", "ON_NEW_DATA", "data_source", "dataset", "map_dataset", "operations"]
@@ -210,8 +210,8 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
                 seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
                 drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
                 order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
-                cache_limit_bytes: int | None = None, fetch: str = "auto", lease: bool = True,
-                on_new_data: str = "error", **example_options) -> PinnedMapDataset:
+                cache_limit_bytes: int | None = None, fetch: str = "auto", run_records: int | None = None,
+                lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedMapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
 
   Its `to_iter_dataset()` iterators carry the data's identity in their states,
@@ -220,7 +220,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
   Args:
     path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
     drop_remainder, cache_dir, verify, order, global_batch_size, window_shards,
-    cache_limit_bytes, fetch, lease, on_new_data, **example_options: as in `dataset`.
+    cache_limit_bytes, fetch, run_records, lease, on_new_data, **example_options: as in `dataset`.
 
   Returns:
     A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
@@ -247,8 +247,11 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     identity = DataIdentity.of(output, split)
     if window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
       counts = [s.num_records for s in output.shards(split)]
+      if run_records is None:
+        run_records = DEFAULT_RUN_RECORDS if order == "global" else 1
       windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
-                            shard_count=shard_count, order=order, drop_remainder=drop_remainder)
+                            shard_count=shard_count, order=order, drop_remainder=drop_remainder,
+                            run_records=run_records)
       options = ExampleOptions(**example_options)
       example_transform(output.kind, output.features, options)  # refuses missing options before anything starts
       positions = windows.batches_per_epoch * num_epochs
@@ -283,7 +286,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
             verify: Verify = "sha256", order: str = "host", global_batch_size: int | None = None,
             window_shards: int | None = None, cache_limit_bytes: int | None = None, fetch: str = "auto",
-            lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedIterDataset:
+            run_records: int | None = None, lease: bool = True, on_new_data: str = "error",
+            **example_options) -> PinnedIterDataset:
   """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
 
   Args:
@@ -323,11 +327,17 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       than this is refused with advice instead of filling the disk.
     fetch: how a streamed gs:// split is fetched: "shards" (whole shards of
       the windows), "records" (ArrayRecord only: this host's records, one
-      ranged read each, verified by their chunk hashes; at most
-      cache_limit_bytes held in memory, ahead of 16 batches), or "auto"
-      (default): "records" with order="global" on several hosts (every host
-      reads every window), else "shards". Either way every host reads about
-      its share: one pass over the data in all.
+      ranged read per run of neighbouring records, verified by their chunk
+      hashes; at most cache_limit_bytes held in memory, ahead of 16
+      batches), or "auto" (default): "records" with order="global" on
+      several hosts (every host reads every window), else "shards". Either
+      way every host reads about its share: one pass over the data in all.
+    run_records: with window_shards, each window's records are shuffled as
+      runs of this many consecutive records of a shard (see docs/loaders.md:
+      what runs do to randomness); None (default): 8 with order="global"
+      (a host's batch of B records is B / 8 ranged reads), 1 (every record on
+      its own) with order="host". The batches depend on it: resume with the
+      value the state was saved with.
     lease: hold a lease (formats.leases) on the generation read while the
       dataset lives, so that clean-up after a rerun does not remove it;
       released by `close()` or when the dataset and its iterators are
@@ -354,8 +364,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
   ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
                    shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
                    cache_dir=cache_dir, verify=verify, order=order, global_batch_size=global_batch_size,
-                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, fetch=fetch, lease=lease,
-                   on_new_data=on_new_data, **example_options)
+                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, fetch=fetch,
+                   run_records=run_records, lease=lease, on_new_data=on_new_data, **example_options)
   # More threads than cores only adds GIL contention for the Python parts of a batch.
   threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))

@@ -27,13 +27,13 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
                   loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
                   order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
-                  cache_limit_bytes: int | None = None, cache_dir: str | None = None, lease: bool = True,
-                  on_new_data: str = "error", **example_options) -> DeviceLoader:
+                  cache_limit_bytes: int | None = None, cache_dir: str | None = None, run_records: int | None = None,
+                  lease: bool = True, on_new_data: str = "error", **example_options) -> DeviceLoader:
   """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.
 
   Args:
     path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify, order,
-      global_batch_size, window_shards, cache_limit_bytes, cache_dir, lease, on_new_data,
+      global_batch_size, window_shards, cache_limit_bytes, cache_dir, run_records, lease, on_new_data,
       **example_options: as in
       loaders.grain.dataset (order="global": a state resumes on any number of hosts with the same
       global batch; window_shards: stream a gs:// split through a bounded cache).
@@ -63,7 +63,8 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
                             shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
                             drop_remainder=True, num_threads=num_threads, verify=verify, order=order,
                             global_batch_size=global_batch_size, window_shards=window_shards,
-                            cache_limit_bytes=cache_limit_bytes, cache_dir=cache_dir, lease=lease,
+                            cache_limit_bytes=cache_limit_bytes, cache_dir=cache_dir, run_records=run_records,
+                            lease=lease,
                             on_new_data=on_new_data, **example_options)
   return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
                       device_prefetch_size=device_prefetch_size)

@@ -7,7 +7,8 @@
 Two things a real GCS does that `gcp-storage-emulator` does not, both needed to
 exercise the toolkit honestly:
   * faults: HTTP 5xx answers, dropped connections and stalls longer than a
-    client's retry budget, per path substring, a number of times or until cleared;
+    client's retry budget, before the answer or half-way through its body
+    ("cut", "stall_body"), per path substring, a number of times or until cleared;
   * generation preconditions: the emulator accepts an upload with a stale
     `ifGenerationMatch` (and a second create with `ifGenerationMatch=0`). The
     proxy enforces them as GCS does (HTTP 412), atomically per proxy: uploads
@@ -63,6 +64,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         time.sleep(fault.stall_seconds)
         self.close_connection = True
         return
+      if fault.mode in ("cut", "stall_body"):  # the answer starts, then the stream breaks or stops
+        self._forward(body, fault)
+        return
       self._reply(fault.status, {"error": {"code": fault.status, "message": "injected fault"}})
       return
     generation_match = _query(self.path).get("ifGenerationMatch")
@@ -90,7 +94,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if self.command != "HEAD":
       self.wfile.write(data)
 
-  def _forward(self, body: bytes) -> None:
+  def _forward(self, body: bytes, fault: _Fault | None = None) -> None:
     up = self.server.proxy._upstream
     conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
     headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS and k.lower() != "host"}
@@ -109,6 +113,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       self.send_header(k, v)
     self.send_header("Content-Length", str(len(data)))
     self.end_headers()
+    if fault is not None:  # half the body, then a dropped connection or a stall
+      self.wfile.write(data[:len(data) // 2])
+      self.wfile.flush()
+      if fault.mode == "stall_body":
+        time.sleep(fault.stall_seconds)
+      self.close_connection = True
+      self.connection.shutdown(2)
+      return
     if self.command != "HEAD":
       self.wfile.write(data)
 
@@ -166,8 +178,8 @@ class FaultProxy:
   def add_fault(self, path_contains: str, status: int = 503, times: int | None = None, mode: str = "status",
                 stall_seconds: float = 30.0, method: str | None = None) -> None:
     """Requests whose decoded path contains `path_contains` fail: `times` times, or until cleared."""
-    if mode not in ("status", "drop", "stall"):
-      raise ValueError(f"mode must be status, drop or stall, got {mode!r}")
+    if mode not in ("status", "drop", "stall", "cut", "stall_body"):
+      raise ValueError(f"mode must be status, drop, stall, cut or stall_body, got {mode!r}")
     with self._lock:
       self._faults.append(_Fault(path_contains, status, times, mode, stall_seconds, method))
 

@@ -411,11 +411,23 @@ def test_records_fetch_reads_each_hosts_share_only(many_shards, gcs_faults, tmp_
           assert stream.raw(int(i)) == _local_record(many_shards, int(i))
     fetched += stream.bytes_fetched
     touched = {int(np.searchsorted(order.starts, i, side="right")) - 1 for i in np.concatenate(want)}
-    assert stream.requests == order.batches_per_epoch * 4 + len(touched)  # a read per record, a tail per shard
+    # a read per run of neighbours in one shard (a piece), a tail per shard
+    assert stream.requests == sum(_runs_of(order, b) for b in want) + len(touched)
     stream.close()
   assert not gcs_faults._faults, "the faults were never hit"
   records_bytes = sum(s.num_bytes for s in info)
   assert fetched < 0.2 * records_bytes  # 120 records of ~800 B in 1.6 MB of shards: only the chunks asked for
+
+
+def _runs_of(order: WindowOrder, indices) -> int:
+  """How many runs of consecutive records of one shard a batch's records make."""
+  runs, last = 0, None
+  for i in sorted(int(i) for i in indices):
+    shard = int(np.searchsorted(order.starts, i, side="right")) - 1
+    if last is None or i != last[0] + 1 or shard != last[1]:
+      runs += 1
+    last = (i, shard)
+  return runs
 
 
 def _local_record(output: str, index: int) -> bytes:
@@ -505,14 +517,15 @@ def test_record_reads_that_failed_while_prefetched_are_read_again(many_shards, g
   upload_tree(many_shards, gs)
   kw = {"batch_size": 4, "window_shards": 2, "order": "global", "shard_count": 2, "num_threads": 2, "seed": 1}
   want = _batches(grain_loader.dataset(many_shards, **kw))
-  real, failed = RecordStream._fetch_record, set()
+  real, failed = RecordStream._fetch_piece, set()
 
-  def flaky(self, index):
-    if index not in failed:  # every record's first read fails, as after an outage that outlasted its retries
-      failed.add(index)
+  def flaky(self, piece):
+    key = (piece.k, piece.first, piece.stop)
+    if key not in failed:  # every piece's first read fails, as after an outage that outlasted its retries
+      failed.add(key)
       raise ConnectionError("an outage")
-    return real(self, index)
-  monkeypatch.setattr(RecordStream, "_fetch_record", flaky)
+    return real(self, piece)
+  monkeypatch.setattr(RecordStream, "_fetch_piece", flaky)
   got = _batches(grain_loader.dataset(gs, cache_dir=str(tmp_path), **kw))
   assert failed and _equal(got, want)
 
