@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageOps, TiffImagePlugin
 
 _EXIF_ORIENTATION = 0x0112
+_TRANSPOSING = range(2, 9)  # the orientations ImageOps.exif_transpose turns; 1 and unknown values need nothing
 # Decompression bombs: images above this many pixels are refused from their header,
 # before any decoding (`ImageOptions.max_pixels`, the `--max_image_pixels` flag).
 MAX_IMAGE_SIDE = 16384  # --image_size sides: a 16384x16384 RGB record is already 805 MB
@@ -226,12 +227,13 @@ def convert_image(data: bytes, options: ImageOptions) -> Converted:
   except (OSError, SyntaxError, ValueError, EOFError, Warning) as e:
     raise BadImage(f"corrupt or truncated image: {type(e).__name__}") from None
   try:
-    im = ImageOps.exif_transpose(im)
+    if im.getexif().get(_EXIF_ORIENTATION, 1) in _TRANSPOSING:  # else exif_transpose only copies the pixels
+      im = ImageOps.exif_transpose(im)
     im = to_rgb(im)
     if options.size is not None:
       im = resize_center_crop(im, options.size)
     if options.encoding == "raw":
-      return Converted(np.asarray(im, dtype=np.uint8).tobytes(), num_frames)
+      return Converted(im.tobytes(), num_frames)  # 8-bit RGB: H * W * 3 bytes, row by row
     out = io.BytesIO()
     im.save(out, format="JPEG", quality=options.jpeg_quality)
     return Converted(out.getvalue(), num_frames)
