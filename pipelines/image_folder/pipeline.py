@@ -148,38 +148,38 @@ def multi_frame_warning(count: int) -> str:
 
 
 class _InputCounts(beam.CombineFn):
-  """Events of the listing and the conversion → (files per (split, class), listing rejects,
-  undecodable names, multi-frame files): one combine for all the input accounting."""
+  """Events of the workers' listing → (files per (split, class), listing rejects, undecodable names):
+  one combine for the listing's accounting."""
 
   def create_accumulator(self):
-    return collections.Counter(), 0, 0, 0
+    return collections.Counter(), 0, 0
 
   def add_input(self, acc, event):
-    per_folder, rejects, undecodable, multi_frame = acc
+    per_folder, rejects, undecodable = acc
     kind, key, is_undecodable = event
     if kind == "file":
       per_folder[key] += 1
-    elif kind == "reject":
-      rejects += 1
     else:
-      multi_frame += 1
-    return per_folder, rejects, undecodable + int(is_undecodable), multi_frame
+      rejects += 1
+    return per_folder, rejects, undecodable + int(is_undecodable)
 
   def merge_accumulators(self, accs):
-    per_folder, totals = collections.Counter(), [0, 0, 0]
+    per_folder, totals = collections.Counter(), [0, 0]
     for counts, *rest in accs:
       per_folder.update(counts)
       totals = [t + r for t, r in zip(totals, rest)]
     return (per_folder, *totals)
 
   def extract_output(self, acc):
-    return dict(acc[0]), acc[1], acc[2], acc[3]
+    return dict(acc[0]), acc[1], acc[2]
 
 
-def _summarize_inputs(_, counts, folders, num_launcher_rejects, num_launcher_undecodable) -> InputSummary:
+def _summarize_inputs(_, counts, events, folders, num_launcher_rejects, num_launcher_undecodable) -> InputSummary:
   """Entries found (files + listing rejects + launcher rejects), a warning per empty
-  class folder, one for names that are not valid UTF-8 and one for multi-frame files."""
-  per_folder, num_listing_rejects, num_undecodable, num_multi_frame = counts
+  class folder, one for names that are not valid UTF-8 and one for multi-frame files
+  (the conversion's events, read as an iterable side input: never held as a list)."""
+  per_folder, num_listing_rejects, num_undecodable = counts
+  num_multi_frame = sum(1 for _ in events)
   warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not per_folder.get((split, cls))]
   if num_undecodable + num_launcher_undecodable:
     warnings.append(inputs.undecodable_warning(num_undecodable + num_launcher_undecodable))
@@ -320,27 +320,20 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
           lambda key, f, reason: Reject(f.path, reason, key[0]))
     done = planned.tasks | "Convert" >> ConvertShards(
         units, spec, PIPELINE, totals=planned.totals, processes=common.processes)
-    multi_frame = done.events | "MultiFrameEvents" >> beam.Map(lambda _: ("multi_frame", None, False))
-    if found.listed is not None:
-      counts = (
-          p
-          | "CountTrigger" >> beam.Create([None])
-          | "CountInputs" >> beam.Map(lambda _, n, c: (*c, n), c=launch_counts,
-                                      n=beam.pvalue.AsSingleton(multi_frame | beam.combiners.Count.Globally()))
-      )
+    if found.listed is not None:  # the listing's accounting is known here
+      counts = launch_counts
     else:
-      counts = (
+      counts = beam.pvalue.AsSingleton(
           (listed.files | "FileEvents" >> beam.MapTuple(lambda key, f, _: ("file", key, f.undecodable)),
-           listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)),
-           multi_frame)
-          | "InputEvents" >> beam.Flatten()
+           listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)))
+          | "ListingEvents" >> beam.Flatten()
           | "CountInputs" >> beam.CombineGlobally(_InputCounts())
       )
     summary = (
         p
         | "SummaryTrigger" >> beam.Create([None])
         | "SummarizeInputs" >> beam.Map(
-            _summarize_inputs, counts=beam.pvalue.AsSingleton(counts),
+            _summarize_inputs, counts=counts, events=beam.pvalue.AsIter(done.events),
             num_launcher_undecodable=layout.num_undecodable(),
             folders=[(s, inputs.printable(c), inputs.printable(f)) for s, c, f in folders],
             num_launcher_rejects=len(plan.launcher_rejects))
