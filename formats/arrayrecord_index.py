@@ -325,13 +325,24 @@ class VerifiedRecordReader:
         raise ValueError(f"{self.index.name}: read from a closed reader")
       try:
         os.pwrite(self._fd, data, start)
-        return self._reader.read(list(range(first, stop)))
-      except Exception as e:  # the C++ reader's own error: name the file, records and range
-        which = f"record {first}" if stop == first + 1 else f"records [{first}, {stop})"
-        raise CorruptRecordError(
-            f"{self.index.name}: {which} (chunk bytes [{start}, {end})): {type(e).__name__}: {e}") from None
+        try:
+          return self._reader.read(list(range(first, stop)))
+        except Exception as e:  # the C++ reader's own error: name the file, the first bad record and its range
+          i = self._first_bad(first, stop)
+          a, b = self.index.byte_range(i)
+          raise CorruptRecordError(
+              f"{self.index.name}: record {i} (chunk bytes [{a}, {b})): {type(e).__name__}: {e}") from None
       finally:
         self._free(start, end)
+
+  def _first_bad(self, first: int, stop: int) -> int:
+    """The first of records [first, stop) (their chunks written) the C++ reader refuses on its own (lock held)."""
+    for i in range(first, stop):
+      try:
+        self._reader.read([i])
+      except Exception:  # noqa: BLE001 - the C++ reader's own error
+        return i
+    return first
 
   def _free(self, start: int, stop: int) -> None:
     # Whole file system blocks, or those the chunk shares with its neighbours stay allocated (zeroed).
