@@ -170,7 +170,7 @@ class HeteroNeighborSampler:
                seed_type: str | None = None, seed: int = 0, shard_index: int = 0, shard_count: int = 1,
                split: str = "train", seed_nodes: np.ndarray | None = None, gather_features: bool = True,
                node_budget: Mapping[str, int] | None = None, feature_dtype=None, gather_threads: int = 1,
-               in_memory: bool | None = None, order: str = "host", global_batch_size: int | None = None):
+               in_memory: bool | None = None, order: str = "global", global_batch_size: int | None = None):
     """Prepares sampling over `split`'s seeds of `seed_type`.
 
     Args:

@@ -2,7 +2,7 @@
 
 Two orders, both a pure function of (seed, epoch) and the batch index:
 
-* "host" (the default, the toolkit's order so far): each epoch's seeded
+* "host" (the samplers' default before the global order became it): each epoch's seeded
   permutation of the seeds is dealt to the `shard_count` hosts in turn
   (host h gets every shard_count-th seed from h on), and each host cuts its
   share into batches of `batch_size`. Every host has the same number of

@@ -99,7 +99,7 @@ class NeighborSampler:
                seed: int = 0, shard_index: int = 0, shard_count: int = 1, split: str = "train",
                seed_nodes: np.ndarray | None = None, gather_features: bool = True,
                node_budget: int | None = None, feature_dtype=None, gather_threads: int = 1,
-               in_memory: bool | None = None, order: str = "host", global_batch_size: int | None = None):
+               in_memory: bool | None = None, order: str = "global", global_batch_size: int | None = None):
     """Prepares sampling over `split`'s seed nodes.
 
     Args:
@@ -116,9 +116,10 @@ class NeighborSampler:
       gather_threads: threads sharing each batch's feature gather.
       in_memory: copy the CSR and the features into process memory (default: when they take at most
         half of the available memory; False: always read through the memory-mapped file).
-      order: "host" (each host's share of every epoch, as before) or "global" (global step i takes the
-        next batch_size × shard_count seeds and host h its slice: the seeds of a step do not depend on
-        the host count, so a run resumes on another number of hosts; loaders._order).
+      order: "global" (the default: global step i takes the next batch_size × shard_count seeds and
+        host h its slice: the seeds of a step do not depend on the host count, so a run resumes on
+        another number of hosts; loaders._order) or "host" (each host's strided share of every epoch,
+        the default before).
       global_batch_size: with order="global", the seeds per global step instead of batch_size (which
         becomes global_batch_size / shard_count).
 

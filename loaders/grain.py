@@ -209,7 +209,7 @@ def _check_fits(output: Output, split: str, cache_dir: str | None, cache_limit_b
 def map_dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True,
                 seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
                 drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
-                order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
+                order: str = "global", global_batch_size: int | None = None, window_shards: int | None = None,
                 cache_limit_bytes: int | None = None, fetch: str = "auto", run_records: int | None = None,
                 lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedMapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
@@ -284,7 +284,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
 def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
             num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
-            verify: Verify = "sha256", order: str = "host", global_batch_size: int | None = None,
+            verify: Verify = "sha256", order: str = "global", global_batch_size: int | None = None,
             window_shards: int | None = None, cache_limit_bytes: int | None = None, fetch: str = "auto",
             run_records: int | None = None, lease: bool = True, on_new_data: str = "error",
             **example_options) -> PinnedIterDataset:
@@ -305,12 +305,13 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
     cache_dir: where gs:// shards are cached.
     verify: how local shards are proven against the manifest, "sha256" (default,
       once per shard per process), "size" or "none" (see docs/loaders.md).
-    order: "host" (each host's strided share, shuffled; the default) or "global"
-      (global step k takes the next batch_size × shard_count records of the
-      epoch's order over the whole split, host h its slice; random draws keyed
-      by the slot in the global batch: the batches of a step, and every
-      sample's patch, do not depend on the host count, so a saved state
-      resumes on any number of hosts with the same global batch).
+    order: "global" (the default: global step k takes the next batch_size ×
+      shard_count records of the epoch's order over the whole split, host h
+      its slice; random draws keyed by the slot in the global batch: the
+      batches of a step, and every sample's patch, do not depend on the host
+      count, so a saved state resumes on any number of hosts with the same
+      global batch) or "host" (each host's strided share, shuffled; the
+      default before, and what loaders.tfdata reads).
     global_batch_size: with order="global", the records per global step
       instead of batch_size (which becomes global_batch_size / shard_count).
     window_shards: read the split in windows of this many shards instead of

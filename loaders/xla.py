@@ -26,7 +26,7 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
                   seed: int = 0, shard_index: int | None = None, shard_count: int | None = None,
                   num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
                   loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
-                  order: str = "host", global_batch_size: int | None = None, window_shards: int | None = None,
+                  order: str = "global", global_batch_size: int | None = None, window_shards: int | None = None,
                   cache_limit_bytes: int | None = None, cache_dir: str | None = None, run_records: int | None = None,
                   lease: bool = True, on_new_data: str = "error", **example_options) -> DeviceLoader:
   """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.

@@ -446,15 +446,16 @@ def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(graph):
   assert not last["seed_mask"].any() and not last["node_mask"].any() and not last["edge_mask_0"].any()
 
 
-def test_global_batch_errors_and_the_host_order_stays_the_default(graph):
+def test_global_batch_errors_and_the_global_order_is_the_default(graph):
   with pytest.raises(ValueError, match="global_batch_size 24 is not divisible by shard_count 5"):
     _sampler(graph, order="global", global_batch_size=24, shard_count=5)
   with pytest.raises(ValueError, match="needs order='global'"):
-    _sampler(graph, global_batch_size=24)
+    _sampler(graph, order="host", global_batch_size=24)
   with pytest.raises(ValueError, match="order must be one of"):
     _sampler(graph, order="elastic")
-  host = _sampler(graph, shard_index=1, shard_count=3)
-  assert host.order == "host" and host.per_shard == 50 and len(host) == 4  # as before: every 3rd seed from 1 on
+  assert _sampler(graph, shard_index=1, shard_count=3).order == "global"
+  host = _sampler(graph, shard_index=1, shard_count=3, order="host")
+  assert host.per_shard == 50 and len(host) == 4  # every 3rd seed from 1 on
 
 
 def test_a_batch_size_that_disagrees_with_the_global_batch_is_refused(graph):
