@@ -23,9 +23,13 @@ batches from:
       2-CPU machine), each reading through its own readers and copying each
       record's pixel bytes once into a preallocated batch, nothing decoded.
 
-  (f) streaming: scripts/bench_stream.py on --stream kinds (one epoch from
-      the GCS emulator through a cache of 40 % of the split vs the same
-      window order from local disk, and ranged reads of one host's records).
+  (f) streaming: scripts/bench_stream.py on --stream kinds (two epochs from
+      the benchmark bucket, scripts/bench_bucket.py: 30 ms to the first byte,
+      100 MB/s per connection, through a cache of 40 % of the split vs the
+      same window order from local disk, and ranged reads of one host's
+      records in runs), with the targets (>= 0.8x local for JPEG, >= 0.6x for
+      raw, >= 0.5x for one host's records) and the client's CPU-seconds per
+      GB fetched and verified (target <= 0.3).
   (g) the cost of pinning and leases: (a)'s record path with lease=False
       (the manifest read once either way; with the default lease=True a
       lease object is written, the manifest read again to prove it came in
@@ -348,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--xla", default="raw,jpeg", help="shard kinds for (b), comma-separated; empty: skip (b)")
   ap.add_argument("--rounds", type=int, default=3, help="rounds; every variant runs once per round")
   ap.add_argument("--stream", default="jpeg,raw",
-                  help="shard kinds to stream from the GCS emulator (scripts/bench_stream.py) after the loader "
+                  help="shard kinds to stream from the benchmark bucket (scripts/bench_stream.py) after the loader "
                        "variants, comma-separated; empty: skip")
   ap.add_argument("--json", default=None, help="also write the results here")
   ap.add_argument("--pinning_only", action="store_true",
