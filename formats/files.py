@@ -364,36 +364,6 @@ def cache_path(path: str, sha256: str, cache_root: str) -> str:
   return os.path.join(cache_root, sha256[:16], os.path.basename(path))
 
 
-def cached_copy(path: str, sha256: str, cache_root: str) -> str:
-  """A local, verified copy of `path` under `cache_root`, downloaded once.
-
-  The copy lives in `<cache_root>/<sha256[:16]>/<basename>`; a `.verified`
-  marker beside it records that its SHA-256 matched, so later calls reuse it.
-  A mismatch deletes the download and raises ValueError naming the file.
-
-  Args:
-    path: a local or gs:// file.
-    sha256: its expected hex SHA-256 (from the manifest).
-    cache_root: the cache folder.
-
-  Returns:
-    The local copy's path.
-
-  Raises:
-    ValueError: the download's SHA-256 differs.
-  """
-  local = cache_path(path, sha256, cache_root)
-  if not os.path.exists(local + ".verified"):
-    download(path, local)
-    digest = sha256_file(local)
-    if digest != sha256:
-      os.remove(local)
-      raise ValueError(f"{path}: sha256 {digest[:12]}... differs from the manifest's {sha256[:12]}... "
-                       "(corrupt or changed)")
-    open(local + ".verified", "w").close()
-  return local
-
-
 class LocalCopy:
   """Context manager giving a local path for `path`: itself if local, else a temp download."""
 

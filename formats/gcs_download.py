@@ -257,6 +257,8 @@ def read_range_into(obj: RemoteObject, start: int, buffer, options: DownloadOpti
       obj._answered(gcs_media.read_into(obj.path, start, buffer, generation=obj.generation,
                                         timeout=options.timeout_s))
       return
+    except gcs_media.ObjectTooShort as e:
+      raise CorruptRecordError(f"{obj.path}: {e.size} bytes, the manifest says {obj.size}") from None
     except gcs_media.GenerationMismatch:
       raise SourceChangedError(f"{obj.path} was replaced during the download (generation {obj.generation} "
                                "no longer current); load it again") from None

@@ -20,7 +20,8 @@ credentials, refreshed by google-auth); against STORAGE_EMULATOR_HOST no
 credentials are sent, as google-cloud-storage does. An HTTPS proxy from the
 environment (`https_proxy`, `no_proxy`) is tunnelled through (CONNECT).
 
-Errors: 404 FileNotFoundError, 412 GenerationMismatch, 429 and 5xx
+Errors: 404 FileNotFoundError, 412 GenerationMismatch, an object shorter than the range ObjectTooShort
+(its size), 429 and 5xx
 TransientHTTPError, a dropped, timed-out or short answer ConnectionError or
 TimeoutError (all three transient: the caller retries), 401/403
 PermissionError, anything else OSError. A connection is reused only after its
@@ -39,7 +40,8 @@ import threading
 import urllib.parse
 import urllib.request
 
-__all__ = ["DEFAULT_TIMEOUT_S", "GenerationMismatch", "MediaAnswer", "TransientHTTPError", "endpoint", "read_into"]
+__all__ = ["DEFAULT_TIMEOUT_S", "GenerationMismatch", "MediaAnswer", "ObjectTooShort", "TransientHTTPError",
+           "endpoint", "read_into"]
 
 # A socket read that waits longer than this fails (a stalled stream), and the caller's retry takes over.
 DEFAULT_TIMEOUT_S = 60.0
@@ -56,6 +58,14 @@ class TransientHTTPError(ConnectionError):
   def __init__(self, status: int, message: str):
     super().__init__(message)
     self.status = status
+
+
+class ObjectTooShort(OSError):
+  """The object ends before the range asked for (the answer is clipped at its end): `size` says where."""
+
+  def __init__(self, size: int, message: str):
+    super().__init__(message)
+    self.size = size
 
 
 class GenerationMismatch(RuntimeError):
@@ -116,6 +126,12 @@ def read_into(path: str, start: int, buffer, *, generation: int | None = None,
       response = conn.getresponse()
     except http.client.HTTPException as e:  # a bad status line, a closed connection: the network's doing
       raise ConnectionError(f"{path}: {type(e).__name__}: {e}") from None
+    if response.status == 416:  # a range past the end: how long the object is, if the server says
+      size = re.fullmatch(r"bytes \*/(\d+)", response.getheader("Content-Range", ""))
+      if size is not None:
+        response.read(_ERROR_BODY)
+        raise ObjectTooShort(int(size.group(1)), f"{path}: {size.group(1)} bytes, fewer than the {start + n} "
+                             "asked for")
     if response.status not in (200, 206):
       body = response.read(_ERROR_BODY)
       reusable = not response.will_close and response.length in (0, None) and response.isclosed()
@@ -160,6 +176,8 @@ def _answer(path: str, response, start: int, n: int, generation: int | None) -> 
     raise GenerationMismatch(f"{path}: generation {got_gen} answered, {generation} was asked for")
   if response.status == 206:
     m = _CONTENT_RANGE.fullmatch(response.getheader("Content-Range", ""))
+    if m is not None and int(m.group(1)) == start and int(m.group(2)) == int(m.group(3)) - 1 < start + n - 1:
+      raise ObjectTooShort(int(m.group(3)), f"{path}: {m.group(3)} bytes, fewer than the {start + n} asked for")
     if m is None or int(m.group(1)) != start or int(m.group(2)) != start + n - 1:
       raise OSError(f"{path}: asked for bytes [{start}, {start + n}), the answer is "
                     f"{response.getheader('Content-Range')!r}")

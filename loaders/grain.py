@@ -321,7 +321,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       SHA-256 checked as they arrive), kept in a private cache bounded by
       `cache_limit_bytes` and deleted after use; a local output is read in the
       same order from its files. None (default): random access over the
-      whole split (a gs:// split is first copied whole into `cache_dir`).
+      whole split (a gs:// split is first copied whole into `cache_dir`, by
+      parallel ranged reads).
     cache_limit_bytes: the most local disk the streamed shards may take
       (default: half the free space of the cache's disk, divided among the
       host's loader processes); with window_shards=None, a gs:// split larger

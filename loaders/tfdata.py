@@ -118,7 +118,7 @@ def _checked_shards(output: Output, split: str, cache_dir: str | None, verify: V
   length or a truncated file is reported here, naming the shard and record.
   """
   shards = output.shards(split)
-  paths = [output.local_copy(s, cache_dir, verify) for s in shards]
+  paths = output.local_copies(shards, cache_dir, verify)
   if verify_level(verify) != "none":
     for local, s in zip(paths, shards):
       n = output.adapter.num_records(local)

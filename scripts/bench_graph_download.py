@@ -113,7 +113,10 @@ def emulator(bucket: str = "bench") -> Iterator[str]:
 
 def _old_path(src: str, info: FileInfo, cache: str) -> None:
   """What loaders.graph.load did before: one stream, then the SHA-256 and every section's CRC, each a pass."""
-  local = files.cached_copy(src, info.sha256, cache)
+  local = files.cache_path(src, info.sha256, cache)
+  files.download(src, local)
+  if sha256_file(local) != info.sha256:
+    raise RuntimeError(f"{src}: the download differs from the manifest")
   GraphBin(local, verify=True)
 
 

@@ -23,38 +23,6 @@ def test_write_bytes_replaces_whole_files_and_leaves_no_temporary(tmp_path):
   assert os.listdir(tmp_path / "a") == ["b.json"]
 
 
-def test_cached_copy_downloads_once_then_reuses_the_verified_copy(tmp_path):
-  src = tmp_path / "shard"
-  src.write_bytes(b"payload")
-  cache = str(tmp_path / "cache")
-  local = files.cached_copy(str(src), _sha(b"payload"), cache)
-  assert open(local, "rb").read() == b"payload"
-  assert local.startswith(cache) and os.path.exists(local + ".verified")
-  src.write_bytes(b"changed at the source")  # a later call trusts the verified copy: no second download
-  assert files.cached_copy(str(src), _sha(b"payload"), cache) == local
-  assert open(local, "rb").read() == b"payload"
-
-
-def test_cached_copy_refuses_bytes_that_do_not_match_and_keeps_nothing(tmp_path):
-  src = tmp_path / "shard"
-  src.write_bytes(b"tampered")
-  cache = tmp_path / "cache"
-  with pytest.raises(ValueError, match=r"shard: sha256 .* differs from the manifest's"):
-    files.cached_copy(str(src), _sha(b"payload"), str(cache))
-  assert [f for _, _, fs in os.walk(cache) for f in fs] == []  # neither the copy nor a marker
-
-
-def test_copies_of_two_files_with_one_name_do_not_collide(tmp_path):
-  (tmp_path / "x").mkdir()
-  (tmp_path / "y").mkdir()
-  (tmp_path / "x" / "shard").write_bytes(b"one")
-  (tmp_path / "y" / "shard").write_bytes(b"two")
-  cache = str(tmp_path / "cache")
-  a = files.cached_copy(str(tmp_path / "x" / "shard"), _sha(b"one"), cache)
-  b = files.cached_copy(str(tmp_path / "y" / "shard"), _sha(b"two"), cache)
-  assert a != b and open(a, "rb").read() == b"one" and open(b, "rb").read() == b"two"
-
-
 def test_local_copy_is_the_file_itself_when_local(tmp_path):
   path = tmp_path / "f"
   path.write_bytes(b"x")

@@ -40,8 +40,9 @@ def test_a_range_is_read_into_the_buffer_with_its_generation_and_size_on_one_kep
   assert server.stats()["connections"] - before == 2
   with pytest.raises(FileNotFoundError):
     gcs_media.read_into("gs://bkt/dir/missing", 0, bytearray(10))
-  with pytest.raises(OSError, match="416"):
+  with pytest.raises(gcs_media.ObjectTooShort) as short:  # a range past the end: 416, and the size
     gcs_media.read_into(path, len(data) + 5, bytearray(10))
+  assert short.value.size == len(data)
   with pytest.raises(ValueError):
     gcs_media.read_into("gs://bkt", 0, bytearray(10))
 
@@ -99,3 +100,6 @@ def test_answers_a_server_should_not_give_are_refused():
     check(206, {**ok, "Content-Encoding": "gzip"})
   with pytest.raises(OSError, match="names generation"):
     check(206, {**ok, "x-goog-generation": "five"})
+  with pytest.raises(gcs_media.ObjectTooShort) as short:  # the object ends inside the range
+    check(206, {**ok, "Content-Range": "bytes 0-4/5"})
+  assert short.value.size == 5

@@ -157,7 +157,43 @@ def test_a_gs_output_is_copied_once_and_checked(tmp_path, gcs_emulator):
   assert [len(out.open_records("train", cache_dir=cache))] == [5]
   assert out.verify(io.StringIO()) == 0
   files.write_bytes(out.shard_path(out.shards("train")[1]), b"not the shard")  # replaced behind the manifest
-  with pytest.raises(CorruptRecordError, match="differs from the manifest's"):
+  with pytest.raises(CorruptRecordError, match="bytes, the manifest says"):
     out.local_copy(out.shards("train")[1], cache_dir=str(tmp_path / "cache2"))
   with pytest.raises(NotAnOutputError):
     open_output(f"gs://{gcs_emulator}/formats-no-output")
+
+
+@pytest.mark.gcs
+def test_a_gs_splits_shards_are_fetched_in_parallel_once_and_a_lying_one_keeps_nothing(tmp_path, gcs_faults):
+  """local_copies: every shard of a gs:// split fetched by parallel ranged reads, several at once, its SHA-256
+  checked as it arrives; a second call fetches nothing; a shard whose bytes differ from the manifest (same size,
+  other bytes, as a writer of the bucket could leave) is refused and leaves nothing in the cache."""
+  from tests.conftest import upload_tree
+
+  local_root = str(tmp_path / "out")
+  make_output(local_root, sizes=(3, 2, 4, 1, 2))
+  gs_root = f"gs://{gcs_faults.bucket}/formats-output-parallel"
+  upload_tree(local_root, gs_root)
+  out = open_output(gs_root)
+  shards = out.shards("train")
+  cache = str(tmp_path / "cache")
+  media = lambda: gcs_faults.requests_seen("formats-output-parallel/", method="GET") - gcs_faults.requests_seen(
+      "manifest.json", method="GET")
+  before = media()
+  paths = out.local_copies(shards, cache_dir=cache)
+  assert [open(p, "rb").read() for p in paths] == [open(os.path.join(local_root, s.path), "rb").read() for s in shards]
+  assert all(os.path.exists(p + ".verified") and p.startswith(cache) for p in paths)
+  fetched = media() - before
+  assert fetched >= len(shards)
+  assert out.local_copies(shards, cache_dir=cache) == paths and media() - before == fetched  # reused, not fetched
+  victim = shards[2]
+  with open(os.path.join(local_root, victim.path), "rb") as f:
+    data = bytearray(f.read())
+  data[len(data) // 2] ^= 0xFF
+  files.write_bytes(out.shard_path(victim), bytes(data))
+  fresh = str(tmp_path / "fresh")
+  with pytest.raises(CorruptRecordError, match="sha256 .* differs from the manifest's"):
+    out.local_copies(shards, cache_dir=fresh)
+  left = [f for _, _, fs in os.walk(fresh) for f in fs if os.path.basename(victim.path) in f]
+  assert [f for f in left if not f.endswith(".lock")] == []  # no copy, partial or marker of the liar
+  assert files.cache_path("gs://b/x/shard", "ab" * 32, cache) != files.cache_path("gs://b/y/shard", "cd" * 32, cache)
