@@ -10,7 +10,7 @@ kind's transform in place:
 | kind | what is written into the slot |
 |---|---|
 | images, raw | the pixel bytes, copied once from the record |
-| images, JPEG | the decoded image (loaders._transforms._decode_image: the same Pillow calls) |
+| images, JPEG | the decoded image (loaders._transforms._decode_into: Pillow's pixels; simplejpeg for a JPEG of the target size) |
 | tensors | every batched Tensor's bytes or values, every ClassLabel |
 | graphs | edges, features and masks padded to max_nodes / max_edges |
 | CT volumes | the transform's patch (decode, transform, copy: the generic path) |
@@ -39,7 +39,7 @@ import numpy as np
 from formats.errors import CorruptRecordError, ExampleDecodeError
 from formats.example import BYTES_LIST, FLOAT_LIST, INT64_LIST, FeatureFinder
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from loaders._transforms import ExampleOptions, _decode_image, batched_features, example_transform, fill_batch
+from loaders._transforms import ExampleOptions, _decode_into, batched_features, example_transform, fill_batch
 
 __all__ = ["BatchFiller"]
 
@@ -186,7 +186,7 @@ class _Plan:
 
 
 class _Images(_Plan):
-  """Images: raw pixels copied, or encoded images decoded by _decode_image; the label as int64."""
+  """Images: raw pixels copied, or encoded images decoded by _decode_into; the label as int64."""
 
   def __init__(self, features: Features, finder: FeatureFinder, size: tuple[int, int] | None):
     super().__init__(features, finder, raw=("image",) if size is None else ())
@@ -213,7 +213,7 @@ class _Images(_Plan):
         images[j] = image
     else:
       try:
-        images[j] = _decode_image(image, self._size)
+        _decode_into(images[j], image, self._size)
       except Exception as e:  # noqa: BLE001 - Pillow's many errors for bytes that are not an image
         raise _BadFeature(f"feature 'image': does not decode as an image ({type(e).__name__})") from None
     if labels is not None:

@@ -136,3 +136,52 @@ def test_fill_batch_copies_pads_and_masks():
   assert out["a"][0, 0, 0] == 1
   full = fill_batch(examples, 3, with_mask=False)
   assert "mask" not in full and full["a"][:, 1, 2].tolist() == [1, 2, 3]
+
+
+def _jpeg(array, **save) -> bytes:
+  import io
+
+  from PIL import Image
+
+  buf = io.BytesIO()
+  Image.fromarray(array).save(buf, "JPEG", **save)
+  return buf.getvalue()
+
+
+def test_jpegs_of_the_target_size_decode_to_pillows_pixels_whatever_decoder_runs(monkeypatch):
+  """_decode_into (simplejpeg for a YCbCr JPEG already of the size, else Pillow) gives _decode_image's pixels:
+  baseline and progressive, 4:2:0 / 4:2:2 / 4:4:4, restart markers, other sizes (drafted and resized), gray,
+  CMYK; the fast path is really taken for the converters' own form; a truncated JPEG fails either way."""
+  import io
+
+  from PIL import Image
+
+  from loaders import _transforms as t
+
+  rng = np.random.default_rng(3)
+  x = np.linspace(0, 255, 64)
+  photo = (np.stack(np.meshgrid(x, x), -1).sum(-1)[..., None] / 2 + rng.normal(0, 25, (64, 64, 3))).clip(0, 255)
+  photo = photo.astype(np.uint8)
+  cases = {
+      "baseline 4:2:0 q95": _jpeg(photo, quality=95),
+      "progressive": _jpeg(photo, quality=90, progressive=True),
+      "4:2:2": _jpeg(photo, quality=85, subsampling=1),
+      "4:4:4": _jpeg(photo, quality=75, subsampling=0),
+      "restart markers": _jpeg(photo, quality=80, restart_marker_blocks=2),
+      "larger: drafted and resized": _jpeg(np.repeat(np.repeat(photo, 3, 0), 3, 1), quality=90),
+      "gray": _jpeg(photo[..., 0]),
+  }
+  cmyk = io.BytesIO()
+  Image.fromarray(photo).convert("CMYK").save(cmyk, "JPEG")
+  cases["CMYK"] = cmyk.getvalue()
+  fast = []
+  real = t.simplejpeg.decode_jpeg
+  monkeypatch.setattr(t.simplejpeg, "decode_jpeg", lambda *a, **k: fast.append(1) or real(*a, **k))
+  for name, data in cases.items():
+    for form in (data, memoryview(data)):
+      out = np.zeros((64, 64, 3), np.uint8)
+      t._decode_into(out, form, (64, 64))
+      assert np.array_equal(out, t._decode_image(bytes(data), (64, 64))), name
+  assert len(fast) == 2 * 5  # the five YCbCr JPEGs of the size, in both forms; the others went through Pillow
+  with pytest.raises(OSError):
+    t._decode_into(np.zeros((64, 64, 3), np.uint8), cases["baseline 4:2:0 q95"][:400], (64, 64))
