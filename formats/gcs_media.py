@@ -21,11 +21,13 @@ credentials are sent, as google-cloud-storage does. An HTTPS proxy from the
 environment (`https_proxy`, `no_proxy`) is tunnelled through (CONNECT).
 
 Errors: 404 FileNotFoundError, 412 GenerationMismatch, an object shorter than the range ObjectTooShort
-(its size), 429 and 5xx
-TransientHTTPError, a dropped, timed-out or short answer ConnectionError or
-TimeoutError (all three transient: the caller retries), 401/403
-PermissionError, anything else OSError. A connection is reused only after its
-answer was read to the end.
+(its size), 408, 429 and 5xx TransientHTTPError, a dropped, timed-out, cut or
+refused connection, a TLS or name-resolution failure ConnectionError or
+TimeoutError (all transient: the caller retries), 401 (after one refresh of
+the credentials) and 403 PermissionError, any other answer OSError. A
+connection is reused only after its answer was read to the end, and not after
+_IDLE_S idle; one the far end closed while idle is replaced at once, without
+counting as a failed try. The pool is emptied in a forked child.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 import urllib.request
 
@@ -50,10 +53,13 @@ _SCOPES = ("https://www.googleapis.com/auth/devstorage.read_only",)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 _ERROR_BODY = 64 << 10  # bytes of an error answer read (for its message), at most
 _IDLE_PER_HOST = 64  # idle connections kept per host
+# A connection idle longer than this is not reused: GCP's firewall drops idle flows after minutes without a reset,
+# and a read on such a connection would wait for its whole timeout.
+_IDLE_S = 30.0
 
 
 class TransientHTTPError(ConnectionError):
-  """HTTP 429 or 5xx: worth another try."""
+  """HTTP 408, 429 or 5xx: worth another try."""
 
   def __init__(self, status: int, message: str):
     super().__init__(message)
@@ -116,16 +122,34 @@ def read_into(path: str, start: int, buffer, *, generation: int | None = None,
   bucket, name = _split(path)
   query = "alt=media" + (f"&ifGenerationMatch={int(generation)}" if generation is not None else "")
   target = f"/download/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/{urllib.parse.quote(name, safe='')}"
-  headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity"}
-  _POOL.authorize(headers)
-  conn = _POOL.take(timeout)
+  for refreshed in (False, True):
+    headers = {"Range": f"bytes={start}-{start + n - 1}", "Accept-Encoding": "identity"}
+    _POOL.authorize(headers, refresh=refreshed)
+    try:
+      return _read_once(path, f"{_POOL.prefix}{target}?{query}", headers, start, view, generation, timeout)
+    except PermissionError as e:
+      if refreshed or "HTTP 401" not in str(e) or _POOL.anonymous():
+        raise  # a 401 is tried once more with fresh credentials (an expired token); a 403 is final
+  raise AssertionError("unreachable")
+
+
+def _read_once(path: str, url: str, headers: dict, start: int, view: memoryview, generation: int | None,
+               timeout: float | None) -> MediaAnswer:
+  """One GET; on an idle pooled connection that the far end had closed, once more on a new one."""
+  n = len(view)
+  conn, reused = _POOL.take(timeout)
   reusable = False
   try:
     try:
-      conn.request("GET", f"{_POOL.prefix}{target}?{query}", headers=headers)
+      conn.request("GET", url, headers=headers)
       response = conn.getresponse()
-    except http.client.HTTPException as e:  # a bad status line, a closed connection: the network's doing
-      raise ConnectionError(f"{path}: {type(e).__name__}: {e}") from None
+    except (http.client.HTTPException, ConnectionError) as e:
+      if not reused:
+        raise
+      conn.close()  # a kept connection the far end closed while it was idle: no byte came, try a new one
+      conn, reused = _POOL.take(timeout, fresh=True)
+      conn.request("GET", url, headers=headers)
+      response = conn.getresponse()
     if response.status == 416:  # a range past the end: how long the object is, if the server says
       size = re.fullmatch(r"bytes \*/(\d+)", response.getheader("Content-Range", ""))
       if size is not None:
@@ -134,7 +158,7 @@ def read_into(path: str, start: int, buffer, *, generation: int | None = None,
                              "asked for")
     if response.status not in (200, 206):
       body = response.read(_ERROR_BODY)
-      reusable = not response.will_close and response.length in (0, None) and response.isclosed()
+      reusable = not response.will_close and response.isclosed()
       raise _error(path, response.status, body)
     answer = _answer(path, response, start, n, generation)
     got = 0
@@ -146,17 +170,23 @@ def read_into(path: str, start: int, buffer, *, generation: int | None = None,
         got += k
     except http.client.IncompleteRead:
       pass
-    except http.client.HTTPException as e:
-      raise ConnectionError(f"{path}: {type(e).__name__} while reading bytes [{start}, {start + n})") from None
     if got != n:
       raise ConnectionError(f"{path}: the answer ended after {got} of {n} bytes of [{start}, {start + n})")
-    if response.length:  # more than asked for: not an answer to this request
+    if not response.isclosed() and response.read(1):  # more than asked for: not an answer to this request
       raise OSError(f"{path}: the server sent more than the {n} bytes of [{start}, {start + n})")
-    reusable = not response.will_close
+    reusable = not response.will_close and response.isclosed()
     return answer
   except socket.timeout:
     raise TimeoutError(f"{path}: no bytes for {timeout or DEFAULT_TIMEOUT_S:g} s while reading [{start}, "
                        f"{start + n})") from None
+  except http.client.HTTPException as e:  # a bad status line, a broken chunk: the network's doing
+    raise ConnectionError(f"{path}: {type(e).__name__}: {e}") from None
+  except (ssl.SSLError, socket.gaierror) as e:  # a TLS or name-resolution failure: transient, as requests says
+    raise ConnectionError(f"{path}: {type(e).__name__}: {e}") from None
+  except OSError as e:
+    if e.errno is None or isinstance(e, (FileNotFoundError, PermissionError)):
+      raise  # this module's own answers (no errno): a wrong answer, not the network
+    raise ConnectionError(f"{path}: {type(e).__name__}: {e}") from None  # unreachable network, reset, ...
   finally:
     if reusable:
       _POOL.give(conn)
@@ -199,7 +229,7 @@ def _error(path: str, status: int, body: bytes) -> OSError | RuntimeError:
     return GenerationMismatch(text)
   if status == 416:
     return OSError(f"{text} (a range past the object's end)")
-  if status == 429 or status >= 500:
+  if status in (408, 429) or status >= 500:
     return TransientHTTPError(status, text)
   if status in (401, 403):
     return PermissionError(text)
@@ -232,7 +262,7 @@ class _Pool:
 
   def __init__(self):
     self._lock = threading.Lock()
-    self._idle: list[http.client.HTTPConnection] = []
+    self._idle: list[tuple[http.client.HTTPConnection, float, str]] = []  # (connection, idle since, endpoint)
     self._root: str | None = None
     self.prefix = ""
     self._credentials = None
@@ -243,7 +273,7 @@ class _Pool:
     if root == self._root:
       return
     with self._lock:
-      for conn in self._idle:
+      for conn, _, _ in self._idle:
         conn.close()
       self._idle = []
       parts = urllib.parse.urlsplit(root)
@@ -251,35 +281,55 @@ class _Pool:
       self._credentials = None if os.environ.get("STORAGE_EMULATOR_HOST") else _default_credentials()
       self._root = root
 
-  def authorize(self, headers: dict) -> None:
+  def anonymous(self) -> bool:
+    return self._credentials is None
+
+  def authorize(self, headers: dict, refresh: bool = False) -> None:
     self._configure()
     creds = self._credentials
     if creds is None:
       return
     with self._auth_lock:  # google-auth's refresh is not thread-safe
-      if not creds.valid:
+      if refresh or not creds.valid:
         import google.auth.transport.requests
 
         creds.refresh(google.auth.transport.requests.Request())
       creds.apply(headers)
 
-  def take(self, timeout: float | None) -> http.client.HTTPConnection:
+  def take(self, timeout: float | None, fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
+    """(a connection, whether it was kept from an earlier request); idle ones past _IDLE_S are closed."""
     self._configure()
+    conn = None
+    now = time.monotonic()
     with self._lock:
-      conn = self._idle.pop() if self._idle else None
+      while self._idle and not fresh:
+        conn, since, root = self._idle.pop()
+        if now - since <= _IDLE_S and root == self._root:
+          break
+        conn.close()
+        conn = None
+    reused = conn is not None
     if conn is None:
       conn = self._connect()
+      conn._toolkit_root = self._root
     conn.timeout = timeout or DEFAULT_TIMEOUT_S
     if conn.sock is not None:
       conn.sock.settimeout(conn.timeout)
-    return conn
+    return conn, reused
 
   def give(self, conn: http.client.HTTPConnection) -> None:
     with self._lock:
-      if len(self._idle) < _IDLE_PER_HOST:
-        self._idle.append(conn)
+      if len(self._idle) < _IDLE_PER_HOST and getattr(conn, "_toolkit_root", None) == self._root:
+        self._idle.append((conn, time.monotonic(), self._root))
         return
     conn.close()
+
+  def forget(self) -> None:
+    """Drops every idle connection and the credentials (a forked child must not share its parent's sockets)."""
+    self._idle = []
+    self._lock = threading.Lock()
+    self._auth_lock = threading.Lock()
+    self._root = None
 
   def _connect(self) -> http.client.HTTPConnection:
     parts = urllib.parse.urlsplit(f"{self._scheme}://{self._netloc}")
@@ -317,3 +367,4 @@ def _tls_context() -> ssl.SSLContext:
 
 
 _POOL = _Pool()
+os.register_at_fork(after_in_child=_POOL.forget)

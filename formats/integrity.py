@@ -20,7 +20,7 @@ from typing import Literal
 from formats.errors import CorruptRecordError
 from formats.manifest import sha256_file
 
-__all__ = ["VERIFY_LEVELS", "Verify", "check_local_file", "verify_level"]
+__all__ = ["VERIFY_LEVELS", "Verify", "check_local_file", "remember_verified", "verify_level"]
 
 VERIFY_LEVELS = ("sha256", "size", "none")
 Verify = Literal["sha256", "size", "none"] | bool
@@ -47,6 +47,14 @@ def verify_level(verify: Verify) -> str:
   if not isinstance(verify, str) or verify not in VERIFY_LEVELS:
     raise ValueError(f"verify must be one of {VERIFY_LEVELS} or a bool, got {verify!r}")
   return verify
+
+
+def remember_verified(path: str, sha256: str) -> None:
+  """Records that the local file at `path`, as it is now, has this SHA-256 (a download that checked every byte
+  as it arrived), so that check_local_file does not hash it again in this process."""
+  st = os.stat(path)
+  with _verified_lock:
+    _verified.add((os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256))
 
 
 def check_local_file(path: str, num_bytes: int, sha256: str, verify: Verify,

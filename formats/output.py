@@ -37,7 +37,7 @@ from formats import adapters, files, gcs_download, kinds, naming
 from formats.errors import CorruptRecordError, NotAnOutputError
 from formats.features import Features
 from formats.graphbin import GraphBin
-from formats.integrity import Verify, check_local_file, verify_level
+from formats.integrity import Verify, check_local_file, remember_verified, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
 
 __all__ = [
@@ -413,13 +413,16 @@ def _fetch(src: str, info: ShardInfo | FileInfo, local: str) -> None:
     CorruptRecordError: the bytes differ from the manifest (nothing is kept).
     FileNotFoundError: the manifest lists the file but the bucket does not hold it.
   """
-  try:
-    gcs_download.download(gcs_download.RemoteObject(src, info.num_bytes), local, info.sha256,
-                          options=DOWNLOAD_OPTIONS)
+  try:  # looked up (one request): its generation lets an interrupted download resume
+    obj = gcs_download.remote_object(src)
   except FileNotFoundError:
     raise FileNotFoundError(f"{src}: the manifest lists this file but it is gone") from None
+  if obj.size != info.num_bytes:
+    raise CorruptRecordError(f"{src}: {obj.size} bytes, the manifest says {info.num_bytes}")
+  gcs_download.download(obj, local, info.sha256, options=DOWNLOAD_OPTIONS)
   with open(local + _VERIFIED, "w"):
     pass
+  remember_verified(local, info.sha256)  # every byte was hashed as it arrived: not again in this process
 
 
 class SplitRecords:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import dataclasses
+import json
 import logging
 import threading
 import warnings
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 ON_NEW_DATA = ("error", "restart_epoch")  # what set_state does with a state saved on other data
 STATE_KEY = "data"  # the key of a state's DataIdentity
 _EPOCH_KEY = "epoch"  # the epoch the state's position lies in (what "restart_epoch" restarts)
+_ORDER_KEY = "order"  # the settings that fix which records a position holds (order, seed, windows, runs)
 PIN_ATTEMPTS = 5  # manifest reads before a pin gives up waiting for commits to settle
 
 
@@ -211,12 +213,14 @@ class StateGuard:
   """
 
   def __init__(self, identity: DataIdentity, batches_per_epoch: int, on_new_data: str = "error",
-               num_positions: int | None = None):
+               num_positions: int | None = None, order: Mapping | None = None):
     """Args:
       identity: the data the loader reads.
       batches_per_epoch: its batches per epoch.
       on_new_data: "error" or "restart_epoch" (ON_NEW_DATA).
       num_positions: the loader's batches over all its epochs (a restarted epoch past them is the end).
+      order: the settings that fix which records each position holds (JSON-able), stamped into states and
+        required to match on restore; None: not recorded.
 
     Raises:
       ValueError: `on_new_data` is not one of ON_NEW_DATA.
@@ -225,6 +229,7 @@ class StateGuard:
     self.batches_per_epoch = batches_per_epoch
     self.on_new_data = check_on_new_data(on_new_data)
     self.num_positions = num_positions
+    self.order = None if order is None else json.loads(json.dumps(dict(order)))
 
   def stamp(self, state: Mapping) -> dict:
     """`state` with the epoch of its position and the data's identity."""
@@ -233,7 +238,26 @@ class StateGuard:
     if isinstance(index, int) and self.batches_per_epoch:
       out[_EPOCH_KEY] = index // self.batches_per_epoch
     out[STATE_KEY] = self.identity.to_state()
+    if self.order is not None:
+      out[_ORDER_KEY] = dict(self.order)
     return out
+
+  def _check_order(self, saved, stamped: bool) -> None:
+    """Refuses a state saved with other order settings: its position would name other records."""
+    if self.order is None:
+      return
+    if saved is None:
+      if stamped:  # saved by a release that did not record them (before runs and the global default)
+        warnings.warn(f"a state without its order settings (saved by an earlier release): resuming assumes it was "
+                      f"saved with {self.order}; a state saved with order='host' (the default then) or with "
+                      f"windows and one record per run (run_records=1) names other records",
+                      UnverifiedStateWarning, stacklevel=4)
+      return
+    if saved != self.order:
+      diff = ", ".join(f"{k}={saved.get(k)!r} (now {self.order.get(k)!r})" for k in sorted(set(saved) | set(self.order))
+                       if saved.get(k) != self.order.get(k))
+      raise StateMismatchError(f"the state was saved with other order settings: {diff}; its position names other "
+                               f"records in this loader's order: pass the settings it was saved with")
 
   def check(self, state: Mapping) -> dict:
     """The position state to restore from `state` (a `stamp`ed state, or one saved before states had identity).
@@ -249,7 +273,8 @@ class StateGuard:
     Raises:
       StateMismatchError: `state` names other data and on_new_data="error".
     """
-    inner = {k: v for k, v in state.items() if k not in (STATE_KEY, _EPOCH_KEY)}
+    inner = {k: v for k, v in state.items() if k not in (STATE_KEY, _EPOCH_KEY, _ORDER_KEY)}
+    self._check_order(state.get(_ORDER_KEY), state.get(STATE_KEY) is not None)
     saved = state.get(STATE_KEY)
     if saved is None:
       warnings.warn(f"a state without the data's identity (saved by an earlier release): resuming at "

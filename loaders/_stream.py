@@ -859,6 +859,8 @@ class RecordStream:
           break
         with self._cond:
           for f in failed:
+            if not any(g is f for g in futures.values()):
+              continue  # another reader of this batch has submitted it again already
             piece = self._piece_of(f, futures)
             again = self._pool.submit(self._fetch_piece, _Piece(piece.k, piece.first, piece.stop))
             for i, g in futures.items():

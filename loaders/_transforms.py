@@ -104,7 +104,7 @@ def _decode_into(out: np.ndarray, data, size: tuple[int, int]) -> None:
     h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
   except ValueError:  # not a JPEG, or a header libjpeg refuses: Pillow says what it is
     h = w = colorspace = None
-  if (h, w) == size and colorspace == "YCbCr":
+  if (h, w) == tuple(size) and colorspace == "YCbCr":
     try:
       simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out)
       return

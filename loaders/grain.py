@@ -277,7 +277,9 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     raise
   positions = read.batches_per_epoch * num_epochs
   batches = grain.MapDataset.range(positions).map_with_index(read)
-  guard = StateGuard(identity, read.batches_per_epoch, on_new_data, positions)
+  order_settings = {"order": order, "shuffle": shuffle, "seed": seed, "window_shards": window_shards,
+                    "run_records": windows.run_records if window_shards is not None else None}
+  guard = StateGuard(identity, read.batches_per_epoch, on_new_data, positions, order=order_settings)
   return PinnedMapDataset(batches, guard, keep=(pin, source), close=(source.close, pin.release))
 
 

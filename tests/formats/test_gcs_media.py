@@ -103,3 +103,24 @@ def test_answers_a_server_should_not_give_are_refused():
   with pytest.raises(gcs_media.ObjectTooShort) as short:  # the object ends inside the range
     check(206, {**ok, "Content-Range": "bytes 0-4/5"})
   assert short.value.size == 5
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_and_network_errors_are_transient(bucket, monkeypatch):
+  import socket
+
+  server, _, data = bucket
+  path = "gs://bkt/dir/obj bin+1"
+  buffer = bytearray(1000)
+  gcs_media.read_into(path, 0, buffer)
+  kept = gcs_media._POOL._idle[-1][0]
+  kept.sock.shutdown(socket.SHUT_RDWR)  # as a firewall that dropped the idle flow, or a server that timed it out
+  gcs_media.read_into(path, 5, buffer)  # no error: a new connection, at once
+  assert bytes(buffer) == data[5:1005]
+
+  def unreachable(*a, **k):
+    raise socket.gaierror(-3, "Temporary failure in name resolution")
+  gcs_media._POOL.forget()
+  monkeypatch.setattr(socket, "create_connection", unreachable)
+  with pytest.raises(ConnectionError, match="gaierror") as e:
+    gcs_media.read_into(path, 0, buffer)
+  assert gcs_download.is_transient(e.value)  # retried by read_range, not reported as a bad object

@@ -250,7 +250,10 @@ def test_503s_and_dropped_connections_are_retried_not_reported(remote, graph_out
   g = lg.load(gs, cache_dir=str(tmp_path / "cache"), **OPTS)
   with open(g.path, "rb") as f:
     assert f.read() == _original(graph_output)
-  assert sum("retrying" in r.message for r in caplog.records) == 6
+  assert not proxy._faults  # all six faults were met
+  # each 503 is a counted retry; a dropped connection that had been kept alive is replaced at once, uncounted
+  # (gcs_media: it looks like a stale keep-alive), so the drops add 0 to 3 counted retries
+  assert 3 <= sum("retrying" in r.message for r in caplog.records) <= 6
 
 
 @pytest.mark.gcs

@@ -185,3 +185,24 @@ def test_a_host_fetches_each_run_with_one_ranged_read(shards, gcs_emulator, tmp_
     else:
       assert pieces >= records * 0.6
     stream.close()
+
+
+def test_a_state_saved_with_other_order_settings_is_refused(shards):
+  from loaders._pinning import StateMismatchError, UnverifiedStateWarning
+
+  def make(**kw):
+    return grain_loader.dataset(shards, batch_size=4, num_epochs=2, num_threads=1, **{"window_shards": 3, **kw})
+
+  it = iter(make())
+  next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  assert state["order"] == {"order": "global", "shuffle": True, "seed": 0, "window_shards": 3, "run_records": 8}
+  again = iter(make())
+  again.set_state(state)  # the same settings: resumes
+  assert _same(next(again), next(it))
+  for other in ({"run_records": 1}, {"order": "host"}, {"window_shards": 2}, {"seed": 1}, {"window_shards": None}):
+    with pytest.raises(StateMismatchError, match="saved with other order settings"):
+      iter(make(**other)).set_state(state)
+  old = {k: v for k, v in state.items() if k != "order"}  # saved before the settings were recorded
+  with pytest.warns(UnverifiedStateWarning, match="without its order settings"):
+    iter(make()).set_state(old)
