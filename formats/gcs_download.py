@@ -280,10 +280,6 @@ def read_range_into(obj: RemoteObject, start: int, buffer, options: DownloadOpti
   raise AssertionError("unreachable")
 
 
-class _ShortRead(ConnectionError):
-  """A range answered with fewer bytes than asked: a dropped connection the client did not notice."""
-
-
 @functools.lru_cache(maxsize=1)
 def _transient_types() -> tuple[type[Exception], ...]:
   from google.api_core import exceptions as api

@@ -143,11 +143,11 @@ def _read_once(path: str, url: str, headers: dict, start: int, view: memoryview,
     try:
       conn.request("GET", url, headers=headers)
       response = conn.getresponse()
-    except (http.client.HTTPException, ConnectionError) as e:
+    except (http.client.HTTPException, ConnectionError):
       if not reused:
         raise
       conn.close()  # a kept connection the far end closed while it was idle: no byte came, try a new one
-      conn, reused = _POOL.take(timeout, fresh=True)
+      conn, _ = _POOL.take(timeout, fresh=True)
       conn.request("GET", url, headers=headers)
       response = conn.getresponse()
     if response.status == 416:  # a range past the end: how long the object is, if the server says

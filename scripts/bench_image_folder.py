@@ -69,6 +69,17 @@ class Result:
     return self.images / self.seconds
 
 
+def quiet_beam() -> None:
+  """Beam's and the clients' logs at WARNING, and the repository on PYTHONPATH for multi-process workers."""
+  logging.basicConfig(level=logging.WARNING)
+  for noisy in ("apache_beam", "google", "urllib3", "absl"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  # Relays the worker processes' own start-up warnings (unparsed pipeline flags and the like).
+  logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+  # Multi-process workers are fresh interpreters: let them import `pipelines` and `formats`.
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+
+
 def ensure_images(work: str, num_images: int, seed: int = 0) -> tuple[str, int]:
   """The cached input folder (generated on first use) and its image count."""
   per_class = math.ceil(num_images / NUM_CLASSES)
@@ -172,13 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if a.rounds < 1 or a.num_images < 1 or not set(encodings) <= {"raw", "jpeg"}:
     ap.error("--rounds and --num_images must be >= 1, --encodings raw and/or jpeg")
 
-  logging.basicConfig(level=logging.WARNING)
-  for noisy in ("apache_beam", "google", "urllib3", "absl"):
-    logging.getLogger(noisy).setLevel(logging.WARNING)
-  # Relays the worker processes' own start-up warnings (unparsed pipeline flags and the like).
-  logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
-  # Multi-process workers are fresh interpreters: let them import `pipelines` and `formats`.
-  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+  quiet_beam()
 
   work = os.path.abspath(a.work)
   root, n = ensure_images(work, a.num_images)

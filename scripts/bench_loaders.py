@@ -210,18 +210,25 @@ def time_ceiling(source: ShardedRecords, a: argparse.Namespace, size: tuple[int,
   return epochs * len(source)
 
 
-def run_child(args: Sequence[str], env: dict | None = None) -> dict:
-  """Runs this script with `args` in a fresh process; its last stdout line is a JSON report."""
-  cmd = [sys.executable, os.path.abspath(__file__), *args]
+def run_process(cmd: Sequence[str], env: dict | None = None, timeout: float = CHILD_TIMEOUT_S) -> dict:
+  """Runs `cmd`; its last stdout line is a JSON report. RuntimeError with the stderr's tail otherwise."""
   try:
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
-    raise RuntimeError(f"timed out after {CHILD_TIMEOUT_S}s") from None
+    raise RuntimeError(f"timed out after {timeout}s") from None
   lines = p.stdout.strip().splitlines()
   if p.returncode != 0 or not lines:
-    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    tail = [line for line in (p.stderr or p.stdout).strip().splitlines() if line.strip()][-3:]
     raise RuntimeError(f"exit {p.returncode}: " + " | ".join(tail))
-  return json.loads(lines[-1])
+  try:
+    return json.loads(lines[-1])
+  except json.JSONDecodeError:
+    raise RuntimeError(f"no JSON report, last line: {lines[-1][:200]!r}") from None
+
+
+def run_child(args: Sequence[str], env: dict | None = None) -> dict:
+  """Runs this script with `args` in a fresh process; its last stdout line is a JSON report."""
+  return run_process([sys.executable, os.path.abspath(__file__), *args], env)
 
 
 def dataloader_child(root: str, a: argparse.Namespace, size: tuple[int, int], seed: int) -> dict:

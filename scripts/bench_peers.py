@@ -80,12 +80,10 @@ import argparse
 from collections.abc import Callable, Sequence
 import dataclasses
 import json
-import logging
 import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -158,19 +156,10 @@ class WriteVariant:
 
 
 def run_process(cmd: Sequence[str], env: dict | None = None) -> dict:
-  """Runs `cmd`; its last stdout line is a JSON report. RuntimeError with the stderr's tail otherwise."""
-  try:
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    raise RuntimeError(f"timed out after {CHILD_TIMEOUT_S}s") from None
-  lines = p.stdout.strip().splitlines()
-  if p.returncode != 0 or not lines:
-    tail = [line for line in (p.stderr or p.stdout).strip().splitlines() if line.strip()][-3:]
-    raise RuntimeError(f"exit {p.returncode}: " + " | ".join(tail))
-  try:
-    return json.loads(lines[-1])
-  except json.JSONDecodeError:
-    raise RuntimeError(f"no JSON report, last line: {lines[-1][:200]!r}") from None
+  """bench_loaders.run_process with this script's timeout (imported here: the parent only loads frameworks)."""
+  import bench_loaders
+
+  return bench_loaders.run_process(cmd, env, CHILD_TIMEOUT_S)
 
 
 def peer_child(a: argparse.Namespace, request: dict, env: dict | None = None) -> dict:
@@ -523,11 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   import bench_image_folder  # noqa: E402 - the parent only (Beam): children import their own framework
   import bench_loaders  # noqa: E402
 
-  logging.basicConfig(level=logging.WARNING)
-  for noisy in ("apache_beam", "google", "urllib3", "absl"):
-    logging.getLogger(noisy).setLevel(logging.WARNING)
-  logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
-  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+  bench_image_folder.quiet_beam()
 
   work = os.path.abspath(a.work)
   root, n = bench_image_folder.ensure_images(work, a.num_images)

@@ -16,6 +16,7 @@ import make_sample_ogb as mo
 from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder, ogb_graphs
 from tests.conftest import CLASSES, PER_CLASS, REPO, upload_tree
+from tests.loaders.elastic import host_steps
 
 pytestmark = pytest.mark.slow
 N_IMAGES = len(CLASSES) * PER_CLASS
@@ -252,21 +253,8 @@ def test_xla_device_loader_on_cpu(outputs):
 
 
 def _global_steps(make, schedule):
-  """Each global step of a run whose host count changes ([(hosts, steps)], each part resuming from the state
-  host 0 saved): the hosts' batches concatenated in host order, key by key."""
-  steps, state = [], None
-  for hosts, count in schedule:
-    its = []
-    for h in range(hosts):
-      it = iter(make(h, hosts))
-      if state is not None:
-        it.set_state(state)
-      its.append(it)
-    for _ in range(count):
-      batches = [next(it) for it in its]
-      steps.append({k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
-    state = json.loads(json.dumps(its[0].get_state()))
-  return steps
+  """host_steps with each step's batches concatenated in host order, key by key."""
+  return [{k: np.concatenate([b[k] for b in batches]) for k in batches[0]} for batches in host_steps(make, schedule)]
 
 
 @pytest.mark.parametrize("key,options,global_batch,epochs", [

@@ -20,6 +20,7 @@ from loaders import grain as grain_loader
 from loaders._stream import WindowOrder
 from pipelines import image_folder
 from tests.conftest import upload_tree
+from tests.loaders.elastic import host_steps
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 import make_sample_images  # noqa: E402
@@ -96,27 +97,6 @@ def test_run_records_must_be_a_positive_integer():
       WindowOrder(COUNTS, 3, 4, run_records=bad)
 
 
-def _steps(make, schedule, before_last=None):
-  """[(hosts, steps)]: each part's hosts resume from the state host 0 saved; every step's host batches.
-
-  `before_last()` runs before the last part starts (whose hosts read every batch they prefetch).
-  """
-  steps, state = [], None
-  for part, (hosts, count) in enumerate(schedule):
-    if part == len(schedule) - 1 and before_last is not None:
-      before_last()
-    its = []
-    for h in range(hosts):
-      it = iter(make(h, hosts))
-      if state is not None:
-        it.set_state(state)
-      its.append(it)
-    for _ in range(count):
-      steps.append([next(it) for it in its])
-    state = json.loads(json.dumps(its[0].get_state()))
-  return steps
-
-
 def _same(a: dict, b: dict) -> bool:
   return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
@@ -138,12 +118,12 @@ def test_coalesced_record_reads_equal_local_across_4_2_8_hosts_through_faults(sh
     return one
 
   schedule = [(4, 3), (2, 5), (8, epochs * per_epoch - 8)]
-  local = _steps(make(shards, "local"), schedule)
+  local = host_steps(make(shards, "local"), schedule)
 
   def faults():  # on the shards, not the manifest; in the last part, whose hosts read all they prefetch
     for mode, times in [("status", 3), ("drop", 2), ("cut", 2), ("stall_body", 2)]:
       gcs_faults.add_fault("runs/raw/gen-", mode=mode, times=times, stall_seconds=2.0)
-  remote = _steps(make(gs, "remote"), schedule, before_last=faults)
+  remote = host_steps(make(gs, "remote"), schedule, before_last=faults)
   assert not gcs_faults._faults, "the faults were never hit"
   assert len(remote) == len(local) == epochs * per_epoch
   for r, l in zip(remote, local):
