@@ -24,10 +24,10 @@ from formats.errors import (CommitConflict, CorruptRecordError, ExampleDecodeErr
 from formats.example import decode_example, encode_example
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.kinds import KINDS, RecordKind
-from formats.leases import LeaseError
+from formats.outputs.leases import LeaseError
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, Rejected, ShardInfo, SplitInfo
 from formats.naming import FILE_FORMATS, ShardName
-from formats.output import Output, SplitRecords, is_output, load_manifest, open_output
+from formats.outputs.output import Output, SplitRecords, is_output, load_manifest, open_output
 
 __all__ = [
     "FILE_FORMATS",

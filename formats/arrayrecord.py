@@ -20,7 +20,7 @@ from formats.errors import CorruptRecordError
 WRITER_OPTIONS = "group_size:1,uncompressed"
 # Reads of single records by index: nothing read ahead (the next record wanted is anywhere) and no
 # thread pool of array_record's own (callers read from their own threads, each with its own reader:
-# formats.output.SplitRecords), so a read is one pread, its chunk's hash check and one copy.
+# formats.outputs.output.SplitRecords), so a read is one pread, its chunk's hash check and one copy.
 RANDOM_ACCESS_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
 
@@ -101,7 +101,7 @@ class RandomAccessReader:
   """Random access to the records of a local ArrayRecord file (array_record's reader, GIL released).
 
   Threads that read one file at the same time each open their own reader
-  (formats.output.SplitRecords does), so that none waits on another's read.
+  (formats.outputs.output.SplitRecords does), so that none waits on another's read.
   Closed when garbage-collected.
 
   Args:

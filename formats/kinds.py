@@ -38,7 +38,7 @@ __all__ = [
 
 # Hounsfield units written for padding and used to fill patches outside a volume (air is -1000).
 CT_PADDING_HU = -1024
-# The HU range drawn as black..white when a volume is shown to a person (formats.inspect --grid).
+# The HU range drawn as black..white when a volume is shown to a person (formats.outputs.inspect --grid).
 CT_DISPLAY_WINDOW_HU = (-1000.0, 1000.0)
 
 

@@ -23,7 +23,7 @@ state (docs/loaders.md, "Pinning, state identity and leases").
 from __future__ import annotations
 
 from formats.errors import CorruptRecordError
-from formats.integrity import VERIFY_LEVELS, Verify
+from formats.outputs.integrity import VERIFY_LEVELS, Verify
 from loaders._graph_file import Graph
 from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
 from loaders._pinning import DataIdentity, StateMismatchError, UnverifiedStateWarning

@@ -2,7 +2,7 @@
 
 `load(path)` takes a graph output folder (or the .graphbin in it), local or
 gs://; a gs:// graph is downloaded once into a cache by parallel ranged reads
-(formats.gcs_download), its manifest SHA-256 and every section's CRC checked
+(formats.storage.gcs_download), its manifest SHA-256 and every section's CRC checked
 as the bytes arrive, and resumed when interrupted. `Graph` is the mapped file:
 its arrays are read-only views. No framework.
 """
@@ -13,12 +13,12 @@ import os
 
 import numpy as np
 
-from formats import files, gcs_download
+from formats.storage import files, gcs_download
 from formats.errors import CorruptRecordError, GraphBinError
 from formats.graphbin import HEADER, GraphBin, check_graph, parse_header, parse_table
-from formats.integrity import Verify, verify_level
+from formats.outputs.integrity import Verify, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest
-from formats.output import DEFAULT_CACHE_ROOT, is_output, open_output
+from formats.outputs.output import DEFAULT_CACHE_ROOT, is_output, open_output
 
 
 class Graph:
@@ -113,7 +113,7 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
          chunk_bytes: int = 32 << 20, progress: bool = True) -> Graph:
   """Opens a graph output (its folder, or the .graphbin itself), local or gs://.
 
-  The output is opened through formats.output. A gs:// graph is downloaded
+  The output is opened through formats.outputs.output. A gs:// graph is downloaded
   once into `cache_dir` by `streams` parallel ranged reads pinned to one
   generation of the object; its SHA-256 (the manifest's) and every section's
   CRC are checked as the bytes arrive, and an interrupted download is resumed

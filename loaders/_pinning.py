@@ -9,7 +9,7 @@
 
 A loader opens an output once (`pin_output`) and reads only what that
 manifest names, every epoch, so a rerun that commits a new generation under
-it changes nothing in its batches. A lease (formats.leases: a small object
+it changes nothing in its batches. A lease (formats.outputs.leases: a small object
 under `<output>/_leases/`, refreshed by a heartbeat thread) tells clean-up
 not to remove the pinned generation while the reader lives. Where the output
 is read-only the loader logs one warning and reads without a lease: the
@@ -31,8 +31,8 @@ import logging
 import threading
 import warnings
 
-from formats import leases
-from formats.output import Output, data_generations, open_output
+from formats.outputs import leases
+from formats.outputs.output import Output, data_generations, open_output
 
 __all__ = ["ON_NEW_DATA", "DataIdentity", "Pin", "StateGuard", "StateMismatchError", "UnverifiedStateWarning",
            "check_on_new_data", "pin_output"]
@@ -121,7 +121,7 @@ class Pin:
   """An output opened once, and the leases that keep its generation(s) from clean-up while the pin lives.
 
   Attributes:
-    output: the opened output (formats.output.Output); its manifest is the one read at open.
+    output: the opened output (formats.outputs.output.Output); its manifest is the one read at open.
     leases: the leases held (empty with lease=False, on read-only storage, or for an output without
       generations).
   """
@@ -162,15 +162,15 @@ def pin_output(path: str, *, lease: bool = True, purpose: str = "loaders") -> Pi
 
   Args:
     path: the output folder, local or gs://.
-    lease: take leases (formats.leases); False reads without one.
+    lease: take leases (formats.outputs.leases); False reads without one.
     purpose: written into the lease, e.g. "loaders.grain train".
 
   Returns:
-    The Pin. On storage that cannot be written (formats.leases.LeaseError)
+    The Pin. On storage that cannot be written (formats.outputs.leases.LeaseError)
     one warning is logged and the pin holds no lease.
 
   Raises:
-    NotAnOutputError, ValueError, KeyError: as formats.output.open_output.
+    NotAnOutputError, ValueError, KeyError: as formats.outputs.output.open_output.
   """
   output = open_output(path)
   if not lease:

@@ -1,12 +1,12 @@
 """Random access to the decoded records of one split of an output, local or gs://. No framework.
 
-`ShardedRecords(path, split)` opens the output through formats.output (its
+`ShardedRecords(path, split)` opens the output through formats.outputs.output (its
 manifest, every shard made local and proven at the `verify` level: "sha256",
 the default, "size" or "none"; a gs:// shard is downloaded once into a cache)
 and serves record i as decoded numpy values plus its `record_index`. A
 damaged record raises `CorruptRecordError` naming the shard and the record.
 ArrayRecord shards are read by each thread through its own readers
-(formats.output.SplitRecords). The manifest is read once: the records are
+(formats.outputs.output.SplitRecords). The manifest is read once: the records are
 those of the generation it named, for the object's life, held by a lease
 (loaders._pinning) until `close()` or collection.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from formats.errors import CorruptRecordError
-from formats.integrity import Verify, verify_level
-from formats.output import Output
+from formats.outputs.integrity import Verify, verify_level
+from formats.outputs.output import Output
 from loaders._pinning import DataIdentity, Pin, pin_output
 
 __all__ = ["ShardedRecords"]
@@ -29,7 +29,7 @@ class ShardedRecords:
   Attributes:
     path: the output folder.
     split: the split read.
-    output: the opened output (formats.output.Output).
+    output: the opened output (formats.outputs.output.Output).
     manifest: its manifest.
     features: the records' schema.
     pin: what was opened and the lease that holds it (None when given an opened Output).
@@ -40,12 +40,12 @@ class ShardedRecords:
     """Opens one split and makes its shards local, each proven at level `verify`.
 
     Args:
-      path: the output folder, local or gs://; or an Output already opened (formats.output.open_output),
+      path: the output folder, local or gs://; or an Output already opened (formats.outputs.output.open_output),
         whose manifest is read as it is (the caller holds its lease).
       split: the split to read.
       cache_dir: where gs:// shards are cached (default ~/.cache/tpu_shards/shards).
       verify: "sha256" (default; True), "size" or "none" (False); see docs/loaders.md.
-      lease: hold a lease on the generation read while this object lives (formats.leases; a read-only
+      lease: hold a lease on the generation read while this object lives (formats.outputs.leases; a read-only
         output logs one warning and is read without one). Ignored when `path` is an Output.
 
     Raises:

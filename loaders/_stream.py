@@ -12,7 +12,7 @@ shards, and the records of one window are shuffled among themselves
 (`WindowOrder`, a pure function of (seed, epoch), so a saved position resumes
 exactly). Only the shards of the windows being read and of the next ones
 need to be local: `ShardStream` fetches them ahead of need (parallel ranged
-reads through formats.gcs_download, the manifest's SHA-256 checked while the
+reads through formats.storage.gcs_download, the manifest's SHA-256 checked while the
 bytes arrive, transient errors retried), keeps them in a private folder whose
 size never exceeds `cache_limit_bytes`, and deletes each shard once no batch
 still to be read needs it. A local output is read in the same order straight
@@ -45,11 +45,11 @@ import weakref
 
 import numpy as np
 
-from formats import files
+from formats.storage import files
 from formats.errors import CorruptRecordError
-from formats.gcs_download import DownloadOptions, RemoteObject, download, is_transient, read_range, read_range_into
-from formats.integrity import Verify, check_local_file
-from formats.output import DEFAULT_CACHE_ROOT, Output
+from formats.storage.gcs_download import DownloadOptions, RemoteObject, download, is_transient, read_range, read_range_into
+from formats.outputs.integrity import Verify, check_local_file
+from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
 from loaders._shards import decoded
 

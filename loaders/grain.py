@@ -29,9 +29,9 @@ import threading
 import grain
 import numpy as np
 
-from formats import files
-from formats.integrity import Verify, verify_level
-from formats.output import DEFAULT_CACHE_ROOT, Output
+from formats.storage import files
+from formats.outputs.integrity import Verify, verify_level
+from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from formats.transforms import element_rng
 from loaders._batch import BatchFiller
 from loaders._order import per_host_batch_size
@@ -342,7 +342,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       (a host's batch of B records is B / 8 ranged reads), 1 (every record on
       its own) with order="host". The batches depend on it: resume with the
       value the state was saved with.
-    lease: hold a lease (formats.leases) on the generation read while the
+    lease: hold a lease (formats.outputs.leases) on the generation read while the
       dataset lives, so that clean-up after a rerun does not remove it;
       released by `close()` or when the dataset and its iterators are
       collected. On read-only storage one warning is logged and the dataset

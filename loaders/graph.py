@@ -35,9 +35,9 @@ import os
 
 import numpy as np
 
-from formats import files
-from formats.integrity import Verify
-from formats.output import DEFAULT_CACHE_ROOT, Output, is_output
+from formats.storage import files
+from formats.outputs.integrity import Verify
+from formats.outputs.output import DEFAULT_CACHE_ROOT, Output, is_output
 from loaders import _graph_file
 from loaders._device import DeviceLoader
 from loaders._graph_file import Graph

@@ -10,7 +10,7 @@ drop_remainder. gs:// shards are fetched once into a local cache and checked
 against the manifest's SHA-256 (no TensorFlow GCS plugin or FUSE mount needed).
 
 Before tf.data sees a shard, its bytes are proven at the `verify` level (see
-formats.integrity) and its framing is walked once to count its records against
+formats.outputs.integrity) and its framing is walked once to count its records against
 the manifest: tf.data's own errors name a byte offset but not the file, ours
 name the shard and the record.
 
@@ -27,8 +27,8 @@ import tensorflow as tf
 
 from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from formats.integrity import Verify, verify_level
-from formats.output import Output
+from formats.outputs.integrity import Verify, verify_level
+from formats.outputs.output import Output
 from loaders._pinning import pin_output
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
                                 hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)

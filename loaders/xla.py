@@ -15,7 +15,7 @@ never imports TensorFlow (it cannot share a process with torch_xla).
 
 from __future__ import annotations
 
-from formats.integrity import Verify
+from formats.outputs.integrity import Verify
 from loaders import grain as grain_loader
 from loaders._device import DeviceLoader
 

@@ -8,7 +8,7 @@
     with bench_bucket.BenchBucket("/tmp/buckets", latency_ms=30.0, mbps=100.0) as bucket, bucket.active():
       bucket.warm(gs)                             # hashes every object once, before measuring
       cpu0, srv0 = bench_bucket.client_cpu_seconds(), bucket.server_cpu_seconds()
-      ...                                         # read gs:// through formats.files / google-cloud-storage
+      ...                                         # read gs:// through formats.storage.files / google-cloud-storage
       client_cpu = bench_bucket.client_cpu_seconds() - cpu0
 
 Why: benchmarks report client CPU-seconds per GB read from gs://. Against
@@ -959,7 +959,7 @@ class BenchBucket:
         ...  # gs://B/... reads ROOT/B/...
 
   `active()` points STORAGE_EMULATOR_HOST at it and drops the toolkit's cached
-  storage client (formats.files) on entry and exit, so the toolkit's reads go to
+  storage client (formats.storage.files) on entry and exit, so the toolkit's reads go to
   it inside the block and to the previous host after. Clients or Blobs made
   before the block keep talking to their own host; Beam's GCS clients are not
   touched.
@@ -1080,9 +1080,9 @@ class BenchBucket:
 
 def _drop_toolkit_client() -> None:
   """Drops the toolkit's process-wide storage client, which is bound to the host it was made for."""
-  files = sys.modules.get("formats.files")
+  files = sys.modules.get("formats.storage.files")
   if files is not None:
-    files._gcs_client.cache_clear()  # formats.files has no public reset; its tests' fixture does the same
+    files._gcs_client.cache_clear()  # formats.storage.files has no public reset; its tests' fixture does the same
 
 
 def stage(root: str, bucket: str, local_tree: str, prefix: str = "") -> str:

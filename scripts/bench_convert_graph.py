@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                          for v, t in times.items()}}
   out = os.path.join(work, "conv_0")
   if os.path.isdir(out):
-    from formats.output import load_manifest
+    from formats.outputs.output import load_manifest
     m = load_manifest(out)
     report["graphbin_bytes"] = m.files[0].num_bytes
   lines = [f"{'conversion (median of %d alternated rounds)' % a.rounds:<44} {'median s':>9} {'ratio':>6}  rounds"]

@@ -59,7 +59,7 @@ import pydicom  # noqa: E402
 import SimpleITK as sitk  # noqa: E402
 
 from formats import arrayrecord, load_manifest  # noqa: E402
-from formats import files as fs  # noqa: E402
+from formats.storage import files as fs  # noqa: E402
 from formats.kinds import CT_PADDING_HU as PADDING_HU  # noqa: E402
 from pipelines import ct_volumes  # noqa: E402
 from pipelines.ct_volumes.assembly import VolumePlan, plan_volumes, read_volume  # noqa: E402

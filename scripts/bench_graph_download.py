@@ -48,7 +48,7 @@ sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 
-from formats import files  # noqa: E402
+from formats.storage import files  # noqa: E402
 from formats.features import Features  # noqa: E402
 from formats.graphbin import GraphBin, GraphBinWriter  # noqa: E402
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, sha256_file  # noqa: E402

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import make_sample_images  # noqa: E402
 
-FAULT_POINT_ENV = "TPU_SHARDS_FAULT_POINT"  # formats.commit.FAULT_POINT_ENV
+FAULT_POINT_ENV = "TPU_SHARDS_FAULT_POINT"  # formats.outputs.commit.FAULT_POINT_ENV
 RESUME_TARGET = 0.6  # issue 21: a rerun after a kill at 50 % takes at most this times a clean run
 APPEND_TARGET = 0.25  # issue 21: appending 10 % new inputs takes at most this times a clean run
 NUM_CLASSES = 10

@@ -49,7 +49,8 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench_bucket  # noqa: E402
 import bench_graph_download  # noqa: E402
 import bench_image_folder  # noqa: E402
-from formats import files, load_manifest  # noqa: E402
+from formats import load_manifest  # noqa: E402
+from formats.storage import files  # noqa: E402
 from loaders import grain as grain_loader  # noqa: E402
 from pipelines import image_folder  # noqa: E402
 

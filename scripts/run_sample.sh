@@ -13,11 +13,11 @@ if [ ! -d sample_data/flowers ]; then
 fi
 .venv/bin/python -m pipelines.image_folder --input=sample_data/flowers --output=sample_output/flowers \
   --runner=DirectRunner --overwrite=true "$@"
-.venv/bin/python -m formats.inspect sample_output/flowers --verify --grid sample_output/flowers-grid.png
+.venv/bin/python -m formats.outputs.inspect sample_output/flowers --verify --grid sample_output/flowers-grid.png
 
 if [ ! -d sample_data/dicom ]; then
   .venv/bin/python scripts/make_sample_ct.py sample_data/dicom
 fi
 .venv/bin/python -m pipelines.ct_volumes --input=sample_data/dicom --output=sample_output/ct_volumes \
   --id_salt=sample-salt --runner=DirectRunner --overwrite=true
-.venv/bin/python -m formats.inspect sample_output/ct_volumes --verify --grid sample_output/ct_volumes-grid.png
+.venv/bin/python -m formats.outputs.inspect sample_output/ct_volumes --verify --grid sample_output/ct_volumes-grid.png

@@ -78,7 +78,7 @@ def _gcs_server():
   old = os.environ.get("STORAGE_EMULATOR_HOST")
   os.environ["STORAGE_EMULATOR_HOST"] = proxy.host
   # Both clients read the variable when they are created: start from fresh ones.
-  from formats import files
+  from formats.storage import files
   from pipelines.core import emulator
 
   files._gcs_client.cache_clear()
@@ -115,8 +115,8 @@ def gcs_faults(_gcs_server) -> FaultProxy:
 
 
 def upload_tree(local_root: str, gs_root: str) -> int:
-  """Copies a local folder to gs:// (through formats.files); returns the file count."""
-  from formats import files
+  """Copies a local folder to gs:// (through formats.storage.files); returns the file count."""
+  from formats.storage import files
 
   n = 0
   for dirpath, _, names in os.walk(local_root):

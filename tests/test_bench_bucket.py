@@ -23,7 +23,7 @@ import google_crc32c
 import pytest
 
 import bench_bucket  # scripts/ is on sys.path (tests/conftest.py)
-from formats import files, gcs_download
+from formats.storage import files, gcs_download
 from tests.conftest import upload_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.gcs]
@@ -322,8 +322,8 @@ def test_uploads_enforce_preconditions(world):
   assert large.download_as_bytes() == big
   assert bench.bucket(bucket).get_blob(large.name).size == len(big)
   with bench_server.active():
-    files.write_bytes(f"gs://{bucket}/{PREFIX}/writes/toolkit.txt", b"via formats.files")
-    assert files.read_bytes(f"gs://{bucket}/{PREFIX}/writes/toolkit.txt") == b"via formats.files"
+    files.write_bytes(f"gs://{bucket}/{PREFIX}/writes/toolkit.txt", b"via formats.storage.files")
+    assert files.read_bytes(f"gs://{bucket}/{PREFIX}/writes/toolkit.txt") == b"via formats.storage.files"
     files.delete_many([f"gs://{bucket}/{PREFIX}/writes/toolkit.txt", f"gs://{bucket}/{PREFIX}/writes/none"])
     assert not files.exists(f"gs://{bucket}/{PREFIX}/writes/toolkit.txt")
   blob.delete(if_generation_match=g2)

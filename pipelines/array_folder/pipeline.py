@@ -23,7 +23,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
-from formats import files as fs
+from formats.storage import files as fs
 from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines.core import inputs, shards

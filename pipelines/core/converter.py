@@ -36,7 +36,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from formats import kinds
 from formats.features import ClassLabel, Features
 from formats.manifest import Manifest
-from formats.output import is_output, load_manifest
+from formats.outputs.output import is_output, load_manifest
 from pipelines.core import flags
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig

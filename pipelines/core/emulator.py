@@ -3,7 +3,7 @@
 With STORAGE_EMULATOR_HOST set, Beam's FileSystems must talk to the emulator
 anonymously: Beam otherwise looks for Google credentials first and retries
 with back-off for about 25 s per process before giving up. google-cloud-storage
-(formats.files) honours the variable on its own.
+(formats.storage.files) honours the variable on its own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Publishing a finished local file to the output (local or gs://) in one atomic step.
 
 Whole small files (manifests, reject lists) are written with
-`formats.files.write_bytes`; this module adds what only the writers need:
+`formats.storage.files.write_bytes`; this module adds what only the writers need:
 building a shard locally (array_record cannot write to gs://,
 google/array_record#120) and publishing it, so that a reader sees no file or
 the complete file, never a partial one, and a retried or killed bundle cannot
@@ -17,7 +17,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from formats import files as fs
+from formats.storage import files as fs
 
 _COPY_CHUNK = 16 << 20
 

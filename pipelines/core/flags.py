@@ -21,14 +21,15 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from apache_beam.portability import common_urns
 from apache_beam.runners.runner import PipelineRunner
 
-from formats import commit, naming
-from formats import files as fs
-from formats.output import is_output, load_manifest
+from formats import naming
+from formats.outputs import commit
+from formats.storage import files as fs
+from formats.outputs.output import is_output, load_manifest
 from pipelines.core import inputs
 from pipelines.core.errors import UsageError
 
 MODES = ("rebuild", "append")
-DEFAULT_KEEP_REPLACED = "7d"  # formats.commit.DEFAULT_KEEP_REPLACED_SECONDS, as a flag (a test checks they agree)
+DEFAULT_KEEP_REPLACED = "7d"  # formats.outputs.commit.DEFAULT_KEEP_REPLACED_SECONDS, as a flag (a test checks they agree)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 # Beam's numeric flags and their smallest sensible value (Beam itself does not check them).
@@ -358,7 +359,7 @@ class CommonConfig:
 
   `generation` and `expected` are set by the launcher (`launch.run_pipeline`):
   the run's fresh generation folder and the manifest version its commit
-  replaces (formats.commit); a converter never sets them.
+  replaces (formats.outputs.commit); a converter never sets them.
   """
 
   input: str  # the input root: an absolute local path or gs://...

@@ -47,7 +47,7 @@ from google.cloud.storage import exceptions as storage_exc
 import requests
 import urllib3
 
-from formats import files as fs
+from formats.storage import files as fs
 
 DEFAULT_TRANSIENT_RETRY_SECONDS = 300.0
 # Largest input file read; a larger one is a reject, found before it is read into memory.

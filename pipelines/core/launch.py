@@ -3,7 +3,7 @@
 `run(converter, argv)` parses the flags (UsageError before anything is
 written), builds the pipeline (the converter lists its input's top level),
 then claims a fresh generation folder, runs the job with a heartbeat, and
-commits by the protocol of formats.commit (docs/architecture.md). `main`
+commits by the protocol of formats.outputs.commit (docs/architecture.md). `main`
 turns the errors a user can act on into one line on stderr and an exit status.
 """
 
@@ -19,9 +19,10 @@ import time
 import apache_beam as beam
 from apache_beam.runners.runner import PipelineResult
 
-from formats import commit, naming
+from formats import naming
+from formats.outputs import commit
 from formats.manifest import Manifest
-from formats.output import is_output, load_manifest
+from formats.outputs.output import is_output, load_manifest
 from pipelines.core import dataflow, flags, inputs, progress
 from pipelines.core.converter import Converter
 from pipelines.core.errors import InputDataError, UsageError
@@ -85,7 +86,7 @@ def entry_point(converter: Converter) -> Callable[[Sequence[str] | None], Pipeli
 
 class _Heartbeat:
   """Refreshes the run's generation marker while the job runs, so no other run's
-  clean-up takes the generation for a dead run's (formats.commit.LEASE_SECONDS)."""
+  clean-up takes the generation for a dead run's (formats.outputs.commit.LEASE_SECONDS)."""
 
   def __init__(self, output: str, generation: str, prog: str):
     self._args = (output, generation, {"pipeline": prog})
@@ -130,7 +131,7 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
   prog = converter.prog
   dataflow.prepare(options, common, converter.worker_extras)
   # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
-  # of manifest.json against the version read now (formats.commit, docs/manifest.md).
+  # of manifest.json against the version read now (formats.outputs.commit, docs/manifest.md).
   output = common.output
   common = dataclasses.replace(common, generation=naming.new_generation(), expected=commit.read_version(output))
   p = beam.Pipeline(options=options)

@@ -41,8 +41,9 @@ import uuid
 
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from formats import commit, leases, naming
-from formats import files as fs
+from formats import naming
+from formats.outputs import commit, leases
+from formats.storage import files as fs
 from formats.manifest import Manifest, ShardInfo
 from pipelines.core.errors import UsageError
 
@@ -172,7 +173,7 @@ def plan_digest(identity: str, split: str, index: int, num_shards: int, units_bl
 
 @contextlib.contextmanager
 def leased(output: str, generation: str) -> Iterator[None]:
-  """Holds a lease on `generation` while a shard or piece is copied from it (formats.leases).
+  """Holds a lease on `generation` while a shard or piece is copied from it (formats.outputs.leases).
 
   A clean-up of another run then leaves the source until the copy is made. Without write
   access to `_leases/` the retention period is the only hold; either way the copy is verified,

@@ -57,11 +57,11 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 import numpy as np
 
-from formats import commit
-from formats import files as fs
+from formats.outputs import commit
+from formats.storage import files as fs
 from formats.features import Features
 from formats.manifest import ShardInfo, SplitInfo
-from formats.output import is_output
+from formats.outputs.output import is_output
 from pipelines.core import reuse
 from pipelines.core.progress import Progress
 from pipelines.core.sink import (

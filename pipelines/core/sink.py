@@ -47,7 +47,8 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from formats import adapters, commit, naming
+from formats import adapters, naming
+from formats.outputs import commit
 from formats.features import Features
 from formats.manifest import (
     MANIFEST_FILENAME,
@@ -58,7 +59,7 @@ from formats.manifest import (
     SplitInfo,
     sha256_file,
 )
-from formats import files as fs
+from formats.storage import files as fs
 from pipelines.core import fileio
 
 _NAMESPACE = "toolkit"
@@ -251,7 +252,7 @@ class OutputSpec:
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   warnings: tuple[str, ...] = ()
   # The run's generation folder and the manifest version its commit replaces
-  # (formats.commit.begin); WriteOutput claims them itself when left empty.
+  # (formats.outputs.commit.begin); WriteOutput claims them itself when left empty.
   generation: str = ""
   expected: commit.Version | None = None
   kind: str = ""  # the record kind (formats.kinds) the manifest records
@@ -441,7 +442,7 @@ def commit_records(spec: OutputSpec, splits: Mapping[str, SplitInfo], all_splits
 def commit_output(spec: OutputSpec, manifest: Manifest, rejects: Sequence[Reject]) -> None:
   """The end of every run: errors/rejected.jsonl, the switch to `manifest`, the TFDS view, clean-up.
 
-  The one commit path of all converters (formats.commit, docs/manifest.md).
+  The one commit path of all converters (formats.outputs.commit, docs/manifest.md).
 
   Args:
     spec: the output (its folder, generation, expected manifest version, description).

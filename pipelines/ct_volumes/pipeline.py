@@ -33,7 +33,7 @@ import numpy as np
 
 from formats import naming
 from formats.features import Features, Tensor, Text
-from formats.output import is_output, load_manifest
+from formats.outputs.output import is_output, load_manifest
 from pipelines.core import inputs
 from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError

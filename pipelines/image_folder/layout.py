@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from formats import files as fs
+from formats.storage import files as fs
 from pipelines.core import inputs
 from pipelines.core.sink import Reject
 

@@ -26,7 +26,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import naming
-from formats.output import is_output, load_manifest
+from formats.outputs.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import inputs, shards
 from pipelines.core.converter import Converter, Event, OutputPlan, ShardsWritten, UnitConverter, counters

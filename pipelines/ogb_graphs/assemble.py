@@ -21,8 +21,8 @@ from apache_beam.metrics import Metrics
 import google_crc32c
 import numpy as np
 
-from formats import commit
-from formats import files as fs
+from formats.outputs import commit
+from formats.storage import files as fs
 from formats.graphbin import META, index_dtype
 from formats.manifest import FileInfo
 from pipelines.core import reuse

@@ -14,7 +14,7 @@ read to compute them. The bytes the join writes itself (the header, `meta`, padd
 an `indptr`, small sections such as splits, the table) are "glue". Locally the join concatenates
 pieces and glue into the final file, hashing as it copies and deleting each piece once copied. On
 gs:// the glue is uploaded as small objects and everything is joined by object composition (at most
-32 objects per request, in a tree: `formats.files.compose`); the SHA-256 the manifest records is then
+32 objects per request, in a tree: `formats.storage.files.compose`); the SHA-256 the manifest records is then
 computed by reading the composed object back with parallel ranged reads, which also checks its
 size, header and table. No worker holds the whole file on its disk or in memory.
 """
@@ -32,8 +32,8 @@ from apache_beam.io.filesystems import FileSystems
 import google_crc32c
 import numpy as np
 
-from formats import files as fs
-from formats import gcs_download
+from formats.storage import files as fs
+from formats.storage import gcs_download
 from formats.graphbin import HEADER, Section, crc32c_combine, pack_tail, padding
 
 _COPY_CHUNK = 16 << 20
@@ -257,7 +257,7 @@ def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: 
     dest: the final gs:// object.
     scratch: a gs:// folder in the same bucket for glue and intermediate objects (the caller
       deletes it afterwards).
-    max_sources: objects per compose request (formats.files.compose); None: `fs.COMPOSE_MAX_SOURCES`
+    max_sources: objects per compose request (formats.storage.files.compose); None: `fs.COMPOSE_MAX_SOURCES`
       as it is when called (tests lower it to build a deeper tree).
 
   Returns:

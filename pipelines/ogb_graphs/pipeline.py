@@ -29,7 +29,7 @@ import os
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from formats import files as fs
+from formats.storage import files as fs
 from formats.features import Features
 from pipelines.core.converter import ConvertUnits, Converter, Files, OutputPlan, Records
 from pipelines.core.errors import UsageError

@@ -16,7 +16,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 import numpy as np
 
-from formats import files as fs
+from formats.storage import files as fs
 from pipelines.core.errors import UsageError
 from pipelines.ogb_graphs.read import (
     NpzMember, OgbFormatError, OgbMissingFileError, check_rows, dataset_info, read_csv_all, to_int64)
@@ -112,7 +112,7 @@ class GraphPlan:
 
 
 def csv_path(root: str, *parts: str) -> str:
-  """The path of a file of the data set folder (`formats.files.join`).
+  """The path of a file of the data set folder (`formats.storage.files.join`).
 
   Args:
     root: the data set folder.
@@ -176,7 +176,7 @@ def list_dir(path: str) -> tuple[list[str], list[str]]:
     path: a folder, local or gs://.
 
   Returns:
-    (folder names, file names), as `formats.files.list_dir` gives them.
+    (folder names, file names), as `formats.storage.files.list_dir` gives them.
   """
   try:
     return fs.list_dir(path)

@@ -12,7 +12,7 @@ import sys
 import pytest
 from airflow.models.dagbag import DagBag
 
-from formats import inspect
+from formats.outputs import inspect
 from formats.manifest import Manifest
 from pipelines import registry
 from scheduling.airflow_dags import ConversionConfig, dags_from_folder, make_dag

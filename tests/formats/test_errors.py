@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from formats import commit, errors, example, graphbin, tfrecord
+from formats import errors, example, graphbin, tfrecord
+from formats.outputs import commit
 
 
 @pytest.mark.parametrize("module, name", [

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import formats
-from formats import errors, kinds, output
+from formats import errors, kinds
+from formats.outputs import output
 
 
 def test_every_public_name_imports():
@@ -21,14 +22,14 @@ def test_the_facade_reexports_the_defining_objects():
 
 
 def test_old_inspect_names_still_import():
-  from formats import inspect
+  from formats.outputs import inspect
 
   # tests/pipelines still call inspect.verify (the command line's own import of it).
   assert inspect.verify is output.verify
 
 
 def test_formats_imports_no_framework():
-  code = "import formats, formats.output, formats.inspect, formats.adapters\nimport sys\nprint('\\n'.join(sys.modules))"
+  code = "import formats, formats.outputs.output, formats.outputs.inspect, formats.adapters\nimport sys\nprint('\\n'.join(sys.modules))"
   mods = {m.split(".")[0] for m in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                                     check=True).stdout.split()}
   assert not mods & {"apache_beam", "tensorflow", "torch", "pipelines", "loaders"}

@@ -1,4 +1,4 @@
-"""formats.files: atomic writes, the verified download cache, local copies (local paths; gs:// is
+"""formats.storage.files: atomic writes, the verified download cache, local copies (local paths; gs:// is
 exercised through the emulator by tests/formats/test_output.py and the loaders' tests)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from formats import files
+from formats.storage import files
 
 
 def _sha(data: bytes) -> str:

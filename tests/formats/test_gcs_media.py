@@ -1,4 +1,4 @@
-"""formats.gcs_media and the pinning of RemoteObject, against the benchmark bucket (a server that, as GCS does,
+"""formats.storage.gcs_media and the pinning of RemoteObject, against the benchmark bucket (a server that, as GCS does,
 names the generation of every answer and enforces ifGenerationMatch)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from formats import gcs_download, gcs_media
+from formats.storage import gcs_download, gcs_media
 from formats.errors import CorruptRecordError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))

@@ -2,7 +2,7 @@
 
 An output lives in a bucket other teams can write to, so `manifest.json` is untrusted input. It is
 refused when it is parsed (`Manifest.loads` / `from_json`), and so by every reader, by
-`python -m formats.inspect` (`--verify`, `--repair`) and by the commit's clean-up, which all parse
+`python -m formats.outputs.inspect` (`--verify`, `--repair`) and by the commit's clean-up, which all parse
 it there. The errors are one line naming the field and the bad value.
 """
 
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from formats import commit, inspect
+from formats.outputs import commit, inspect
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, Rejected, ShardInfo, SplitInfo
 from tests.conftest import REPO
@@ -261,7 +261,7 @@ def test_inspect_refuses_it_and_exits_non_zero(record_output, tmp_path, capsys):
     assert inspect.main([out, *flags]) == 2
     assert f"splits.train.shards[0].path: path '{bad}'" in capsys.readouterr().err
   before = _tree(str(tmp_path))
-  r = subprocess.run([sys.executable, "-m", "formats.inspect", out, "--repair"], capture_output=True, text=True,
+  r = subprocess.run([sys.executable, "-m", "formats.outputs.inspect", out, "--repair"], capture_output=True, text=True,
                      cwd=REPO, timeout=300)
   assert r.returncode == 2 and r.stderr.startswith("inspect: error: "), r.stderr[-2000:]
   assert f"splits.train.shards[0].path: path '{bad}'" in r.stderr

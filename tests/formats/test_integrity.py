@@ -1,4 +1,4 @@
-"""formats.integrity: the levels a local copy is checked at, and the once-per-process hash."""
+"""formats.outputs.integrity: the levels a local copy is checked at, and the once-per-process hash."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from formats import integrity
+from formats.outputs import integrity
 from formats.errors import CorruptRecordError
 
 

@@ -1,4 +1,4 @@
-"""Reader leases (formats.leases): written, refreshed, released, expired; hostile lease files hold nothing."""
+"""Reader leases (formats.outputs.leases): written, refreshed, released, expired; hostile lease files hold nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from formats import files, leases
+from formats.outputs import leases
+from formats.storage import files
 
 GEN = "gen-20260101T000000-0123abcd"
 
@@ -89,7 +90,7 @@ def test_a_removed_lease_is_written_again_by_the_next_beat(tmp_path, caplog):
   output = str(tmp_path / "out")
   lease = leases.acquire(output, GEN, refresh_seconds=0.05)
   path = _lease_path(output, lease.id)
-  with caplog.at_level(logging.WARNING, logger="formats.leases"):
+  with caplog.at_level(logging.WARNING, logger="formats.outputs.leases"):
     os.remove(path)  # a clean-up took it for expired (the reader was paused past the TTL)
     _wait_for(lambda: os.path.exists(path), "the lease was not written again")
   lease.release()
@@ -107,7 +108,7 @@ def test_a_failed_refresh_warns_without_paths_and_the_next_beat_retries(tmp_path
     return real(path, data)
 
   monkeypatch.setattr(leases, "_touch", flaky)
-  with caplog.at_level(logging.WARNING, logger="formats.leases"):
+  with caplog.at_level(logging.WARNING, logger="formats.outputs.leases"):
     lease = leases.acquire(output, GEN, refresh_seconds=0.05)
     _wait_for(lambda: len(calls) >= 2, "the beat after a failure did not run")
     lease.release()

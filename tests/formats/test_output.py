@@ -1,4 +1,4 @@
-"""formats.output: opening an output, its shards' paths and local copies, random access, verification."""
+"""formats.outputs.output: opening an output, its shards' paths and local copies, random access, verification."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import os
 
 import pytest
 
-from formats import adapters, files, tfrecord
+from formats import adapters, tfrecord
+from formats.storage import files
 from formats.errors import CorruptRecordError, NotAnOutputError
 from formats.features import ClassLabel, Features, Image, Text
 from formats.graphbin import GraphBinWriter
 from formats.manifest import FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
 from formats.naming import ShardName
-from formats.output import Output, is_output, load_manifest, open_output
+from formats.outputs.output import Output, is_output, load_manifest, open_output
 from tests.damage import flip_byte
 
 FEATURES = Features({"image": Image(), "label": ClassLabel(("cat", "dog")), "file_name": Text()})

@@ -1,4 +1,4 @@
-"""Retention of replaced generations and the reader leases that clean-up honours (formats.commit, formats.leases).
+"""Retention of replaced generations and the reader leases that clean-up honours (formats.outputs.commit, formats.outputs.leases).
 
 Times are moved with `now=` (or the retention set to 0), never waited for.
 """
@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from formats import commit, files, inspect, leases
+from formats.outputs import commit, inspect, leases
+from formats.storage import files
 from formats.features import Features, Text
 from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
 from tests.conftest import REPO
@@ -130,7 +131,7 @@ def test_a_lease_taken_while_cleanup_removes_the_generation_keeps_it(tmp_path, m
 
 _READER = """
 import sys, time
-from formats import leases
+from formats.outputs import leases
 lease = leases.acquire(sys.argv[1], sys.argv[2], purpose="dead reader", refresh_seconds=0.2)
 print(lease.id, flush=True)
 time.sleep(600)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from formats import files
+from formats.storage import files
 from formats.errors import NotAnOutputError
 from formats.features import Features
 from formats.graphbin import GraphBin, GraphBinWriter

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from formats import files, gcs_download
+from formats.storage import files, gcs_download
 from formats.errors import CorruptRecordError
 from formats.features import Features
 from formats.graphbin import GraphBin, GraphBinWriter
@@ -198,7 +198,7 @@ def test_a_damaged_partial_is_fetched_again_rather_than_reported(remote, graph_o
   flip_byte(os.path.join(cache, partial), 100)
   monkeypatch.undo()
   calls = _recording_reads(monkeypatch)
-  with caplog.at_level(logging.WARNING, logger="formats.gcs_download"):
+  with caplog.at_level(logging.WARNING, logger="formats.storage.gcs_download"):
     g = lg.load(gs, cache_dir=cache, **OPTS)
   with open(g.path, "rb") as f:
     assert f.read() == _original(graph_output)
@@ -246,7 +246,7 @@ def test_503s_and_dropped_connections_are_retried_not_reported(remote, graph_out
     return _read_range_into(obj, start, buffer, *a, **k)
 
   monkeypatch.setattr(gcs_download, "read_range_into", read_range_into)
-  caplog.set_level(logging.INFO, logger="formats.gcs_download")
+  caplog.set_level(logging.INFO, logger="formats.storage.gcs_download")
   g = lg.load(gs, cache_dir=str(tmp_path / "cache"), **OPTS)
   with open(g.path, "rb") as f:
     assert f.read() == _original(graph_output)
@@ -300,7 +300,7 @@ def test_progress_is_a_bar_on_a_terminal_a_log_line_otherwise_and_can_be_off(rem
                                                                              capsys):
   gs, _, _ = remote
   monkeypatch.setattr(gcs_download, "LOG_EVERY_S", 0.0)
-  caplog.set_level(logging.INFO, logger="formats.gcs_download")
+  caplog.set_level(logging.INFO, logger="formats.storage.gcs_download")
   lg.load(gs, cache_dir=str(tmp_path / "logged"), streams=2, chunk_bytes=CHUNK)
   lines = [r.getMessage() for r in caplog.records]
   assert any("MB/s" in m and "ETA" in m for m in lines) and any(m.endswith("0 retries)") for m in lines)

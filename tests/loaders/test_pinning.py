@@ -21,12 +21,12 @@ import make_sample_images
 import numpy as np
 import pytest
 
-from formats import commit, leases
+from formats.outputs import commit, leases
 from formats.features import Features
 from formats.graphbin import GraphBinWriter
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, sha256_file
 from formats.naming import new_generation
-from formats.output import open_output
+from formats.outputs.output import open_output
 from loaders import ShardedRecords, StateMismatchError, UnverifiedStateWarning
 from loaders import grain as grain_loader
 from loaders import graph as lg
@@ -191,7 +191,7 @@ def test_a_dataset_holds_a_lease_while_it_lives(images, tmp_path):
 
 def test_the_pinned_manifest_is_read_once(images, tmp_path, monkeypatch):
   """Every epoch reads what the manifest named at open: nothing reads manifest.json after construction."""
-  from formats import output as output_module
+  from formats.outputs import output as output_module
 
   out = str(tmp_path / "out")
   _convert(images, out)

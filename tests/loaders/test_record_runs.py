@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from formats import gcs_media, load_manifest
+from formats import load_manifest
+from formats.storage import gcs_media
 from loaders import grain as grain_loader
 from loaders._stream import WindowOrder
 from pipelines import image_folder
@@ -139,7 +140,7 @@ def test_coalesced_record_reads_equal_local_across_4_2_8_hosts_through_faults(sh
 
 @pytest.mark.gcs
 def test_a_host_fetches_each_run_with_one_ranged_read(shards, gcs_emulator, tmp_path):
-  from formats.output import open_output
+  from formats.outputs.output import open_output
   from loaders._stream import RecordStream
   from tests.loaders.test_stream import _runs_of
 

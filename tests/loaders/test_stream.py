@@ -175,7 +175,7 @@ def test_streamed_gcs_equals_local_and_never_exceeds_the_limit(many_shards, gcs_
 
 @pytest.mark.gcs
 def test_streamed_stats_and_limits(many_shards, gcs_emulator, tmp_path):
-  from formats.output import open_output
+  from formats.outputs.output import open_output
   from loaders._stream import ShardStream
 
   gs = f"gs://{gcs_emulator}/stream/raw_stats"
@@ -224,7 +224,7 @@ def test_faults_change_nothing_in_the_batches(many_shards, gcs_faults, tmp_path)
 @pytest.mark.gcs
 def test_a_changed_shard_is_named(many_shards, gcs_emulator, tmp_path):
   """A shard whose bytes differ from the manifest (same size) is refused while it streams, naming it."""
-  from formats import files
+  from formats.storage import files
 
   gs = f"gs://{gcs_emulator}/stream/raw_changed"
   upload_tree(many_shards, gs)
@@ -385,7 +385,7 @@ def test_records_fetch_reads_each_hosts_share_only(many_shards, gcs_faults, tmp_
   """order="global" on 3 hosts fetches each host's own records by ranged reads (fetch="auto"): the batches of
   the local output, all hosts together about one pass over the split (not three), every chunk verified;
   503s and dropped connections change nothing."""
-  from formats.output import open_output
+  from formats.outputs.output import open_output
   from loaders._stream import RecordStream
 
   gs = f"gs://{gcs_faults.bucket}/stream/raw_records"
@@ -438,7 +438,7 @@ def _local_record(output: str, index: int) -> bytes:
 
 @pytest.mark.gcs
 def test_records_fetch_names_a_damaged_chunk(many_shards, gcs_emulator, tmp_path):
-  from formats import files
+  from formats.storage import files
 
   gs = f"gs://{gcs_emulator}/stream/raw_records_bad"
   upload_tree(many_shards, gs)
@@ -459,7 +459,7 @@ def test_a_second_pass_and_a_jump_back_fetch_each_shard_once_more(many_shards, g
   """Between batches nothing is being read (the loader waits for the training step); the plan starts from the
   batch after the one last asked for, so a second pass over the same stream, or a set_state backwards, fetches
   each shard once more, not once per batch."""
-  from formats.output import open_output
+  from formats.outputs.output import open_output
   from loaders._stream import ShardStream
 
   gs = f"gs://{gcs_emulator}/stream/raw_again"
@@ -531,7 +531,7 @@ def test_record_reads_that_failed_while_prefetched_are_read_again(many_shards, g
 
 
 def test_a_batch_that_spans_more_than_two_windows_is_refused_up_front(many_shards, tmp_path):
-  from formats.output import open_output
+  from formats.outputs.output import open_output
   from loaders._stream import ShardStream
 
   output = open_output(many_shards)

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from formats import integrity
+from formats.outputs import integrity
 from formats.errors import GraphBinError
 from formats.graphbin import GraphBin, GraphBinWriter
 from loaders import CorruptRecordError, ShardedRecords, load_graph

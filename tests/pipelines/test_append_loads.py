@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from formats import files
+from formats.storage import files
 from formats.manifest import Manifest
 from tests.conftest import REPO
 from tests.pipelines.test_append import _add_images, _pets, _run

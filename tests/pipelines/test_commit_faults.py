@@ -1,7 +1,7 @@
-"""The fault harness of the commit protocol (formats.commit): races, kills, clean-up, gs:// preconditions.
+"""The fault harness of the commit protocol (formats.outputs.commit): races, kills, clean-up, gs:// preconditions.
 
 Each test asserts the invariant, not only an exit status: the output verifies
-against its manifest (formats.inspect --verify) and TFDS reads the same complete
+against its manifest (formats.outputs.inspect --verify) and TFDS reads the same complete
 output, the previous complete output is intact when a run did not commit, and
 clean-up removes nothing the toolkit did not write.
 """
@@ -16,10 +16,12 @@ import time
 
 import pytest
 
-from formats import commit, files, inspect, naming
+from formats import naming
+from formats.outputs import commit, inspect
+from formats.storage import files
 from formats.features import Features, Text
 from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
-from formats.output import verify as verify_output
+from formats.outputs.output import verify as verify_output
 from tests.conftest import CLASSES, PER_CLASS, REPO
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,8 @@ from pydicom.uid import UID
 import pytest
 
 from formats.transforms import CT_PADDING_HU
-from formats import arrayrecord, files
+from formats import arrayrecord
+from formats.storage import files
 from formats.manifest import Manifest
 from pipelines import ct_volumes
 from pipelines.ct_volumes.assembly import plan_volumes, read_volume

@@ -18,9 +18,10 @@ import pydicom
 import pytest
 import SimpleITK as sitk
 
-from formats import arrayrecord, files, tfrecord
+from formats import arrayrecord, tfrecord
+from formats.storage import files
 from formats.manifest import Manifest
-from formats.output import verify as verify_output
+from formats.outputs.output import verify as verify_output
 from pipelines import ct_volumes
 from pipelines.ct_volumes.assembly import plan_volumes
 from pipelines.ct_volumes.headers import read_slices, salted_hash

@@ -67,7 +67,7 @@ def test_duration_flag_refuses_anything_else(value):
 
 
 def test_the_keep_replaced_default_is_the_commit_protocols():
-  from formats import commit
+  from formats.outputs import commit
   assert flags.duration_flag("keep_replaced", flags.DEFAULT_KEEP_REPLACED) == commit.DEFAULT_KEEP_REPLACED_SECONDS
   assert CommonConfig(input="/i", output="/o", name="n", file_format="array_record").keep_replaced_seconds == (
       commit.DEFAULT_KEEP_REPLACED_SECONDS)

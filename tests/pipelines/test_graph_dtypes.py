@@ -19,7 +19,8 @@ from ogb.io import read_graph_raw
 import pytest
 
 import make_sample_ogb as mo
-from formats import arrayrecord, files
+from formats import arrayrecord
+from formats.storage import files
 from formats.graphbin import GraphBin
 from formats.manifest import Manifest
 from pipelines import ogb_graphs

@@ -20,7 +20,8 @@ import pytest
 from PIL import Image
 
 import make_sample_ct as ct
-from formats import files, inspect
+from formats.outputs import inspect
+from formats.storage import files
 from formats.manifest import Manifest
 from pipelines import ct_volumes, image_folder
 from pipelines.core import UsageError, inputs
@@ -307,7 +308,7 @@ def test_persistent_transient_error_is_one_line_and_exit_1_from_the_cli(gcs_faul
   assert last.endswith("nothing was committed, run again") and "Traceback" not in r.stderr, r.stderr
   assert not os.path.exists(os.path.join(out, "manifest.json"))
   # The failed run's generation is kept, abandoned, for a resumed run (docs/manifest.md): nothing names it.
-  from formats import commit
+  from formats.outputs import commit
   assert {g.state for g in commit.list_generations(out)} <= {"abandoned"} if os.path.isdir(out) else True
   assert gcs_faults.requests_seen("transient_cli/in/cat/a.jpg") >= 2  # retried, not given up at once
 

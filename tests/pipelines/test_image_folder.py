@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import make_sample_images
-from formats import arrayrecord, inspect, tfrecord
+from formats import arrayrecord, tfrecord
+from formats.outputs import inspect
 from formats.manifest import Manifest
 from pipelines.core import UsageError
 from pipelines import image_folder

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from formats import files, inspect
+from formats.outputs import inspect
+from formats.storage import files
 from formats.manifest import Manifest
 from pipelines import image_folder
 from pipelines.core import UsageError

@@ -98,7 +98,7 @@ def test_a_split_without_records_is_absent_from_manifest_tfds_and_loaders_alike(
   and as_dataset), so no view lists it; every split a view lists opens in every other."""
   from PIL import Image
 
-  from formats import inspect
+  from formats.outputs import inspect
   from loaders import grain as lgrain
   from loaders import ShardedRecords
 
@@ -136,7 +136,7 @@ def test_shards_left_empty_by_rejects_open_in_tfds_and_the_loaders(tmp_path, fil
   read around it and see every record once."""
   from PIL import Image
 
-  from formats import inspect
+  from formats.outputs import inspect
   from loaders import ShardedRecords
 
   src = tmp_path / "in" / "train" / "cat"

@@ -7,7 +7,7 @@ import apache_beam as beam
 from apache_beam.testing.util import assert_that, equal_to
 import pytest
 
-from formats import files
+from formats.storage import files
 from pipelines.core import inputs
 
 pytestmark = [pytest.mark.gcs]
@@ -34,7 +34,7 @@ def test_the_fanned_out_listing_equals_the_recursive_one(gcs_emulator):
 
 
 def test_image_folder_on_gs_plans_the_same_shards_on_the_workers_as_at_launch(class_folder, gcs_emulator, tmp_path):
-  from formats.output import open_output
+  from formats.outputs.output import open_output
   from pipelines import image_folder
   from tests.conftest import upload_tree
 

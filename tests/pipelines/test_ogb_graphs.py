@@ -12,7 +12,9 @@ from ogb.io import read_graph_raw
 import pytest
 
 import make_sample_ogb as mo
-from formats import arrayrecord, files, inspect
+from formats import arrayrecord
+from formats.outputs import inspect
+from formats.storage import files
 from formats.graphbin import GraphBin, GraphBinError
 from formats.manifest import Manifest
 from loaders import graph as lg

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import make_sample_ogb as mo
-from formats import files, inspect
+from formats.outputs import inspect
+from formats.storage import files
 from formats.graphbin import GraphBin
 from formats.manifest import Manifest
 from pipelines import ogb_graphs

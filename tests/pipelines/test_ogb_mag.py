@@ -12,10 +12,11 @@ import pytest
 from ogb.io import read_graph_raw
 
 import make_sample_ogb as mo
-from formats import files, inspect
+from formats.outputs import inspect
+from formats.storage import files
 from formats.graphbin import NAME_BYTES
 from formats.manifest import Manifest
-from formats.output import open_output
+from formats.outputs.output import open_output
 from loaders import graph as lg
 from pipelines import ogb_graphs
 from pipelines.ogb_graphs.reverse import reverse_relation_name

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import make_sample_ogb as mo
-from formats import files as fs
+from formats.storage import files as fs
 from formats.graphbin import GraphBinWriter, crc32c_combine
 from formats.manifest import sha256_file
-from formats.output import load_manifest, verify
+from formats.outputs.output import load_manifest, verify
 from pipelines import ogb_graphs
 from pipelines.ogb_graphs import pieces, read
 from pipelines.ogb_graphs.pieces import Piece, PieceWriter, SectionParts, join_local, layout

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import make_sample_ogb as mo
-from formats import files
+from formats.storage import files
 from formats.manifest import Manifest
-from formats.output import open_output
+from formats.outputs.output import open_output
 from loaders import graph as lg
 from pipelines import ogb_graphs
 from pipelines.core.errors import UsageError

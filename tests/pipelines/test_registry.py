@@ -17,7 +17,8 @@ import sys
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from formats import commit, kinds
+from formats import kinds
+from formats.outputs import commit
 from formats.manifest import MANIFEST_FILENAME, Manifest
 from pipelines import registry
 from pipelines.core import ConverterOptions, UsageError, flags, launch
@@ -129,7 +130,7 @@ def converted(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", registry.names())
 def test_every_converter_commits_through_the_shared_path(name, converted):
-  from formats import inspect
+  from formats.outputs import inspect
 
   output, m = converted[name]
   assert m.kind == registry.converter(name).kind  # the sample of each converter is of its main kind

@@ -15,9 +15,11 @@ import subprocess
 import pytest
 
 import make_sample_images
-from formats import commit, files, naming
+from formats import naming
+from formats.outputs import commit
+from formats.storage import files
 from formats.manifest import Manifest, ShardInfo
-from formats.output import verify as verify_output
+from formats.outputs.output import verify as verify_output
 from pipelines.core import reuse
 from tests.conftest import upload_tree
 from tests.pipelines.test_append import _run
@@ -266,7 +268,7 @@ def test_hostile_records_in_another_generation_are_ignored_not_fatal(images, cle
 def test_a_shard_is_copied_under_a_lease_on_its_source(images, tmp_path, monkeypatch):
   """While a shard is copied from an earlier generation, a clean-up without retention (another run's)
   must not remove the source; the lease goes once the copy is made."""
-  from formats import leases
+  from formats.outputs import leases
 
   out = str(tmp_path / "out")
   assert _run(f"--input={images}", f"--output={out}", *FLAGS, fault="shards:published:2").returncode == -9

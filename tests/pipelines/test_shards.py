@@ -273,7 +273,7 @@ def _finalized(tmp_path, converter, n, num_inputs):
 
   import dataclasses
 
-  from formats import commit
+  from formats.outputs import commit
 
   generation, expected = commit.begin(str(tmp_path), {"pipeline": "tests"})
   spec = dataclasses.replace(_spec(str(tmp_path)), generation=generation, expected=expected)

@@ -45,7 +45,7 @@ import time
 
 import google_crc32c
 
-from formats import files, gcs_media
+from formats.storage import files, gcs_media
 from formats.errors import CorruptRecordError
 
 __all__ = [
@@ -91,7 +91,7 @@ class DownloadOptions:
       resume (a cache that outlives the process); False for a copy nobody reads after a crash (the loaders'
       private stream folders): no fsync, no resume record.
     timeout_s: seconds a read may wait for the next bytes before it fails (a stalled stream) and is retried;
-      None: formats.gcs_media.DEFAULT_TIMEOUT_S.
+      None: formats.storage.gcs_media.DEFAULT_TIMEOUT_S.
   """
 
   streams: int = 8

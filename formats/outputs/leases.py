@@ -29,7 +29,8 @@ import time
 import uuid
 import weakref
 
-from formats import files, naming
+from formats import naming
+from formats.storage import files
 
 LEASES_FOLDER = "_leases"  # OUTPUT/_leases/<lease id>.json
 LEASE_TTL_SECONDS = 600.0  # a lease not refreshed for this long has expired
@@ -51,7 +52,7 @@ class LeaseError(OSError):
 
 @dataclasses.dataclass(frozen=True)
 class LeaseInfo:
-  """One valid lease as clean-up and `formats.inspect` see it."""
+  """One valid lease as clean-up and `formats.outputs.inspect` see it."""
 
   id: str
   generation: str
@@ -218,7 +219,7 @@ def acquire(output: str, generation: str, *, purpose: str = "", heartbeat: bool 
   Args:
     output: the output folder, local or gs://.
     generation: the generation folder name the reader reads (`gen-...`).
-    purpose: a short free text shown by `formats.inspect` (e.g. "train job 42").
+    purpose: a short free text shown by `formats.outputs.inspect` (e.g. "train job 42").
     heartbeat: whether a thread refreshes the lease (False: the caller calls `refresh`).
     refresh_seconds: the heartbeat's period; well under LEASE_TTL_SECONDS.
 

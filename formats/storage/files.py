@@ -1,7 +1,7 @@
 """Reading and writing output files on a local disk or in `gs://`, without Beam.
 
 The pipelines move data through Beam's `FileSystems`; readers (loaders,
-`formats.inspect`) must not depend on Beam, so they use this small layer:
+`formats.outputs.inspect`) must not depend on Beam, so they use this small layer:
 local paths through `os`, `gs://` through google-cloud-storage, which honours
 `STORAGE_EMULATOR_HOST` (then with anonymous credentials) for tests.
 """
@@ -52,7 +52,7 @@ def _split_gcs(path: str) -> tuple[str, str]:
   return bucket, name
 
 
-# Connections kept open per host by the process's client: parallel ranged reads (formats.gcs_download, the
+# Connections kept open per host by the process's client: parallel ranged reads (formats.storage.gcs_download, the
 # loaders' record streams) run up to this many requests at once without reconnecting (requests keeps 10).
 HTTP_POOL_SIZE = 64
 

@@ -1,6 +1,6 @@
 """Look at an output: summary, verification against the manifest, a picture grid.
 
-    python -m formats.inspect OUTPUT [--verify] [--repair] [--grid FILE.png] [--split=train] [--num=16]
+    python -m formats.outputs.inspect OUTPUT [--verify] [--repair] [--grid FILE.png] [--split=train] [--num=16]
 
 It prints the output's summary, then its generation folders (current,
 TFDS view, running, dead, replaced with its retention, abandoned) and the
@@ -11,7 +11,7 @@ size and record count against the manifest and decodes every record; it exits
 1 naming each bad shard. `--grid` renders sample records and their labels.
 
 This module is the command line only: opening, reading and verifying an
-output are formats.output's (`open_output`, `Output.verify`).
+output are formats.outputs.output's (`open_output`, `Output.verify`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,19 @@ import sys
 
 import numpy as np
 
-from formats import commit, files, kinds, leases
+from formats import kinds
+from formats.outputs import commit, leases
+from formats.storage import files
 from formats.features import ClassLabel, Tensor
 from formats.manifest import Manifest
-from formats.output import Output, load_manifest, verify
+from formats.outputs.output import Output, load_manifest, verify
 
 # The feature a grid draws, by record kind.
 _DRAWN_FEATURE = {"image": "image", "volume": "volume"}
 
 
 def summary(manifest: Manifest) -> str:
-  """The text `python -m formats.inspect` prints for an output.
+  """The text `python -m formats.outputs.inspect` prints for an output.
 
   Args:
     manifest: the output's manifest.
@@ -81,7 +83,7 @@ def _duration(seconds: float) -> str:
 
 
 def generations_report(output: str, now: float | None = None) -> str:
-  """The text `python -m formats.inspect` prints about an output's generations and reader leases.
+  """The text `python -m formats.outputs.inspect` prints about an output's generations and reader leases.
 
   Uses clean-up's defaults (`commit.DEFAULT_KEEP_REPLACED_SECONDS`, `commit.LEASE_SECONDS`,
   `leases.LEASE_TTL_SECONDS`): what a run's clean-up, or `--repair`, would keep and remove.
@@ -189,7 +191,7 @@ def render_grid(output: str, manifest: Manifest, png_path: str, split: str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-  """`python -m formats.inspect`: prints an output's summary; verifies, repairs or draws it on request.
+  """`python -m formats.outputs.inspect`: prints an output's summary; verifies, repairs or draws it on request.
 
   Args:
     argv: the arguments (default sys.argv[1:]).
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     The exit status: 0, 1 when --verify found a bad file, 2 when the folder is
     not a readable output.
   """
-  ap = argparse.ArgumentParser(prog="python -m formats.inspect", description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m formats.outputs.inspect", description=__doc__.splitlines()[0])
   ap.add_argument("output", help="an output folder (local or gs://)")
   ap.add_argument("--verify", action="store_true", help="re-read every shard and check it against the manifest")
   ap.add_argument("--grid", metavar="FILE.png", help="render sample records to a PNG")

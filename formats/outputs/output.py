@@ -7,7 +7,7 @@
     records = out.open_records("train")               # records[i] across the split's shards
     bad = out.verify()                                # re-reads every file; prints one line per bad one
 
-Every reader (`formats.inspect`, the loaders, the graph loader, the
+Every reader (`formats.outputs.inspect`, the loaders, the graph loader, the
 pipelines' checks of an existing output) goes through this module, so what
 "an output" is (manifest.json written last, data files relative to it, each
 with its size and SHA-256) is written down once. Paths are local or gs://.
@@ -33,11 +33,12 @@ import threading
 from typing import TextIO
 import weakref
 
-from formats import adapters, files, gcs_download, kinds, naming
+from formats import adapters, kinds, naming
+from formats.storage import files, gcs_download
 from formats.errors import CorruptRecordError, NotAnOutputError
 from formats.features import Features
 from formats.graphbin import GraphBin
-from formats.integrity import Verify, check_local_file, remember_verified, verify_level
+from formats.outputs.integrity import Verify, check_local_file, remember_verified, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
 
 __all__ = [
@@ -267,9 +268,9 @@ class Output:
   def local_copy(self, info: ShardInfo | FileInfo, cache_dir: str | None = None, verify: Verify = "sha256") -> str:
     """A local path of a data file, checked against the manifest.
 
-    A local output's file is itself, checked at level `verify` (formats.integrity).
+    A local output's file is itself, checked at level `verify` (formats.outputs.integrity).
     A gs:// file is downloaded once into `cache_dir/<sha256[:16]>/<name>` by
-    parallel ranged reads (formats.gcs_download: pinned to one generation,
+    parallel ranged reads (formats.storage.gcs_download: pinned to one generation,
     resumable, the SHA-256 checked as the bytes arrive; two processes share one
     download); the cached copy is then checked at level `verify` like a local
     file, and fetched again once if it was damaged since.

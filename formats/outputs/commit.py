@@ -26,7 +26,7 @@ layout and its guarantees are in docs/manifest.md):
      TFDS reader sees the previous complete output, afterwards the new one.
   5. `cleanup`: removes generation folders that carry a toolkit marker, that
      neither the manifest nor the TFDS metadata names, that no unexpired reader
-     lease holds (`formats.leases`), and whose retention is over: a replaced
+     lease holds (`formats.outputs.leases`), and whose retention is over: a replaced
      generation (marker state "replaced", written by the commit that replaced
      it) and a failed run's (state "abandoned", written by `finish`) are kept
      for `keep_replaced_seconds` from that marker's modification time, a
@@ -56,7 +56,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 
-from formats import files, leases, naming, tfds_metadata
+from formats import naming, tfds_metadata
+from formats.outputs import leases
+from formats.storage import files
 from formats.errors import CommitConflict
 from formats.manifest import MANIFEST_FILENAME, Manifest
 
@@ -669,7 +671,7 @@ def _read_or_none(path: str) -> bytes | None:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationStatus:
-  """One generation folder of an output as clean-up sees it (what `formats.inspect` prints).
+  """One generation folder of an output as clean-up sees it (what `formats.outputs.inspect` prints).
 
   `state` is "current" (the manifest names it), "tfds" (only dataset_info.json
   names it: the TFDS view lags), "running" (a live run), "dead" (a run that
@@ -810,7 +812,7 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
   """Removes what the toolkit wrote and nothing holds any more; returns the removed generations.
 
   Held: the generation the manifest names, the one the TFDS metadata names,
-  any generation an unexpired reader lease names (`formats.leases`), any whose
+  any generation an unexpired reader lease names (`formats.outputs.leases`), any whose
   run is alive (marker state "running", refreshed within `lease_seconds`),
   and, for `keep_replaced_seconds` from their marker's modification time,
   replaced generations, abandoned (failed) runs' and killed runs'. A committed

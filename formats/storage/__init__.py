@@ -1,0 +1,1 @@
+"""Reaching bytes: local folders and gs:// (listing, reads, ranged downloads, uploads, atomic publishes)."""
