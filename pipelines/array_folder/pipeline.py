@@ -45,7 +45,7 @@ class ArrayFolderOptions(PipelineOptions):
   @classmethod
   def _add_argparse_args(cls, parser):
     parser.add_argument("--shape", default=None, help="D0,D1,...: the shape every array must have (required).")
-    parser.add_argument("--dtype", default=None, help=f"The dtype every array must have: {', '.join(_DTYPES)}.")
+    parser.add_argument("--dtype", default=None, choices=_DTYPES, help="The dtype every array must have (required).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +133,6 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
 
     Args:
       o: --shape and --dtype.
-      common: not used.
 
     Raises:
       UsageError: --shape is missing or not positive integers, or --dtype is not a known dtype.

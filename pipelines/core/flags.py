@@ -1,10 +1,13 @@
-"""Flag parsing shared by the converters: strict parsing, checks, the common configuration.
+"""Flag parsing shared by the converters: strict parsing, typed flags, the common configuration.
 
-A bad argument is a `UsageError` (the launcher prints it as one line and exits 2
-before anything is written). Unknown flags are errors too: Beam itself only
-warns and drops them, so a typo would silently change a job. Every converter's
-shared flags become one frozen `CommonConfig`; its own flags are checked by
-its `configure` with the helpers here (`int_flag`, `bool_flag`, ...).
+Every flag is declared once, with its type, choices and default, in a
+`PipelineOptions._add_argparse_args` (`ConverterOptions` here, each converter's
+own class next to it), using the `type=` callables here for what argparse lacks
+(`integer`, `boolean`, `duration`, `positive_ints`, ...). A bad argument is a
+`UsageError` that names the flag and the value (the launcher prints it as one
+line and exits 2 before anything is written). Unknown flags are errors too:
+Beam itself only warns and drops them, so a typo would silently change a job.
+Every converter's shared flags become one frozen `CommonConfig`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from formats import naming
 from formats.outputs import commit
 from formats.storage import files as fs
 from formats.outputs.output import is_output, load_manifest
-from pipelines.core import inputs
+from pipelines.core import inputs, shards
 from pipelines.core.errors import UsageError
 
 MODES = ("rebuild", "append")
@@ -41,8 +44,165 @@ _BEAM_INT_MINIMUMS = {
 
 
 class _RaisingParser(argparse.ArgumentParser):
+  """The strict parser: its errors are `UsageError`s that begin with the flag's name."""
+
   def error(self, message):
+    m = re.fullmatch(r"argument (--\w+): (must .*)", message, re.S)
+    if m:  # a `type=` callable's or a choice's "argument --x: must be ..." reads as "--x must be ..."
+      message = f"{m[1]} {m[2]}"
     raise UsageError(message)
+
+  def _check_value(self, action, value):
+    if action.choices is not None and value not in action.choices:
+      raise argparse.ArgumentError(action, f"must be {alternatives(action.choices)}, got {value!r}")
+
+
+def alternatives(choices: Sequence) -> str:
+  """A flag's allowed values in an error: "a or b", "a, b or c" for up to three plain names (letters
+  and digits); "one of a_b, c, ..." for longer lists or other names, which read as a list."""
+  words = [str(c) for c in choices]
+  if 1 < len(words) <= 3 and all(w.isalnum() for w in words):
+    return f"{', '.join(words[:-1])} or {words[-1]}"
+  return f"one of {', '.join(words)}"
+
+
+# ---------------------------------------------------------------- argparse `type=` callables
+# Each takes the flag's text and returns its value, or raises ArgumentTypeError with a message that
+# begins with "must": the parser puts the flag's name before it. Every value they return is a str,
+# int, float or bool whose text parses back to itself: Beam hands the options to its workers as
+# flags again (`PipelineOptions.from_dictionary`). `label` is what --help shows as the flag's type.
+
+
+def _labelled(label: str):
+  def mark(fn):
+    fn.label = label
+    return fn
+  return mark
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+  """An integer in [minimum, maximum] (either bound None: no limit).
+
+  Args:
+    minimum: the smallest value allowed.
+    maximum: the largest value allowed.
+
+  Returns:
+    The `type=` callable; its errors say "must be an integer" or name the bound.
+  """
+  if minimum is not None and maximum is not None:
+    label = f"int in [{minimum}, {maximum}]"
+  else:
+    label = " ".join(["int", *[f">= {minimum}"] * (minimum is not None), *[f"<= {maximum}"] * (maximum is not None)])
+
+  @_labelled(label)
+  def parse(value) -> int:
+    try:
+      n = int(value)
+    except (TypeError, ValueError):
+      raise argparse.ArgumentTypeError(f"must be an integer, got {value!r}") from None
+    if minimum is not None and maximum is not None and not minimum <= n <= maximum:
+      raise argparse.ArgumentTypeError(f"must be in [{minimum}, {maximum}], got {n}")
+    if minimum is not None and n < minimum:
+      raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {n}")
+    if maximum is not None and n > maximum:
+      raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {n}")
+    return n
+
+  return parse
+
+
+@_labelled("true|false")
+def boolean(value) -> bool:
+  """true, 1 or yes; false, 0 or no; in any case."""
+  v = str(value).lower()
+  if v in ("true", "1", "yes"):
+    return True
+  if v in ("false", "0", "no"):
+    return False
+  raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
+
+
+@_labelled("seconds")
+def seconds(value) -> float:
+  """A number of seconds, >= 0 and finite."""
+  try:
+    x = float(value)
+  except (TypeError, ValueError):
+    x = float("nan")
+  if not 0 <= x < float("inf"):
+    raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value!r}")
+  return x
+
+
+@_labelled("duration")
+def duration(value) -> float:
+  """A duration in seconds from a number with an optional unit s, m, h or d ("7d", "12h", "90", "0")."""
+  m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value))
+  if not m:
+    raise argparse.ArgumentTypeError(f"must be a duration such as 7d, 12h, 30m, 90s or 0, got {value!r}")
+  return float(m[1]) * _DURATION_UNITS[m[2] or "s"]
+
+
+def fraction(above: float, below: float) -> Callable[[str], float]:
+  """A number strictly between `above` and `below`.
+
+  Args:
+    above: the bound the value must exceed.
+    below: the bound the value must stay under.
+
+  Returns:
+    The `type=` callable.
+  """
+  @_labelled(f"fraction in ({above:g}, {below:g})")
+  def parse(value) -> float:
+    try:
+      x = float(value)
+    except (TypeError, ValueError):
+      x = float("nan")
+    if not above < x < below:
+      raise argparse.ArgumentTypeError(f"must be a fraction in ({above:g}, {below:g}), got {value!r}")
+    return x
+
+  return parse
+
+
+class Ints(str):
+  """A list of positive integers as the flag's text, "224,224": a str so that Beam's round trip to
+  the workers gives it back unchanged; the integers are `values`."""
+
+  @property
+  def values(self) -> tuple[int, ...]:
+    """The integers, in order."""
+    return tuple(int(d) for d in self.split(","))
+
+
+def positive_ints(form: str, length: int | None = None) -> Callable[[str], Ints]:
+  """Comma-separated positive integers, `length` of them (None: one or more).
+
+  Args:
+    form: how the value is written, for the help and the message: "H,W".
+    length: how many integers the value holds.
+
+  Returns:
+    The `type=` callable; its value is the `Ints` text without spaces ("224, 224" → "224,224").
+  """
+  @_labelled(form)
+  def parse(value) -> Ints:
+    parts = [p.strip() for p in str(value).split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts) or length is not None and len(parts) != length:
+      raise argparse.ArgumentTypeError(f"must be {form} with positive integers, got {value!r}")
+    return Ints(",".join(str(int(p)) for p in parts))
+
+  return parse
+
+
+def _checked(name: str, parse: Callable, value):
+  """`parse(value)`, its error a `UsageError` that names --`name`."""
+  try:
+    return parse(value)
+  except argparse.ArgumentTypeError as e:
+    raise UsageError(f"--{name} {e}") from None
 
 
 class ConverterOptions(PipelineOptions):
@@ -52,33 +212,33 @@ class ConverterOptions(PipelineOptions):
 
   @classmethod
   def _add_argparse_args(cls, parser):
-    parser.add_argument("--input", help="Input folder, local or gs://.")
-    parser.add_argument("--output", help="Output folder, local or gs://.")
-    parser.add_argument("--format", dest="file_format", default="array_record",
-                        help="array_record (default; random access) or tfrecord.")
-    parser.add_argument("--num_shards", default="0", help="Shards per split; 0 (default) picks ~128 MB shards.")
+    parser.add_argument("--input", help="Input folder, local or gs:// (required).")
+    parser.add_argument("--output", help="Output folder, local or gs:// (required).")
+    parser.add_argument("--format", dest="file_format", default="array_record", choices=naming.FILE_FORMATS,
+                        help="Record file format: array_record (random access) or tfrecord.")
+    parser.add_argument("--num_shards", type=integer(0), default=0, help="Shards per split; 0 picks ~128 MB shards.")
     parser.add_argument("--name", default=None, help="Dataset name in shard names; default: the input folder's name.")
-    parser.add_argument("--seed", default="0", help="Seed of the record order.")
-    parser.add_argument("--plan", default="auto",
-                        help="Where the shard plan is made: auto (default: the launcher lists the input unless it "
-                             "holds more than 2,000,000 files, then the workers), launcher or workers.")
-    parser.add_argument("--overwrite", default="false",
+    parser.add_argument("--seed", type=integer(0), default=0, help="Seed of the record order.")
+    parser.add_argument("--plan", default="auto", choices=shards.PLAN_MODES,
+                        help=f"Where the shard plan is made: auto (the launcher lists the input unless it holds "
+                             f"more than {shards.LAUNCHER_LISTING_LIMIT:,} files, then the workers), launcher or "
+                             "workers.")
+    parser.add_argument("--overwrite", type=boolean, nargs="?", const=True, default=False,
                         help="true: replace an output folder that already holds a complete output.")
-    parser.add_argument("--max_input_bytes", default=str(inputs.DEFAULT_MAX_INPUT_BYTES),
-                        help="Largest input file read; a larger one is a reject (default 2 GiB).")
-    parser.add_argument("--mode", default="rebuild",
-                        help="rebuild (default: the output is made from the whole input) or append (convert only "
-                             "the inputs the current output does not hold, into new shards of the same splits; "
-                             "with no output there yet, the whole input).")
-    parser.add_argument("--reuse_shards", default="true",
-                        help="true (default): copy shards an earlier run of the same plan published (a failed or "
-                             "killed run's) instead of converting them again; false converts every shard.")
-    parser.add_argument("--keep_replaced", default=DEFAULT_KEEP_REPLACED,
-                        help="How long a replaced output generation is kept for the readers still on it, e.g. 7d "
-                             "(default), 12h, 30m, 0 (remove at once).")
-    parser.add_argument("--transient_retry_seconds", default=str(int(inputs.DEFAULT_TRANSIENT_RETRY_SECONDS)),
+    parser.add_argument("--max_input_bytes", type=integer(1), default=inputs.DEFAULT_MAX_INPUT_BYTES,
+                        help="Largest input file read, in bytes; a larger one is a reject.")
+    parser.add_argument("--mode", default="rebuild", choices=MODES,
+                        help="rebuild: the output is made from the whole input; append: convert only the inputs "
+                             "the output does not hold, into new shards of the same splits.")
+    parser.add_argument("--reuse_shards", type=boolean, nargs="?", const=True, default=True,
+                        help="true: copy shards an earlier run of the same plan published (a failed or killed "
+                             "run's) instead of converting them again; false converts every shard.")
+    parser.add_argument("--keep_replaced", type=duration, default=DEFAULT_KEEP_REPLACED,
+                        help="How long a replaced output generation is kept for the readers still on it: "
+                             "7d, 12h, 30m, 0 (remove at once).")
+    parser.add_argument("--transient_retry_seconds", type=seconds, default=inputs.DEFAULT_TRANSIENT_RETRY_SECONDS,
                         help="How long to retry an input that answers a transient error (HTTP 5xx/429, "
-                             "timeout, dropped connection) before the job fails (default 300).")
+                             "timeout, dropped connection) before the job fails.")
 
 
 def _all_option_classes(cls=PipelineOptions):
@@ -154,15 +314,15 @@ def _check_beam_flags(options: PipelineOptions) -> None:
                      "LOOPBACK or a beam:env: URN)")
   for name, minimum in _BEAM_INT_MINIMUMS.items():
     if values.get(name) is not None:
-      int_flag(name, values[name], minimum)
+      _checked(name, integer(minimum), values[name])
 
 
 def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
-  """An integer flag, checked against its bounds.
+  """An integer checked against its bounds, outside a parser (`integer` is the flag type).
 
   Args:
     name: the flag's name, without `--`, for the message.
-    value: the flag's value as given (usually a string).
+    value: the value as given (usually a string).
     minimum: the smallest value allowed.
     maximum: the largest value allowed; None for no limit.
 
@@ -172,77 +332,11 @@ def int_flag(name: str, value, minimum: int, maximum: int | None = None) -> int:
   Raises:
     UsageError: the value is not an integer or is out of bounds.
   """
-  try:
-    n = int(value)
-  except (TypeError, ValueError):
-    raise UsageError(f"--{name} must be an integer, got {value!r}") from None
-  if n < minimum:
-    raise UsageError(f"--{name} must be >= {minimum}, got {n}")
-  if maximum is not None and n > maximum:
-    raise UsageError(f"--{name} must be <= {maximum}, got {n}")
-  return n
-
-
-def read_policy(options: PipelineOptions) -> inputs.ReadPolicy:
-  """How the converter reads its inputs, from the shared flags.
-
-  Args:
-    options: the parsed options (`--transient_retry_seconds`, `--max_input_bytes`).
-
-  Returns:
-    The `inputs.ReadPolicy`.
-
-  Raises:
-    UsageError: either flag has a bad value.
-  """
-  c = options.view_as(ConverterOptions)
-  return inputs.ReadPolicy(seconds_flag("transient_retry_seconds", c.transient_retry_seconds),
-                            int_flag("max_input_bytes", c.max_input_bytes, 1))
-
-
-def seconds_flag(name: str, value) -> float:
-  """A duration in seconds, >= 0 and finite.
-
-  Args:
-    name: the flag's name, without `--`, for the message.
-    value: the flag's value as given.
-
-  Returns:
-    The duration as a float.
-
-  Raises:
-    UsageError: the value is not a number, negative, infinite or NaN.
-  """
-  try:
-    x = float(value)
-  except (TypeError, ValueError):
-    x = float("nan")
-  if not 0 <= x < float("inf"):
-    raise UsageError(f"--{name} must be a number of seconds >= 0, got {value!r}")
-  return x
-
-
-def duration_flag(name: str, value) -> float:
-  """A duration: a number with an optional unit s, m, h or d ("7d", "12h", "90", "0").
-
-  Args:
-    name: the flag (no `--`), named in the error.
-    value: the flag's value as given.
-
-  Returns:
-    Seconds, >= 0.
-
-  Raises:
-    UsageError: not a non-negative number with one of those units.
-  """
-  m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value))
-  if not m:
-    raise UsageError(f"--{name} must be a duration such as 7d, 12h, 30m, 90s or 0, got {value!r}")
-  return float(m[1]) * _DURATION_UNITS[m[2] or "s"]
+  return _checked(name, integer(minimum, maximum), value)
 
 
 def bool_flag(name: str, value) -> bool:
-  """A true/false flag.
+  """A true/false value outside a parser (`boolean` is the flag type).
 
   Args:
     name: the flag (no `--`), named in the error.
@@ -254,12 +348,36 @@ def bool_flag(name: str, value) -> bool:
   Raises:
     UsageError: any other value.
   """
-  v = str(value).lower()
-  if v in ("true", "1", "yes"):
-    return True
-  if v in ("false", "0", "no"):
-    return False
-  raise UsageError(f"--{name} must be true or false, got {value!r}")
+  return _checked(name, boolean, value)
+
+
+def seconds_flag(name: str, value) -> float:
+  """A duration in seconds outside a parser (`seconds` is the flag type).
+
+  Args:
+    name: the flag's name, without `--`, for the message.
+    value: the value as given.
+
+  Returns:
+    The duration as a float.
+
+  Raises:
+    UsageError: the value is not a number, negative, infinite or NaN.
+  """
+  return _checked(name, seconds, value)
+
+
+def read_policy(options: PipelineOptions) -> inputs.ReadPolicy:
+  """How the converter reads its inputs: `--transient_retry_seconds` and `--max_input_bytes`.
+
+  Args:
+    options: the parsed options.
+
+  Returns:
+    The `inputs.ReadPolicy`.
+  """
+  c = options.view_as(ConverterOptions)
+  return inputs.ReadPolicy(c.transient_retry_seconds, c.max_input_bytes)
 
 
 def dataset_name(name_flag: str | None, input_root: str) -> str:
@@ -285,24 +403,7 @@ def dataset_name(name_flag: str | None, input_root: str) -> str:
     raise UsageError(f"--name: {e}") from None
 
 
-def check_file_format(value: str) -> str:
-  """The --format flag, checked against the known record file formats.
-
-  Args:
-    value: the flag's value.
-
-  Returns:
-    The value, unchanged.
-
-  Raises:
-    UsageError: not one of `naming.FILE_FORMATS`.
-  """
-  if value not in naming.FILE_FORMATS:
-    raise UsageError(f"--format must be one of {', '.join(naming.FILE_FORMATS)}, got {value!r}")
-  return value
-
-
-def check_input_output(input_flag: str | None, output_flag: str | None, overwrite_flag,
+def check_input_output(input_flag: str | None, output_flag: str | None, overwrite: bool,
                        input_kind: str = "a folder", append: bool = False) -> tuple[str, str, bool]:
   """(input root, output root, overwrite) after the checks every converter makes.
 
@@ -312,7 +413,7 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
   Args:
     input_flag: the --input flag.
     output_flag: the --output flag.
-    overwrite_flag: the --overwrite flag, as given.
+    overwrite: the --overwrite flag.
     input_kind: the expected input, for the "--input is required" message.
     append: --mode=append: adding to a complete output needs no --overwrite (and without one, the run
       makes it, as rebuild would).
@@ -330,7 +431,6 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
     raise UsageError("--output is required (a folder, local or gs://)")
   root = input_flag.rstrip("/") if fs.is_gcs(input_flag) else os.path.abspath(input_flag)
   output = output_flag.rstrip("/") if fs.is_gcs(output_flag) else os.path.abspath(output_flag)
-  overwrite = bool_flag("overwrite", overwrite_flag)
   if not fs.is_dir(root):
     raise UsageError(f"--input {input_flag!r} does not exist or is not a folder")
   if fs.is_gcs(output) == fs.is_gcs(root):  # a gs:// output is never inside a local input, nor the reverse
@@ -403,40 +503,15 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
     The `CommonConfig`, without the launcher's `generation` and `expected`.
 
   Raises:
-    UsageError: a shared flag is missing or has a bad value.
+    UsageError: --input or --output is missing or unusable, or --name is not a valid data set name.
   """
   c = options.view_as(ConverterOptions)
-  mode = mode_flag(c.mode)
-  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind, append=mode == "append")
+  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind, append=c.mode == "append")
   return CommonConfig(
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
-      file_format=check_file_format(c.file_format), num_shards=int_flag("num_shards", c.num_shards, 0),
-      seed=int_flag("seed", c.seed, 0), overwrite=overwrite, read_policy=read_policy(options),
-      workers=worker_count(options), processes=process_count(options), plan=plan_flag(c.plan), mode=mode,
-      reuse_shards=bool_flag("reuse_shards", c.reuse_shards),
-      keep_replaced_seconds=duration_flag("keep_replaced", c.keep_replaced))
-
-
-def mode_flag(value: str) -> str:
-  """--mode: rebuild or append.
-
-  Raises:
-    UsageError: any other value.
-  """
-  if value not in MODES:
-    raise UsageError(f"--mode must be {' or '.join(MODES)}, got {value!r}")
-  return value
-
-
-def plan_flag(value: str) -> str:
-  """--plan: auto, launcher or workers.
-
-  Raises:
-    UsageError: any other value.
-  """
-  if value not in ("auto", "launcher", "workers"):
-    raise UsageError(f"--plan must be auto, launcher or workers, got {value!r}")
-  return value
+      file_format=c.file_format, num_shards=c.num_shards, seed=c.seed, overwrite=overwrite,
+      read_policy=read_policy(options), workers=worker_count(options), processes=process_count(options),
+      plan=c.plan, mode=c.mode, reuse_shards=c.reuse_shards, keep_replaced_seconds=c.keep_replaced)
 
 
 def worker_count(options: PipelineOptions) -> int:

@@ -34,10 +34,10 @@ import numpy as np
 from formats import naming
 from formats.features import Features, Tensor, Text
 from formats.outputs.output import is_output, load_manifest
-from pipelines.core import inputs
+from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError
-from pipelines.core.flags import CommonConfig, int_flag
+from pipelines.core.flags import CommonConfig
 from pipelines.core.shards import ConvertShards, PlanUnit, plan_shards
 from pipelines.core.sink import InputSummary, Record, Reject
 from pipelines.ct_volumes.assembly import (
@@ -57,14 +57,14 @@ class CtVolumesOptions(PipelineOptions):
   def _add_argparse_args(cls, parser):
     parser.add_argument("--id_salt", help="Secret salt for the patient/series hashes (required).")
     parser.add_argument("--splits", default=DEFAULT_SPLITS, help="name=fraction,...; assigned per patient.")
-    parser.add_argument("--volume_dtype", default="auto",
+    parser.add_argument("--volume_dtype", default="auto", choices=("auto", "int16", "float32"),
                         help="auto (int16, float32 if a rescale is not integral), int16 or float32.")
-    parser.add_argument("--slice_tolerance", default=str(DEFAULT_TOLERANCE),
+    parser.add_argument("--slice_tolerance", type=flags.fraction(0, 0.5), default=DEFAULT_TOLERANCE,
                         help="Largest relative deviation of a slice gap from the mean spacing.")
-    parser.add_argument("--max_file_bytes", default=str(MAX_FILE_BYTES),
+    parser.add_argument("--max_file_bytes", type=flags.integer(1), default=MAX_FILE_BYTES,
                         help="Largest decoded pixel data of one DICOM file (Rows x Columns x frames x "
                              "BitsAllocated / 8), checked from the header before any pixel is read.")
-    parser.add_argument("--max_volume_voxels", default=str(MAX_VOLUME_VOXELS),
+    parser.add_argument("--max_volume_voxels", type=flags.integer(1), default=MAX_VOLUME_VOXELS,
                         help="Largest volume in voxels; a larger series is rejected before any pixel is read.")
 
 
@@ -306,12 +306,14 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     """See Converter.configure.
 
     Args:
-      o: --id_salt, --splits, --volume_dtype, --slice_tolerance and the size limits.
-      common: its --plan, which must leave the plan to the workers.
+      o: --id_salt, --splits, --volume_dtype, --slice_tolerance and the size limits (typed).
+      common: its --plan, which must leave the plan to the workers; with --mode=append and
+        --volume_dtype=auto, the output whose volume dtype the run keeps.
 
     Raises:
-      UsageError: --id_salt is missing, another of those flags has a bad value, or
-        --plan=launcher (a series is known only after its headers are read, on the workers).
+      UsageError: --id_salt is missing, --splits is malformed, --plan=launcher (a series is known
+        only after its headers are read, on the workers), or an append to an output that holds
+        no CT volumes.
     """
     if common.plan == "launcher":
       raise UsageError("--plan=launcher: ct_volumes plans its series on the workers, after reading their "
@@ -321,24 +323,15 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     splits = parse_splits(o.splits)
     for split, _ in splits:
       naming.check_split_name(split)
-    if o.volume_dtype not in ("auto", "int16", "float32"):
-      raise UsageError(f"--volume_dtype must be auto, int16 or float32, got {o.volume_dtype!r}")
     volume_dtype = o.volume_dtype
     if common.mode == "append" and volume_dtype == "auto" and is_output(common.output):  # the output's dtype
       held_features = load_manifest(common.output).features
       if "volume" not in list(held_features) or not isinstance(held_features["volume"], Tensor):
         raise UsageError(f"--mode=append: {common.output} holds no CT volume output (no volume feature)")
       volume_dtype = held_features["volume"].dtype
-    try:
-      tolerance = float(o.slice_tolerance)
-    except ValueError:
-      tolerance = -1.0
-    if not 0 < tolerance < 0.5:
-      raise UsageError(f"--slice_tolerance must be a fraction in (0, 0.5), got {o.slice_tolerance!r}")
     return CtVolumesConfig(
-        salt=o.id_salt, splits=splits, volume_dtype=volume_dtype, tolerance=tolerance,
-        max_file_bytes=int_flag("max_file_bytes", o.max_file_bytes, 1),
-        max_volume_voxels=int_flag("max_volume_voxels", o.max_volume_voxels, 1))
+        salt=o.id_salt, splits=splits, volume_dtype=volume_dtype, tolerance=o.slice_tolerance,
+        max_file_bytes=o.max_file_bytes, max_volume_voxels=o.max_volume_voxels)
 
   def plan(self, common: CommonConfig, config: CtVolumesConfig) -> OutputPlan:
     """See Converter.plan. Lists nothing: the splits come from --splits, and with

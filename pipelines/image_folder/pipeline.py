@@ -19,7 +19,6 @@ import collections
 import dataclasses
 import functools
 import logging
-import re
 import time
 
 import apache_beam as beam
@@ -28,10 +27,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from formats import naming
 from formats.outputs.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from pipelines.core import inputs, shards
+from pipelines.core import flags, inputs, shards
 from pipelines.core.converter import Converter, Event, OutputPlan, ShardsWritten, UnitConverter, counters
 from pipelines.core.errors import UsageError
-from pipelines.core.flags import CommonConfig, int_flag
+from pipelines.core.flags import CommonConfig
 from pipelines.core.shards import ConvertShards, ListedAtLaunch, PlanUnit, list_at_launch, plan_shards
 from pipelines.core.sink import InputSummary, Record, Reject
 from pipelines.image_folder import imaging
@@ -47,14 +46,17 @@ class ImageFolderOptions(PipelineOptions):
 
   @classmethod
   def _add_argparse_args(cls, parser):
-    parser.add_argument("--image_size", default=None, help="H,W: resize (keep aspect) and center-crop to this size.")
-    parser.add_argument("--encoding", default="jpeg", help="jpeg (default) or raw (uint8 HxWx3; needs --image_size).")
-    parser.add_argument("--jpeg_quality", default="95", help="JPEG quality when images are re-encoded.")
-    parser.add_argument("--layout", default="auto",
+    parser.add_argument("--image_size", type=flags.positive_ints("H,W", 2), default=None,
+                        help="Resize (keep aspect) and center-crop to this size; default: each image's own size.")
+    parser.add_argument("--encoding", default="jpeg", choices=("jpeg", "raw"),
+                        help="jpeg, or raw (uint8 HxWx3; needs --image_size).")
+    parser.add_argument("--jpeg_quality", type=flags.integer(1, 100), default=95,
+                        help="JPEG quality when images are re-encoded.")
+    parser.add_argument("--layout", default="auto", choices=("auto", "classes", "splits"),
                         help="auto, classes (<class>/<files>) or splits (<split>/<class>/<files>).")
-    parser.add_argument("--max_image_pixels", default=str(imaging.MAX_PIXELS),
-                        help=f"Reject images with more pixels (width x height) than this, from their header, "
-                             f"before decoding (default {imaging.MAX_PIXELS}).")
+    parser.add_argument("--max_image_pixels", type=flags.integer(1), default=imaging.MAX_PIXELS,
+                        help="Reject images with more pixels (width x height) than this, from their header, "
+                             "before decoding.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,16 +190,6 @@ def _summarize_inputs(_, counts, events, folders, num_launcher_rejects, num_laun
   return InputSummary(sum(per_folder.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
 
 
-def _size_flag(text: str | None) -> tuple[int, int] | None:
-  """--image_size "H,W" → (H, W); None when not given. Raises UsageError when it is not two integers."""
-  if not text:
-    return None
-  m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", text)
-  if not m:
-    raise UsageError(f"--image_size must be H,W with positive integers, got {text!r}")
-  return int(m[1]), int(m[2])
-
-
 class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions,
                   input_kind="a folder of class folders"):
   """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
@@ -206,19 +198,17 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     """See Converter.configure.
 
     Args:
-      o: --image_size, --encoding, --jpeg_quality, --max_image_pixels, --layout.
-      common: not used.
+      o: --image_size, --encoding, --jpeg_quality, --max_image_pixels, --layout (parsed and typed).
 
     Raises:
-      UsageError: one of those flags has a bad value (for example raw encoding without a size).
+      UsageError: the flags do not go together (raw encoding without a size), or a side of
+        --image_size is larger than `imaging.MAX_IMAGE_SIDE`.
     """
-    try:  # built step by step so that flags are checked in the order they always were
-      config = ImageFolderConfig(image=imaging.ImageOptions(), layout=o.layout)
-      image = imaging.ImageOptions(size=_size_flag(o.image_size))
-      image = dataclasses.replace(image, max_pixels=int_flag("max_image_pixels", o.max_image_pixels, 1),
-                                  encoding=o.encoding)
-      image = dataclasses.replace(image, jpeg_quality=int_flag("jpeg_quality", o.jpeg_quality, 1))
-      return dataclasses.replace(config, image=image)
+    try:
+      return ImageFolderConfig(
+          image=imaging.ImageOptions(size=o.image_size.values if o.image_size else None, encoding=o.encoding,
+                                     jpeg_quality=o.jpeg_quality, max_pixels=o.max_image_pixels),
+          layout=o.layout)
     except ValueError as e:
       raise UsageError(str(e)) from None
 

@@ -33,7 +33,8 @@ from formats.storage import files as fs
 from formats.features import Features
 from pipelines.core.converter import ConvertUnits, Converter, Files, OutputPlan, Records
 from pipelines.core.errors import UsageError
-from pipelines.core.flags import CommonConfig, ConverterOptions, bool_flag, common_config, dataset_name, int_flag
+from pipelines.core import flags
+from pipelines.core.flags import CommonConfig, ConverterOptions, common_config, dataset_name
 from pipelines.core.sink import InputSummary
 from pipelines.ogb_graphs.assemble import (
     PARTS_DIR, _AssembleFn, _BuildPartFn, _NodeArrayFn, _ReadEdgesFn, all_partitions, node_piece_identity,
@@ -52,16 +53,18 @@ class OgbGraphsOptions(PipelineOptions):
 
   @classmethod
   def _add_argparse_args(cls, parser):
-    parser.add_argument("--add_inverse_edges", default="auto",
+    parser.add_argument("--add_inverse_edges", default="auto", choices=("auto", "true", "false"),
                         help="auto (as OGB's master.csv says for --name), true or false.")
-    parser.add_argument("--feature_dtype", default="float32", help="float32 or float16 for float node and edge features.")
-    parser.add_argument("--csc", default="false", help="true: also store the reverse (in-neighbour) CSC.")
-    parser.add_argument("--add_reverse_relations", default="false",
+    parser.add_argument("--feature_dtype", default="float32", choices=("float32", "float16"),
+                        help="Dtype of float node and edge features.")
+    parser.add_argument("--csc", type=flags.boolean, nargs="?", const=True, default=False,
+                        help="true: also store the reverse (in-neighbour) CSC.")
+    parser.add_argument("--add_reverse_relations", type=flags.boolean, nargs="?", const=True, default=False,
                         help="true: heterogeneous sets also store dst___rev_<rel>___src for each src___<rel>___dst.")
-    parser.add_argument("--edges_per_partition", default=str(DEFAULT_EDGES_PER_PARTITION),
+    parser.add_argument("--edges_per_partition", type=flags.integer(1), default=DEFAULT_EDGES_PER_PARTITION,
                         help="Edges per sort partition: bounds a worker's memory (~40 bytes/edge).")
-    parser.add_argument("--allow_nonfinite", default="false",
-                        help="true: keep NaN/inf feature cells (default: a NaN/inf cell fails the job; "
+    parser.add_argument("--allow_nonfinite", type=flags.boolean, nargs="?", const=True, default=False,
+                        help="true: keep NaN/inf feature cells (false: a NaN/inf cell fails the job; "
                              "an empty label cell is always a missing label).")
 
 
@@ -104,25 +107,20 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
 
     Args:
       o: --add_inverse_edges, --feature_dtype, --csc, --edges_per_partition, --allow_nonfinite,
-        --add_reverse_relations.
+        --add_reverse_relations (parsed and typed), and --name.
       common: its input folder names the data set when --name is not given; its --plan must
         be auto (a graph has no shard plan: its edges are partitioned on the workers).
 
     Raises:
-      UsageError: one of those flags has a bad value.
+      UsageError: --plan is not auto.
     """
     if common.plan != "auto":
       raise UsageError(f"--plan={common.plan}: ogb_graphs makes no shard plan (edges are partitioned "
                        "on the workers); leave --plan at auto")
-    if o.add_inverse_edges not in ("auto", "true", "false"):
-      raise UsageError(f"--add_inverse_edges must be auto, true or false, got {o.add_inverse_edges!r}")
-    if o.feature_dtype not in ("float32", "float16"):
-      raise UsageError(f"--feature_dtype must be float32 or float16, got {o.feature_dtype!r}")
     return OgbGraphsConfig(
         ogb_name=_ogb_name(o, common.input), add_inverse=o.add_inverse_edges, feature_dtype=o.feature_dtype,
-        csc=bool_flag("csc", o.csc), edges_per_partition=int_flag("edges_per_partition", o.edges_per_partition, 1),
-        allow_nonfinite=bool_flag("allow_nonfinite", o.allow_nonfinite),
-        add_reverse_relations=bool_flag("add_reverse_relations", o.add_reverse_relations))
+        csc=o.csc, edges_per_partition=o.edges_per_partition, allow_nonfinite=o.allow_nonfinite,
+        add_reverse_relations=o.add_reverse_relations)
 
   def plan(self, common: CommonConfig, config: OgbGraphsConfig) -> OutputPlan:
     """See Converter.plan. Its `state` is the `GraphPlan`; graph-property sets get kind "graph".

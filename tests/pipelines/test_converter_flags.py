@@ -44,9 +44,13 @@ def test_image_folder_flags(folder, tmp_path, args, message):
     (["--image_size=20000,10"], "--image_size sides must be <= 16384, got '20000,10'"),
     (["--image_size=224"], "--image_size must be H,W with positive integers, got '224'"),
     (["--jpeg_quality=101"], "--jpeg_quality must be in [1, 100], got 101"),
-    # with two bad flags, the one checked first by the converter before the redesign
+    (["--jpeg_quality=0"], "--jpeg_quality must be in [1, 100], got 0"),
+    (["--max_image_pixels=x"], "--max_image_pixels must be an integer, got 'x'"),
+    (["--encoding=bad"], "--encoding must be jpeg or raw, got 'bad'"),
+    # with two bad flags, the first on the command line (argparse's order)
     (["--layout=bad", "--encoding=bad"], "--layout must be auto, classes or splits, got 'bad'"),
-    (["--jpeg_quality=x", "--encoding=bad"], "--encoding must be jpeg or raw, got 'bad'"),
+    (["--jpeg_quality=x", "--encoding=bad"], "--jpeg_quality must be an integer, got 'x'"),
+    (["--encoding=bad", "--jpeg_quality=x"], "--encoding must be jpeg or raw, got 'bad'"),
     (["--image_size=0,5", "--max_image_pixels=x"], "--image_size must be H,W with positive integers, got '0,5'"),
 ])
 def test_image_folder_flag_messages_are_unchanged(folder, tmp_path, args, message):
@@ -81,6 +85,8 @@ def ogb_folder(tmp_path_factory) -> str:
 @pytest.mark.parametrize("args,message", [
     (["--add_inverse_edges=maybe"], "--add_inverse_edges must be auto, true or false"),
     (["--feature_dtype=int8"], "--feature_dtype must be float32 or float16"),
+    (["--csc=maybe"], "--csc must be true or false, got 'maybe'"),
+    (["--edges_per_partition=0"], "--edges_per_partition must be >= 1, got 0"),
     (["--name=ogbn-unknown"], "pass --add_inverse_edges"),  # not in ogb's master.csv: found at launch
     (["--plan=launcher"], "--plan=launcher: ogb_graphs makes no shard plan"),
     (["--plan=workers"], "--plan=workers: ogb_graphs makes no shard plan"),
