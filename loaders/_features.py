@@ -117,6 +117,32 @@ def check_ids(ids: np.ndarray, n: int, what: str) -> None:
     raise ValueError(f"{what}: ids outside [0, {n}) (min {int(ids.min())}, max {int(ids.max())})")
 
 
+def sampling_csrs(csrs: Sequence[tuple[str, np.ndarray, np.ndarray, int, int]], in_memory: bool | None
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+  """The CSRs a sampler draws from, checked for the kernel (it has no bounds checks), in RAM when they fit.
+
+  Args:
+    csrs: (name in messages, indptr, indices, rows, columns) of each.
+    in_memory: copy them into process memory (None: when all of them fit together; see keep_in_memory).
+
+  Returns:
+    (indptr, indices) of each, in order; an empty `indices` becomes one 0 (no position is drawn from an
+    empty row).
+
+  Raises:
+    ValueError: an indptr with other than rows + 1 entries, or a CSR that check_csr refuses.
+  """
+  resident = keep_in_memory(sum(indptr.nbytes + indices.nbytes for _, indptr, indices, _, _ in csrs), in_memory)
+  out = []
+  for name, indptr, indices, rows, cols in csrs:
+    indptr, indices = (to_memory(a) if resident else np.asarray(a) for a in (indptr, indices))
+    if len(indptr) != rows + 1:
+      raise ValueError(f"{name}: indptr has {len(indptr)} entries for {rows} rows")
+    check_csr(indptr, indices, cols, name)
+    out.append((indptr, indices if len(indices) else np.zeros(1, indices.dtype)))
+  return out
+
+
 class BufferPool:
   """Reused output arrays of one shape: `take(live)` gives an array that is zero outside `live`.
 
@@ -168,6 +194,16 @@ class BufferPool:
       if cursor < hi:
         view[cursor:hi] = 0
     return buf
+
+
+def node_pools(nodes: int) -> tuple[BufferPool, BufferPool]:
+  """The pools of a batch's `node_ids` [nodes] int64 and `node_mask` [nodes] bool."""
+  return BufferPool((nodes,), np.int64), BufferPool((nodes,), bool)
+
+
+def edge_pools(edges: int) -> tuple[BufferPool, BufferPool]:
+  """The pools of one hop's `edge_index` [2, edges] int32 (filled along axis 1) and `edge_mask` [edges] bool."""
+  return BufferPool((2, edges), np.int32, axis=1), BufferPool((edges,), bool)
 
 
 class FeatureGather:

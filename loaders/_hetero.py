@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import dataclasses
 import math
-import threading
 
 import numpy as np
 
 from formats.graphbin import index_dtype
 from loaders._graph_file import Graph
-from loaders._order import SeedOrder, per_host_batch_size, seeds_name
+from loaders._order import SeedOrder, per_host_batch_size
+from loaders._sampler import SeedSampler
 
 Fanouts = Sequence[int] | Mapping[str, Sequence[int]]
 
@@ -144,7 +144,7 @@ def hetero_budgets(batch_size: int, seed_type: str, fanouts: Mapping[str, Sequen
   return HeteroBudgets({t: tuple(f) for t, f in frontier.items()}, {r: tuple(e) for r, e in edges.items()}, nodes)
 
 
-class HeteroNeighborSampler:
+class HeteroNeighborSampler(SeedSampler):
   """Fixed-fanout uniform neighbour sampling over the seeds of one node type of a heterogeneous graph.
 
   `sampler[i]` (or `sampler.batch(i, epoch)`) is batch i of an epoch: a dict of numpy arrays with the
@@ -197,39 +197,23 @@ class HeteroNeighborSampler:
     if not relations:
       raise ValueError(f"{graph.path} has no heterogeneous relations (rel/<relation>/indptr) to sample from")
     batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size, default=1024)
-    if batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
-    self.graph = graph
     self.num_nodes = {t: int(n) for t, n in graph.meta.get("num_nodes", {}).items()}
-    self.seed_type = seed_type or self._default_seed_type()
+    self.seed_type = seed_type or _default_seed_type(graph)
     if self.seed_type not in self.num_nodes:
       raise ValueError(f"seed_type {self.seed_type!r} is not a node type of {graph.path} ({sorted(self.num_nodes)})")
     self.fanouts = resolve_fanouts(fanouts, relations)
     self.relations = sorted(self.fanouts)
     self._relation_index = {r: i for i, r in enumerate(relations)}  # the random stream of a relation
     self.num_hops = len(next(iter(self.fanouts.values())))
-    self.batch_size = batch_size
-    self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
-    self.seed_nodes = np.asarray(self._seed_split(split) if seed_nodes is None else seed_nodes, np.int64)
-    self.split = f"{self.seed_type}/{split}" if seed_nodes is None else seeds_name(self.seed_nodes)
-    self._order = SeedOrder(self.seed_nodes, batch_size, seed, shard_index, shard_count, order)
-    self.order, self.per_shard, self.num_batches = order, self._order.per_shard, self._order.num_batches
+    seeds = np.asarray(_seed_split(graph, self.seed_type, split) if seed_nodes is None else seed_nodes, np.int64)
+    self._set_order(graph, SeedOrder(seeds, batch_size, seed, shard_index, shard_count, order),
+                    f"{self.seed_type}/{split}" if seed_nodes is None else None)
     self.budgets = hetero_budgets(batch_size, self.seed_type, self.fanouts, self.num_nodes, node_budget)
     self.types = sorted(self.num_nodes)
-    csr = {r: graph.relation(r) for r in self.relations}
-    resident = _features.keep_in_memory(sum(a.nbytes + b.nbytes for a, b in csr.values()), in_memory)
-    self._csr = {r: tuple(_features.to_memory(a) if resident else np.asarray(a) for a in pair)
-                 for r, pair in csr.items()}
-    for r, (indptr, indices) in self._csr.items():
-      head, tail = relation_types(r)
-      if len(indptr) != self.num_nodes.get(head, -1) + 1:
-        raise ValueError(f"{graph.path}: relation {r} has {len(indptr) - 1} rows, {head} has "
-                         f"{self.num_nodes.get(head)} nodes")
-      _features.check_csr(indptr, indices, self.num_nodes.get(tail, 0), f"{graph.path} relation {r}")
+    csrs = [(f"{graph.path} relation {r}", *graph.relation(r), *(self.num_nodes[t] for t in relation_types(r)))
+            for r in self.relations]
+    self._csr = dict(zip(self.relations, _features.sampling_csrs(csrs, in_memory)))
     _features.check_ids(self.seed_nodes, self.num_nodes[self.seed_type], f"seed nodes ({self.seed_type})")
-    self._csr = {r: (p, i if len(i) else np.zeros(1, i.dtype)) for r, (p, i) in self._csr.items()}
     self._gather = {}
     if gather_features:
       for t in self.types:
@@ -240,83 +224,36 @@ class HeteroNeighborSampler:
     # every array of a batch comes from a pool of reused ones (no page faults on fresh memory each batch)
     self._pools = {}
     for t in self.types:
-      self._pools[f"node_ids/{t}"] = _features.BufferPool((self.budgets.nodes[t],), np.int64)
-      self._pools[f"node_mask/{t}"] = _features.BufferPool((self.budgets.nodes[t],), bool)
+      self._pools.update(zip((f"node_ids/{t}", f"node_mask/{t}"), _features.node_pools(self.budgets.nodes[t])))
       if t in self._years:
         self._pools[f"year/{t}"] = _features.BufferPool((self.budgets.nodes[t], *self._years[t].shape[1:]),
                                                         self._years[t].dtype)
     for r in self.relations:
       for h, e in enumerate(self.budgets.edges[r]):
         if e:
-          self._pools[f"edge_index/{r}/{h}"] = _features.BufferPool((2, e), np.int32, axis=1)
-          self._pools[f"edge_mask/{r}/{h}"] = _features.BufferPool((e,), bool)
+          self._pools.update(zip((f"edge_index/{r}/{h}", f"edge_mask/{r}/{h}"), _features.edge_pools(e)))
     label = f"node/{self.seed_type}/label"
     self._labels = np.asarray(graph.bin[label]) if label in graph.bin else None
     self._id = {t: index_dtype(n) for t, n in self.num_nodes.items()}
-    self._local = threading.local()
 
-  def _default_seed_type(self) -> str:
-    typed = sorted({n.split("/")[2] for n in self.graph.bin.names("split/") if len(n.split("/")) >= 4})
-    if len(typed) != 1:
-      raise ValueError(f"{self.graph.path}: pass seed_type (node types with a split: {typed or 'none'})")
-    return typed[0]
-
-  def _seed_split(self, part: str) -> np.ndarray:
-    found = [n for n in self.graph.bin.names("split/") if n.endswith(f"/{self.seed_type}/{part}")]
-    if len(found) != 1:
-      raise KeyError(f"{self.graph.path}: split {part!r} of {self.seed_type!r} matches {found or 'nothing'} "
-                     f"among {self.graph.bin.names('split/')}")
-    return self.graph.bin[found[0]]
-
-  def __len__(self) -> int:
-    return self.num_batches
-
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    return self.batch(index)
-
-  def shard_seeds(self, epoch: int) -> np.ndarray:
-    """This host's seeds for one epoch, in batch order (as NeighborSampler.shard_seeds)."""
-    return self._order.shard_seeds(epoch)
-
-  def _work(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """This thread's global -> local tables (all unknown between batches) and local -> global ids per
-    type, and the kernel's work space, reused by every batch of the thread."""
+  def _new_work(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Global -> local tables (all unknown between batches) and local -> global ids per type, and the
+    kernel's work space."""
     from loaders import _kernel
 
-    work = getattr(self._local, "work", None)
-    if work is None:
-      size = max(_kernel.scratch_size(self.budgets.frontier[relation_types(r)[0]][h], self.fanouts[r][h])
-                 for r in self.relations for h in range(self.num_hops))
-      work = self._local.work = ({t: np.full(n, np.iinfo(self._id[t]).max, self._id[t])
-                                  for t, n in self.num_nodes.items()},
-                                 {t: np.empty(self.budgets.nodes[t], self._id[t]) for t in self.types},
-                                 np.empty(size, np.int64))
-    return work
+    size = max(_kernel.scratch_size(self.budgets.frontier[relation_types(r)[0]][h], self.fanouts[r][h])
+               for r in self.relations for h in range(self.num_hops))
+    return ({t: np.full(n, np.iinfo(self._id[t]).max, self._id[t]) for t, n in self.num_nodes.items()},
+            {t: np.empty(self.budgets.nodes[t], self._id[t]) for t in self.types}, np.empty(size, np.int64))
 
-  def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
-    """Batch `index` of `epoch`, a pure function of (seed, shard, epoch, index).
-
-    Args:
-      index: the batch within the epoch, 0 <= index < len(self).
-      epoch: the epoch.
-
-    Returns:
-      The batch's numpy arrays (keys and shapes in the class docstring).
-
-    Raises:
-      IndexError: `index` is outside the epoch.
-      RuntimeError: the batch needs more local nodes of a type than its node budget.
-    """
-    seeds = self._order.batch(index, epoch)
-    out, node_ids, num_local = self._sample_hops(seeds, epoch, index)
-    B, n_seeds = self.batch_size, len(seeds)
+  def _fill(self, out: dict[str, np.ndarray], n_seeds: int, node_ids: dict[str, np.ndarray],
+            num_local: dict[str, int]) -> None:
+    """Every type's local nodes, features and years, then the seeds."""
+    B = self.batch_size
     for t in self.types:
-      live = self._live(t, n_seeds, num_local[t])
-      ids, mask = self._pools[f"node_ids/{t}"].take(live), self._pools[f"node_mask/{t}"].take(live)
-      for lo, hi in live:
-        ids[lo:hi] = node_ids[t][lo:hi]
-        mask[lo:hi] = True
-      out[f"node_ids/{t}"], out[f"node_mask/{t}"] = ids, mask
+      live = self._live(n_seeds, num_local[t], t == self.seed_type)
+      out[f"node_ids/{t}"], out[f"node_mask/{t}"] = self._local_nodes((f"node_ids/{t}", f"node_mask/{t}"),
+                                                                        node_ids[t], live)
       if t in self._gather:
         out[f"x/{t}"] = self._gather[t](node_ids[t], live)
       if t in self._years:
@@ -327,16 +264,6 @@ class HeteroNeighborSampler:
         out[f"year/{t}"] = year
     out["seeds"] = out[f"node_ids/{self.seed_type}"][:B].copy()
     out["seed_mask"] = out[f"node_mask/{self.seed_type}"][:B].copy()
-    if self._labels is not None:
-      y = np.zeros((B, *self._labels.shape[1:]), self._labels.dtype)
-      y[:n_seeds] = self._labels[seeds]
-      out["y"] = y
-    return out
-
-  def _live(self, node_type: str, n_seeds: int, num_local: int) -> list[tuple[int, int]]:
-    if node_type == self.seed_type:
-      return [(0, n_seeds), (self.batch_size, num_local)]
-    return [(0, num_local)]
 
   def _sample_hops(self, seeds: np.ndarray, epoch: int,
                    index: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
@@ -354,20 +281,16 @@ class HeteroNeighborSampler:
       for hop in range(self.num_hops):
         start = dict(num_local)
         for r in self.relations:
-          e_budget = self.budgets.edges[r][hop]
-          if e_budget == 0:
+          if self.budgets.edges[r][hop] == 0:
             continue
           head, tail = relation_types(r)
           f_lo, f_hi = frontier[head]
-          if (f_hi - f_lo) * self.fanouts[r][hop] > e_budget:  # never: the budgets bound every frontier (the
-            raise AssertionError(f"{r}, hop {hop}: {f_hi - f_lo} frontier nodes exceed the budget")  # kernel has
-          drawn = [(0, (f_hi - f_lo) * self.fanouts[r][hop])]  # no bounds checks); it writes every draw's entries
-          edge_index = self._pools[f"edge_index/{r}/{hop}"].take(drawn)
-          edge_mask = self._pools[f"edge_mask/{r}/{hop}"].take(drawn)
+          k = self.fanouts[r][hop]
+          edge_index, edge_mask = self._draw((f"edge_index/{r}/{hop}", f"edge_mask/{r}/{hop}"), f_lo, f_hi, k, out)
           indptr, indices = self._csr[r]
           key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop, self._relation_index[r] + 1)
-          n_new = _kernel.sample_hop(indptr, indices, node_ids[head][f_lo:f_hi], self.fanouts[r][hop], key,
-                                     tables[tail], node_ids[tail], num_local[tail], self.budgets.nodes[tail],
+          n_new = _kernel.sample_hop(indptr, indices, node_ids[head][f_lo:f_hi], k, key, tables[tail],
+                                     node_ids[tail], num_local[tail], self.budgets.nodes[tail],
                                      np.iinfo(self._id[tail]).max, edge_index[0], edge_index[1], edge_mask, f_lo,
                                      scratch)
           if n_new == _kernel.OVERFLOW:
@@ -375,34 +298,39 @@ class HeteroNeighborSampler:
             raise RuntimeError(f"batch {index}, hop {hop}, relation {r}: more than node_budget[{tail!r}]="
                                f"{self.budgets.nodes[tail]} local nodes; raise it (the worst case is {worst})")
           num_local[tail] += n_new
-          out[f"edge_index/{r}/{hop}"], out[f"edge_mask/{r}/{hop}"] = edge_index, edge_mask
         frontier = {t: (start[t], num_local[t]) for t in self.types}
     finally:  # the tables are all unknown again for the thread's next batch
       for t in self.types:
-        unknown = np.iinfo(self._id[t]).max
-        if t == st:
-          _kernel.reset(tables[t], node_ids[t], 0, len(seeds), unknown)
-          _kernel.reset(tables[t], node_ids[t], B, num_local[t], unknown)
-        else:
-          _kernel.reset(tables[t], node_ids[t], 0, num_local[t], unknown)
+        for lo, hi in self._live(len(seeds), num_local[t], t == st):
+          _kernel.reset(tables[t], node_ids[t], lo, hi, np.iinfo(self._id[t]).max)
     return out, node_ids, num_local
 
   def observed_node_budget(self, num_batches: int = 8, margin: float = 1.25, epoch: int = 0) -> dict[str, int]:
     """Node budgets sized from sampled batches: per type, the most local nodes any needed, times `margin`.
 
-    Args:
-      num_batches: batches of `epoch` sampled (spread over the epoch).
-      margin: headroom over the largest batch seen.
-      epoch: the epoch they are drawn from.
+    Args: as NeighborSampler.observed_node_budget.
 
     Returns:
       {node type: budget} for `node_budget=` (each at most the worst case).
     """
-    picks = np.unique(np.linspace(0, max(self.num_batches - 1, 0), num_batches).astype(int))[:self.num_batches]
-    most = dict.fromkeys(self.types, 0)
-    for i in picks:
-      seeds = self._order.batch(int(i), epoch)
-      _, _, used = self._sample_hops(seeds, epoch, int(i))
-      most = {t: max(most[t], used[t]) for t in self.types}
+    used = self._sampled_sizes(num_batches, epoch)
     floor = {t: self.batch_size if t == self.seed_type else 1 for t in self.types}
-    return {t: min(self.budgets.nodes[t], max(floor[t], math.ceil(most[t] * margin))) for t in self.types}
+    return {t: min(self.budgets.nodes[t], max(floor[t], math.ceil(max((u[t] for u in used), default=0) * margin)))
+            for t in self.types}
+
+
+def _default_seed_type(graph: Graph) -> str:
+  """The only node type with a split (the seeds' type when none is given)."""
+  typed = sorted({n.split("/")[2] for n in graph.bin.names("split/") if len(n.split("/")) >= 4})
+  if len(typed) != 1:
+    raise ValueError(f"{graph.path}: pass seed_type (node types with a split: {typed or 'none'})")
+  return typed[0]
+
+
+def _seed_split(graph: Graph, seed_type: str, part: str) -> np.ndarray:
+  """The ids of split `part` ("train", ...) of `seed_type`."""
+  found = [n for n in graph.bin.names("split/") if n.endswith(f"/{seed_type}/{part}")]
+  if len(found) != 1:
+    raise KeyError(f"{graph.path}: split {part!r} of {seed_type!r} matches {found or 'nothing'} "
+                   f"among {graph.bin.names('split/')}")
+  return graph.bin[found[0]]

@@ -66,7 +66,101 @@ def budgets(batch_size: int, fanouts: Sequence[int], num_nodes: int, node_budget
   return Budgets(tuple(frontier), edges, nodes)
 
 
-class NeighborSampler:
+class SeedSampler:
+  """What both neighbour samplers share: a SeedOrder's batches by index, per-thread work space, labels.
+
+  A subclass prepares its arrays and calls `_set_order`, and defines `_new_work` (one thread's
+  global -> local tables, local -> global ids and kernel scratch), `_sample_hops` (every hop of one
+  batch: its edge arrays, local -> global ids and the local ids used) and `_fill` (the batch's node
+  arrays and features). It sets `_labels` (the seeds' labels, or None) and `_pools`.
+  """
+
+  def _set_order(self, graph: Graph, order: SeedOrder, split: str | None) -> None:
+    """Samples the seeds of `order` from `graph`; `split` names them in saved states (None: by their digest)."""
+    self.graph, self._order = graph, order
+    self.seed_nodes, self.batch_size = order.seed_nodes, order.batch_size
+    self.seed, self.shard_index, self.shard_count = order.seed, order.shard_index, order.shard_count
+    self.order, self.per_shard, self.num_batches = order.order, order.per_shard, order.num_batches
+    self.split = seeds_name(order.seed_nodes) if split is None else split
+    self._local = threading.local()  # per thread: the work space of `_new_work`
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self.batch(index)
+
+  def shard_seeds(self, epoch: int) -> np.ndarray:
+    """This host's seeds for one epoch, in batch order.
+
+    Args:
+      epoch: the epoch (each has its own seeded permutation).
+
+    Returns:
+      order="host": a disjoint slice of the permuted seeds, `per_shard` long on every host;
+      order="global": this host's slice of every global step.
+    """
+    return self._order.shard_seeds(epoch)
+
+  def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
+    """Batch `index` of `epoch`, a pure function of (seed, shard, epoch, index).
+
+    Args:
+      index: the batch within the epoch, 0 <= index < len(self).
+      epoch: the epoch.
+
+    Returns:
+      The batch's numpy arrays (keys and shapes in the class docstring).
+
+    Raises:
+      IndexError: `index` is outside the epoch.
+      RuntimeError: the batch needs more local nodes (of a type) than its node budget.
+    """
+    seeds = self._order.batch(index, epoch)
+    out, node_ids, num_local = self._sample_hops(seeds, epoch, index)
+    self._fill(out, len(seeds), node_ids, num_local)
+    if self._labels is not None:
+      y = np.zeros((self.batch_size, *self._labels.shape[1:]), self._labels.dtype)  # zeros in the padding
+      y[:len(seeds)] = self._labels[seeds]
+      out["y"] = y
+    return out
+
+  def _work(self):
+    """This thread's work space (`_new_work`), made on its first batch and reused by every later one."""
+    work = getattr(self._local, "work", None)
+    if work is None:
+      work = self._local.work = self._new_work()
+    return work
+
+  def _live(self, n_seeds: int, num_local: int, seed_type: bool = True) -> list[tuple[int, int]]:
+    """The local ids in use: the seeds' and, after their padding, the hops' (seed type); else 0..num_local."""
+    return [(0, n_seeds), (self.batch_size, num_local)] if seed_type else [(0, num_local)]
+
+  def _draw(self, keys: tuple[str, str], f_lo: int, f_hi: int, fanout: int,
+            out: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The edge arrays of one relation-hop from pools `keys`, put in `out`; the kernel fills every entry."""
+    drawn = [(0, (f_hi - f_lo) * fanout)]
+    if drawn[0][1] > self._pools[keys[1]].shape[0]:  # never: the budgets bound every frontier (the kernel
+      raise AssertionError(f"{keys[0]}: {f_hi - f_lo} frontier nodes exceed the budget")  # has no bounds checks)
+    out[keys[0]], out[keys[1]] = self._pools[keys[0]].take(drawn), self._pools[keys[1]].take(drawn)
+    return out[keys[0]], out[keys[1]]
+
+  def _local_nodes(self, keys: tuple[str, str], node_ids: np.ndarray,
+                   live: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every local node's global id as int64 (0 in the padding) and the mask of live ones, from pools `keys`."""
+    ids, mask = self._pools[keys[0]].take(live), self._pools[keys[1]].take(live)
+    for lo, hi in live:
+      ids[lo:hi] = node_ids[lo:hi]
+      mask[lo:hi] = True
+    return ids, mask
+
+  def _sampled_sizes(self, num_batches: int, epoch: int) -> list:
+    """The local ids used (`_sample_hops`' third value) by `num_batches` batches spread over `epoch`."""
+    picks = np.unique(np.linspace(0, max(self.num_batches - 1, 0), num_batches).astype(int))[:self.num_batches]
+    return [self._sample_hops(self._order.batch(int(i), epoch), epoch, int(i))[2] for i in picks]
+
+
+class NeighborSampler(SeedSampler):
   """Fixed-fanout uniform neighbour sampling over the seed nodes of a split.
 
   `sampler[i]` (or `sampler.batch(i, epoch)`) is batch i of an epoch: a dict of
@@ -118,8 +212,7 @@ class NeighborSampler:
         half of the available memory; False: always read through the memory-mapped file).
       order: "global" (the default: global step i takes the next batch_size × shard_count seeds and
         host h its slice: the seeds of a step do not depend on the host count, so a run resumes on
-        another number of hosts; loaders._order) or "host" (each host's strided share of every epoch,
-        the default before).
+        another number of hosts; loaders._order) or "host" (each host's strided share of every epoch).
       global_batch_size: with order="global", the seeds per global step instead of batch_size (which
         becomes global_batch_size / shard_count).
 
@@ -135,95 +228,42 @@ class NeighborSampler:
     batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size, default=1024)
     if graph.indptr is None:
       raise ValueError(f"{graph.path} has no homogeneous CSR (indptr/indices) to sample from")
-    self.graph = graph
+    seeds = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
+    self._set_order(graph, SeedOrder(seeds, batch_size, seed, shard_index, shard_count, order),
+                    split if seed_nodes is None else None)
     self.fanouts = tuple(int(k) for k in fanouts)
-    self.batch_size = batch_size
-    self.seed, self.shard_index, self.shard_count = seed, shard_index, shard_count
     self.gather_features = gather_features and graph.node_features is not None
-    self.seed_nodes = np.asarray(graph.split(split) if seed_nodes is None else seed_nodes, np.int64)
-    self.split = split if seed_nodes is None else seeds_name(self.seed_nodes)
-    self._order = SeedOrder(self.seed_nodes, batch_size, seed, shard_index, shard_count, order)
-    self.order, self.per_shard, self.num_batches = order, self._order.per_shard, self._order.num_batches
     self.budgets = budgets(batch_size, self.fanouts, graph.num_nodes, node_budget)
-    csr_bytes = graph.indptr.nbytes + graph.indices.nbytes
-    resident = _features.keep_in_memory(csr_bytes, in_memory)
-    self._indptr = _features.to_memory(graph.indptr) if resident else np.asarray(graph.indptr)
-    self._indices = _features.to_memory(graph.indices) if resident else np.asarray(graph.indices)
-    _features.check_csr(self._indptr, self._indices, graph.num_nodes, f"{graph.path} CSR")
+    [(self._indptr, self._indices)] = _features.sampling_csrs(
+        [(f"{graph.path} CSR", graph.indptr, graph.indices, graph.num_nodes, graph.num_nodes)], in_memory)
     _features.check_ids(self.seed_nodes, graph.num_nodes, "seed nodes")
-    if len(self._indptr) != graph.num_nodes + 1:
-      raise ValueError(f"{graph.path}: indptr has {len(self._indptr)} entries for {graph.num_nodes} nodes")
-    if len(self._indices) == 0:
-      self._indices = np.zeros(1, self._indices.dtype)  # positions are never drawn from empty rows
     self._gather = (_features.FeatureGather(graph.node_features, self.budgets.nodes, feature_dtype,
                                             gather_threads, in_memory) if self.gather_features else None)
     self._labels = np.asarray(graph.labels) if graph.labels is not None else None
     # every array of a batch comes from a pool of reused ones (no page faults on fresh memory each batch)
-    self._pools = {"node_ids": _features.BufferPool((self.budgets.nodes,), np.int64),
-                   "node_mask": _features.BufferPool((self.budgets.nodes,), bool)}
+    self._pools = dict(zip(("node_ids", "node_mask"), _features.node_pools(self.budgets.nodes)))
     for hop, e in enumerate(self.budgets.edges):
-      self._pools[f"edge_index_{hop}"] = _features.BufferPool((2, e), np.int32, axis=1)
-      self._pools[f"edge_mask_{hop}"] = _features.BufferPool((e,), bool)
+      self._pools.update(zip((f"edge_index_{hop}", f"edge_mask_{hop}"), _features.edge_pools(e)))
     self._id = index_dtype(graph.num_nodes)  # local ids and the global -> local table
     self._unknown = np.iinfo(self._id).max
-    self._local = threading.local()  # per thread: the global -> local table and the kernel's work space
 
-  def __len__(self) -> int:
-    return self.num_batches
-
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    return self.batch(index)
-
-  def shard_seeds(self, epoch: int) -> np.ndarray:
-    """This host's seeds for one epoch, in batch order.
-
-    Args:
-      epoch: the epoch (each has its own seeded permutation).
-
-    Returns:
-      order="host": a disjoint slice of the permuted seeds, `per_shard` long on every host;
-      order="global": this host's slice of every global step.
-    """
-    return self._order.shard_seeds(epoch)
-
-  def _work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's global -> local table (all unknown between batches), local -> global ids and kernel
-    work space, reused by every batch."""
+  def _new_work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A global -> local table (all unknown between batches), local -> global ids and kernel work space."""
     from loaders import _kernel
 
-    work = getattr(self._local, "work", None)
-    if work is None:
-      size = max(_kernel.scratch_size(f, k) for f, k in zip(self.budgets.frontier, self.fanouts))
-      work = self._local.work = (np.full(self.graph.num_nodes, self._unknown, self._id),
-                                 np.empty(self.budgets.nodes, self._id),
-                                 np.empty(size, np.int64))
-    return work
+    size = max(_kernel.scratch_size(f, k) for f, k in zip(self.budgets.frontier, self.fanouts))
+    return (np.full(self.graph.num_nodes, self._unknown, self._id), np.empty(self.budgets.nodes, self._id),
+            np.empty(size, np.int64))
 
-  def batch(self, index: int, epoch: int = 0) -> dict[str, np.ndarray]:
-    """Batch `index` of `epoch`, a pure function of (seed, shard, epoch, index).
-
-    Args:
-      index: the batch within the epoch, 0 <= index < len(self).
-      epoch: the epoch.
-
-    Returns:
-      The batch's numpy arrays (keys and shapes in the class docstring).
-
-    Raises:
-      IndexError: `index` is outside the epoch.
-      RuntimeError: the batch needs more local nodes than `node_budget`.
-    """
-    seeds = self._batch_seeds(index, epoch)
-    out, node_ids, num_local = self._sample_hops(seeds, epoch, index)
-    ids, node_mask = self._local_nodes(len(seeds), node_ids, num_local)
+  def _fill(self, out: dict[str, np.ndarray], n_seeds: int, node_ids: np.ndarray, num_local: int) -> None:
+    """The seeds, the local nodes and their features."""
+    live = self._live(n_seeds, num_local)
+    ids, node_mask = self._local_nodes(("node_ids", "node_mask"), node_ids, live)
     out["seeds"] = ids[:self.batch_size].copy()
     out["seed_mask"] = node_mask[:self.batch_size].copy()
     out["node_ids"], out["node_mask"] = ids, node_mask
     if self._gather is not None:
-      out["x"] = self._gather(node_ids, [(0, len(seeds)), (self.batch_size, num_local)])
-    if self._labels is not None:
-      out["y"] = self._seed_labels(seeds)
-    return out
+      out["x"] = self._gather(node_ids, live)
 
   def observed_node_budget(self, num_batches: int = 8, margin: float = 1.25, epoch: int = 0) -> int:
     """A node budget sized from sampled batches: the most local nodes any of them needed, times `margin`.
@@ -239,16 +279,8 @@ class NeighborSampler:
     Returns:
       The suggested node budget (at most the worst case).
     """
-    picks = np.unique(np.linspace(0, max(self.num_batches - 1, 0), num_batches).astype(int))
-    most = 0
-    for i in picks[:self.num_batches]:
-      _, _, num_local = self._sample_hops(self._batch_seeds(int(i), epoch), epoch, int(i))
-      most = max(most, num_local)
+    most = max(self._sampled_sizes(num_batches, epoch), default=0)
     return min(self.budgets.nodes, max(self.batch_size, math.ceil(most * margin)))
-
-  def _batch_seeds(self, index: int, epoch: int) -> np.ndarray:
-    """The seeds of batch `index` of `epoch` (the last batch may be short); IndexError outside the epoch."""
-    return self._order.batch(index, epoch)
 
   def _sample_hops(self, seeds: np.ndarray, epoch: int, index: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """Samples every hop out from `seeds`, relabelling the nodes found to local ids.
@@ -268,11 +300,7 @@ class NeighborSampler:
     f_lo, f_hi = 0, len(seeds)  # the frontier is a contiguous range of local ids
     try:
       for hop, k in enumerate(self.fanouts):
-        if (f_hi - f_lo) * k > self.budgets.edges[hop]:  # never: the budgets bound every frontier (the kernel
-          raise AssertionError(f"hop {hop}: {f_hi - f_lo} frontier nodes exceed the budget")  # has no bounds checks)
-        drawn = [(0, (f_hi - f_lo) * k)]  # the kernel writes every draw's entries
-        edge_index = self._pools[f"edge_index_{hop}"].take(drawn)
-        edge_mask = self._pools[f"edge_mask_{hop}"].take(drawn)
+        edge_index, edge_mask = self._draw((f"edge_index_{hop}", f"edge_mask_{hop}"), f_lo, f_hi, k, out)
         key = _kernel.stream_key(self.seed, epoch, index, self.shard_index, hop)
         n_new = _kernel.sample_hop(self._indptr, self._indices, node_ids[f_lo:f_hi], k, key, table, node_ids,
                                    num_local, self.budgets.nodes, self._unknown, edge_index[0], edge_index[1],
@@ -281,26 +309,10 @@ class NeighborSampler:
           raise RuntimeError(f"batch {index}, hop {hop}: more than node_budget={self.budgets.nodes} local nodes; "
                              f"raise it (the worst case is "
                              f"{budgets(self.batch_size, self.fanouts, self.graph.num_nodes).nodes})")
-        out[f"edge_index_{hop}"], out[f"edge_mask_{hop}"] = edge_index, edge_mask
         next_budget = self.budgets.frontier[hop + 1] if hop + 1 < len(self.fanouts) else n_new
         f_lo, f_hi = num_local, num_local + min(n_new, next_budget)
         num_local += n_new
     finally:  # the table is all unknown again for the thread's next batch
-      _kernel.reset(table, node_ids, 0, len(seeds), self._unknown)
-      _kernel.reset(table, node_ids, B, num_local, self._unknown)
+      for lo, hi in self._live(len(seeds), num_local):
+        _kernel.reset(table, node_ids, lo, hi, self._unknown)
     return out, node_ids, num_local
-
-  def _local_nodes(self, n_seeds: int, node_ids: np.ndarray, num_local: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every local node's global id as int64, 0 in the padding, and the mask of live nodes."""
-    live = [(0, n_seeds), (self.batch_size, num_local)]
-    ids, node_mask = self._pools["node_ids"].take(live), self._pools["node_mask"].take(live)
-    for lo, hi in live:
-      ids[lo:hi] = node_ids[lo:hi]
-      node_mask[lo:hi] = True
-    return ids, node_mask
-
-  def _seed_labels(self, seeds: np.ndarray) -> np.ndarray:
-    """`y`: the seeds' labels, zeros in the padding."""
-    y = np.zeros((self.batch_size, *self._labels.shape[1:]), self._labels.dtype)
-    y[:len(seeds)] = self._labels[seeds]
-    return y
