@@ -19,6 +19,7 @@ import importlib
 import os
 import re
 import sys
+import textwrap
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 from apache_beam.portability import common_urns
@@ -241,6 +242,74 @@ class ConverterOptions(PipelineOptions):
                              "timeout, dropped connection) before the job fails.")
 
 
+HELP_FLAGS = ("-h", "--help")
+BEAM_FLAGS_HELP = (
+    "Beam's runner and worker flags (--runner, --project, --region, --temp_location, --num_workers, "
+    "--max_num_workers, --machine_type, --direct_num_workers, ...) are accepted too: see "
+    "https://beam.apache.org/documentation/runners/dataflow/ and "
+    "https://beam.apache.org/releases/pydoc/current/apache_beam.options.pipeline_options.html")
+
+
+def declared_flags(cls: type[PipelineOptions]) -> list[argparse.Action]:
+  """The flags an options class declares, in its order: what --help shows and its test reads.
+
+  Args:
+    cls: a class with `_add_argparse_args` (`ConverterOptions`, a converter's options).
+
+  Returns:
+    Its argparse actions.
+  """
+  parser = argparse.ArgumentParser(add_help=False)
+  cls._add_argparse_args(parser)
+  return list(parser._actions)  # pylint: disable=protected-access
+
+
+def shown_default(value) -> str:
+  """A default as --help writes it, in the flag's own syntax: true/false, 300 (not 300.0)."""
+  if isinstance(value, bool):
+    return str(value).lower()
+  if isinstance(value, float):
+    return f"{value:g}"
+  return str(value)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+  """Each flag as `--flag TYPE`, its help, then its default; the type is the `type=` callable's
+  `label` (text when there is none)."""
+
+  def _get_default_metavar_for_optional(self, action):
+    return getattr(action.type, "label", "text")
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if action.default is not None and action.default is not argparse.SUPPRESS:
+      text += f" (default: {shown_default(action.default).replace('%', '%%')})"
+    return text
+
+
+def help_text(prog: str, summary: str, input_kind: str, own: type[PipelineOptions]) -> str:
+  """What `python -m <prog> --help` prints, from the declarations the parser uses.
+
+  Args:
+    prog: the converter's module, `pipelines.<name>`.
+    summary: one line on what the converter makes.
+    input_kind: what --input must be.
+    own: the converter's options class; its flags come first, then the shared ones.
+
+  Returns:
+    The usage, the input, the converter's flags, the shared flags and where Beam's flags are described.
+  """
+  parser = argparse.ArgumentParser(
+      prog=f"python -m {prog}", add_help=False, formatter_class=_HelpFormatter,
+      usage=f"python -m {prog} --input=INPUT --output=OUTPUT [--flag=value ...] [Beam flags]",
+      description=f"{summary}\n\nInput (--input): {input_kind}, local or gs://.",
+      epilog=textwrap.fill(BEAM_FLAGS_HELP, 100, break_on_hyphens=False, break_long_words=False))
+  own._add_argparse_args(parser.add_argument_group(f"{prog.rsplit('.', 1)[-1]} flags"))  # pylint: disable=protected-access
+  ConverterOptions._add_argparse_args(parser.add_argument_group("shared flags"))  # pylint: disable=protected-access
+  parser.add_argument_group("help").add_argument(*HELP_FLAGS, action="help", help="Show this help and exit.")
+  return parser.format_help()
+
+
 def _all_option_classes(cls=PipelineOptions):
   for sub in cls.__subclasses__():
     yield sub
@@ -455,7 +524,7 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
 
 @dataclasses.dataclass(frozen=True)
 class CommonConfig:
-  """The flags every converter shares, checked: what the untyped `args` dict used to hold.
+  """The flags every converter shares, checked and typed.
 
   `generation` and `expected` are set by the launcher (`launch.run_pipeline`):
   the run's fresh generation folder and the manifest version its commit

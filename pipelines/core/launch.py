@@ -1,10 +1,11 @@
 """Running a converter: from argv to a committed output, and the exit codes of `python -m`.
 
 `run(converter, argv)` parses the flags (UsageError before anything is
-written), builds the pipeline (the converter lists its input's top level),
-then claims a fresh generation folder, runs the job with a heartbeat, and
-commits by the protocol of formats.outputs.commit (docs/architecture.md). `main`
-turns the errors a user can act on into one line on stderr and an exit status.
+written; -h or --help prints them, from their declarations, and exits 0),
+builds the pipeline (the converter lists its input's top level), then claims
+a fresh generation folder, runs the job with a heartbeat, and commits by the
+protocol of formats.outputs.commit (docs/architecture.md). `main` turns the
+errors a user can act on into one line on stderr and an exit status.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def parse(converter: Converter, argv: Sequence[str] | None):
 
   Raises:
     UsageError: an unknown flag or a bad value (nothing has been read or written).
+    SystemExit: 0 after printing the help, for -h or --help.
   """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if any(a in flags.HELP_FLAGS for a in argv):
+    summary = (type(converter).__doc__ or "").strip().splitlines()[0]
+    print(flags.help_text(converter.prog, summary, converter.input_kind, converter.options), end="", flush=True)
+    raise SystemExit(0)
   options = flags.parse_options(argv, [converter.options])
   common = converter.common_config(options)
   return options, common, converter.configure(options.view_as(converter.options), common)
@@ -227,7 +234,8 @@ def main(converter: Converter, argv: Sequence[str] | None = None) -> None:
     argv: the command-line arguments; None reads `sys.argv[1:]`.
 
   Raises:
-    SystemExit: 2 on a UsageError; 1 on InputDataError, TransientInputError or CommitConflict.
+    SystemExit: 0 after -h or --help; 2 on a UsageError; 1 on InputDataError, TransientInputError or
+      CommitConflict.
   """
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   for handler in logging.getLogger().handlers:
