@@ -148,15 +148,8 @@ def test_typed_options_survive_beams_round_trip_to_the_workers():
     again = PipelineOptions.from_dictionary({k: v for k, v in sent.items() if v is not None})
     for cls in (flags.ConverterOptions, converter.options):
       got, back = options.view_as(cls).get_all_options(), again.view_as(cls).get_all_options()
-      own = {a.dest for a in _declared(cls)}
+      own = {a.dest for a in flags.declared_flags(cls)}
       assert {k: got[k] for k in own if k != "reuse_shards"} == {k: back[k] for k in own if k != "reuse_shards"}
-
-
-def _declared(cls):
-  import argparse as ap
-  parser = ap.ArgumentParser(add_help=False)
-  cls._add_argparse_args(parser)
-  return parser._actions
 
 
 @pytest.mark.parametrize("flag,root,expected", [
