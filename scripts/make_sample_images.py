@@ -14,12 +14,9 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import sys
 
 import numpy as np
 from PIL import Image
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def synthetic_image(rng: np.random.Generator, w: int, h: int) -> Image.Image:

@@ -14,12 +14,13 @@ import pytest
 
 os.environ.setdefault("OUTDATED_IGNORE", "1")  # the ogb package would look for updates online
 
+from scripts import make_sample_images
+from tests.gcs_faults import FaultProxy
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Test files outside this package's conversion still import the sample generators by bare name
+# (`import make_sample_ogb`); new ones import them from the `scripts` package.
 sys.path.insert(0, os.path.join(REPO, "scripts"))
-
-import make_sample_images  # noqa: E402  (scripts/ is not a package)
-
-from tests.gcs_faults import FaultProxy  # noqa: E402
 
 CLASSES = ["cat", "dog", "zebra"]
 PER_CLASS = 6

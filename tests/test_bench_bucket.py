@@ -22,8 +22,8 @@ import uuid
 import google_crc32c
 import pytest
 
-import bench_bucket  # scripts/ is on sys.path (tests/conftest.py)
 from formats.storage import files, gcs_download
+from scripts import bench_bucket
 from tests.conftest import upload_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.gcs]

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-import check_venv  # scripts/ is on sys.path (tests/conftest.py)
 
+from scripts import check_venv
 from tests.conftest import REPO
 
 SCRIPT = os.path.join(REPO, "scripts", "check_venv.py")

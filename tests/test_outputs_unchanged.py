@@ -25,10 +25,8 @@ import re
 
 import pytest
 
-import make_sample_ct as ct
-import make_sample_images
-import make_sample_ogb as mo
 from pipelines import ct_volumes, image_folder, ogb_graphs
+from scripts import make_sample_ct as ct, make_sample_images, make_sample_ogb as mo
 
 pytestmark = pytest.mark.slow
 

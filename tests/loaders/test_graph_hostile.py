@@ -11,7 +11,6 @@ import json
 import os
 import re
 
-import make_sample_ogb as mo
 import numpy as np
 import pytest
 
@@ -21,6 +20,7 @@ from formats.manifest import MANIFEST_FILENAME
 from loaders import graph as lg
 from loaders import load_graph
 from pipelines import ogb_graphs
+from scripts import make_sample_ogb as mo
 
 N = 10  # nodes of the homogeneous graph
 DROP = object()  # an override that leaves the section out

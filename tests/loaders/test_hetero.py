@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-import make_sample_ogb as mo
 from loaders import graph as lg
 from pipelines import ogb_graphs
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 
 COUNTS = {"author": 900, "field_of_study": 80, "institution": 40, "paper": 1200}

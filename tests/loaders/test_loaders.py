@@ -11,10 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-import make_sample_ct as ct
-import make_sample_ogb as mo
 from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder, ogb_graphs
+from scripts import make_sample_ct as ct, make_sample_ogb as mo
 from tests.conftest import CLASSES, PER_CLASS, REPO, upload_tree
 from tests.loaders.elastic import host_steps
 

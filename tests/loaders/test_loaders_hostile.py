@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 
-import make_sample_ogb as mo
 import numpy as np
 import pytest
 from PIL import Image as PILImage
@@ -21,6 +20,7 @@ from loaders import CorruptRecordError, ShardedRecords, tfdata
 from loaders import grain as grain_loader
 from loaders import graph as lg
 from pipelines import image_folder, ogb_graphs
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 from tests.damage import flip_byte
 

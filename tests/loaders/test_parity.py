@@ -21,10 +21,9 @@ import sys
 import numpy as np
 import pytest
 
-import make_sample_ct as ct
-import make_sample_images
 from loaders import ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder
+from scripts import make_sample_ct as ct, make_sample_images
 from tests.conftest import REPO
 from tests.loaders import tensors_output
 

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 
-import make_sample_images
 import numpy as np
 import pytest
 
@@ -31,6 +30,7 @@ from loaders import ShardedRecords, StateMismatchError, UnverifiedStateWarning
 from loaders import grain as grain_loader
 from loaders import graph as lg
 from pipelines import image_folder
+from scripts import make_sample_images
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

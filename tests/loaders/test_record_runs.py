@@ -9,8 +9,6 @@ network answers 503, drops connections, cuts answers half-way and stalls.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -20,11 +18,9 @@ from formats.storage import gcs_media
 from loaders import grain as grain_loader
 from loaders._stream import WindowOrder
 from pipelines import image_folder
+from scripts import make_sample_images
 from tests.conftest import upload_tree
 from tests.loaders.elastic import host_steps
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-import make_sample_images  # noqa: E402
 
 COUNTS = [10, 7, 10, 10, 3, 10, 10, 9, 10, 10, 0, 10]
 

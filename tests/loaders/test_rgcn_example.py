@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-import make_sample_ogb as mo
 from loaders import graph as lg
 from pipelines import ogb_graphs
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # subprocesses (torch, torch_xla)

@@ -15,14 +15,13 @@ import sys
 
 import pytest
 
-import make_sample_ct as ct
-import make_sample_images
 from formats import adapters
 from formats.outputs import commit
 from formats.storage import files
 from formats.example import decode_example
 from formats.manifest import Manifest
 from formats.outputs.output import verify as verify_output
+from scripts import make_sample_ct as ct, make_sample_images
 from tests.conftest import REPO, upload_tree
 from tests.test_outputs_unchanged import fingerprint
 

@@ -12,7 +12,6 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.pipeline import PipelineVisitor
-import make_sample_ct as ct
 import numpy as np
 import pydicom
 import pytest
@@ -26,6 +25,7 @@ from pipelines import ct_volumes
 from pipelines.ct_volumes.assembly import plan_volumes
 from pipelines.ct_volumes.headers import read_slices, salted_hash
 from pipelines.ct_volumes.pipeline import plan_unit
+from scripts import make_sample_ct as ct
 from tests.conftest import upload_tree
 
 pytestmark = pytest.mark.slow

@@ -18,12 +18,12 @@ import pandas as pd
 from ogb.io import read_graph_raw
 import pytest
 
-import make_sample_ogb as mo
 from formats import arrayrecord
 from formats.storage import files
 from formats.graphbin import GraphBin
 from formats.manifest import Manifest
 from pipelines import ogb_graphs
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -11,12 +11,12 @@ import os
 import numpy as np
 import pytest
 
-import make_sample_images
 from formats import arrayrecord, tfrecord
 from formats.outputs import inspect
 from formats.manifest import Manifest
 from pipelines.core import UsageError
 from pipelines import image_folder
+from scripts import make_sample_images
 from tests.conftest import CLASSES, CORRUPT, PER_CLASS
 
 pytestmark = pytest.mark.slow

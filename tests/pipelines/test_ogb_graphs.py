@@ -11,7 +11,6 @@ import numpy as np
 from ogb.io import read_graph_raw
 import pytest
 
-import make_sample_ogb as mo
 from formats import arrayrecord
 from formats.outputs import inspect
 from formats.storage import files
@@ -20,6 +19,7 @@ from formats.manifest import Manifest
 from loaders import graph as lg
 from pipelines import ogb_graphs
 from pipelines.ogb_graphs.read import OgbFormatError
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO, upload_tree
 
 pytestmark = pytest.mark.slow

@@ -17,13 +17,13 @@ import sys
 import numpy as np
 import pytest
 
-import make_sample_ogb as mo
 from formats.outputs import inspect
 from formats.storage import files
 from formats.graphbin import GraphBin
 from formats.manifest import Manifest
 from pipelines import ogb_graphs
 from pipelines.ogb_graphs.read import OgbFormatError
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 
 REL = "___".join(mo.MAG_RELATIONS[0])  # author___affiliated_with___institution

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from ogb.io import read_graph_raw
 
-import make_sample_ogb as mo
 from formats.outputs import inspect
 from formats.storage import files
 from formats.graphbin import NAME_BYTES
@@ -20,6 +19,7 @@ from formats.outputs.output import open_output
 from loaders import graph as lg
 from pipelines import ogb_graphs
 from pipelines.ogb_graphs.reverse import reverse_relation_name
+from scripts import make_sample_ogb as mo
 
 SCALE = 0.001  # 736 papers, 1,135 authors, 21,111 edges (every count at least 10)
 RELATIONS = ["___".join(t) for t in mo.MAG_RELATIONS]

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 
-import make_sample_ogb as mo
 from pipelines.ogb_graphs import plan_graph
+from scripts import make_sample_ogb as mo
 
 
 def _edges(folder: str, relation: str) -> np.ndarray:

@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 
-import make_sample_ogb as mo
 from formats.storage import files
 from formats.manifest import Manifest
 from formats.outputs.output import open_output
@@ -20,6 +19,7 @@ from loaders import graph as lg
 from pipelines import ogb_graphs
 from pipelines.core.errors import UsageError
 from pipelines.ogb_graphs.reverse import reverse_relation_name
+from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 
 RELATIONS = ["___".join(t) for t in mo.MAG_RELATIONS]

@@ -14,13 +14,13 @@ import subprocess
 
 import pytest
 
-import make_sample_images
 from formats import naming
 from formats.outputs import commit
 from formats.storage import files
 from formats.manifest import Manifest, ShardInfo
 from formats.outputs.output import verify as verify_output
 from pipelines.core import reuse
+from scripts import make_sample_images, make_sample_ogb as mo
 from tests.conftest import upload_tree
 from tests.pipelines.test_append import _run
 from tests.test_outputs_unchanged import fingerprint
@@ -197,8 +197,6 @@ def test_a_graph_rerun_after_a_kill_reuses_the_node_pieces_and_matches_a_clean_r
   """ogb_graphs: the node arrays (features, labels: most of a large graph's input) are pieces with
   records; a run killed before the join leaves them in its generation, and the rerun copies them
   instead of reading the node files again. The .graphbin is byte for byte a clean run's."""
-  import make_sample_ogb as mo
-
   name, make = {
       "homogeneous": ("ogbn_arxiv", lambda d: mo.write_homogeneous_node(d, 3, num_nodes=300, num_edges=1500)),
       "binary": ("ogbn_papers100M", lambda d: mo.write_binary_node(d, 3, num_nodes=300, num_edges=1200)),
