@@ -49,8 +49,9 @@ from collections.abc import Callable
 import numpy as np
 from array_record.python import array_record_module
 
+from formats import protowire
 from formats.arrayrecord import RANDOM_ACCESS_READER_OPTIONS
-from formats.errors import CorruptRecordError
+from formats.errors import CorruptRecordError, WireFormatError
 
 __all__ = ["BLOCK_SIZE", "ReadRange", "RecordIndex", "VerifiedRecordReader", "read_record", "record_ranges"]
 
@@ -505,17 +506,20 @@ def _simple_records(chunk: _Chunk, what: str) -> list[bytes]:
     )
   if data[0] != 0:
     raise CorruptRecordError(f"{what}: chunk at {chunk.begin}: unknown compression type {data[0]:#x}")
-  sizes_len, pos = _varint(data, 1, what)
-  sizes_end = pos + sizes_len
-  if sizes_end > len(data) or chunk.num_records > sizes_len:
-    raise CorruptRecordError(
-        f"{what}: chunk at {chunk.begin}: {sizes_len} bytes of sizes for {chunk.num_records} records"
-        f" in {len(data)} bytes of data"
-    )
-  sizes = []
-  for _ in range(chunk.num_records):
-    n, pos = _varint(data, pos, what, sizes_end)
-    sizes.append(n)
+  try:
+    sizes_len, pos = protowire.varint(data, 1, len(data))
+    sizes_end = pos + sizes_len
+    if sizes_end > len(data) or chunk.num_records > sizes_len:
+      raise CorruptRecordError(
+          f"{what}: chunk at {chunk.begin}: {sizes_len} bytes of sizes for {chunk.num_records} records"
+          f" in {len(data)} bytes of data"
+      )
+    sizes = []
+    for _ in range(chunk.num_records):
+      n, pos = protowire.varint(data, pos, sizes_end)
+      sizes.append(n)
+  except WireFormatError:
+    raise CorruptRecordError(f"{what}: {_BAD_VARINT}") from None
   if pos != sizes_end or sum(sizes) != len(data) - sizes_end or sum(sizes) != chunk.decoded_data_size:
     raise CorruptRecordError(
         f"{what}: chunk at {chunk.begin}: record sizes end at {pos} of {sizes_end} and sum to {sum(sizes)};"
@@ -528,43 +532,28 @@ def _simple_records(chunk: _Chunk, what: str) -> list[bytes]:
   return records
 
 
-# Protocol buffer wire format: the few varint and message fields of cpp/layout.proto.
+# Protocol buffer wire format (formats.protowire): the few varint and message fields of cpp/layout.proto.
 
 
-def _varint(buf: bytes, pos: int, what: str, end: int | None = None) -> tuple[int, int]:
-  end = len(buf) if end is None else end
-  value = shift = 0
-  while pos < end and shift < 64:
-    byte = buf[pos]
-    pos += 1
-    value |= (byte & 0x7F) << shift
-    if byte < 0x80:
-      return value, pos
-    shift += 7
-  raise CorruptRecordError(f"{what}: a varint runs past its bytes or over 64 bits")
+_BAD_VARINT = "a varint runs past its bytes or over 64 bits"
 
 
 def _fields(buf: bytes, what: str) -> dict[int, int | bytes]:
   """A message's fields by number (the last value of a repeated one)."""
   fields: dict[int, int | bytes] = {}
-  pos = 0
-  while pos < len(buf):
-    key, pos = _varint(buf, pos, what)
-    number, wire_type = key >> 3, key & 7
-    if wire_type == 0:
-      value, pos = _varint(buf, pos, what)
-    elif wire_type in (1, 2, 5):
-      n = {1: 8, 5: 4}.get(wire_type)
-      if n is None:
-        n, pos = _varint(buf, pos, what)
-      if pos + n > len(buf):
-        raise CorruptRecordError(f"{what}: field {number} runs past the message's {len(buf)} bytes")
-      value, pos = buf[pos : pos + n], pos + n
-    else:
-      raise CorruptRecordError(f"{what}: field {number} has wire type {wire_type}")
-    if number == 0:
-      raise CorruptRecordError(f"{what}: field number 0")
-    fields[number] = value
+  pos, end = 0, len(buf)
+  try:
+    while pos < end:
+      k, a, pos = protowire.field(buf, pos, end)
+      if k >> 3 == 0:
+        raise CorruptRecordError(f"{what}: field number 0")
+      fields[k >> 3] = a if k & 7 == protowire.VARINT else buf[a:pos]
+  except WireFormatError as e:
+    if e.field is None:
+      raise CorruptRecordError(f"{what}: {_BAD_VARINT}") from None
+    if e.wire_type is not None:
+      raise CorruptRecordError(f"{what}: field {e.field} has wire type {e.wire_type}") from None
+    raise CorruptRecordError(f"{what}: field {e.field} runs past the message's {len(buf)} bytes") from None
   return fields
 
 

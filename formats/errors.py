@@ -2,9 +2,9 @@
 
 Each is a subclass of the built-in its callers already catch (`ValueError` for
 bytes that are wrong, `FileNotFoundError` for a folder that is not an output,
-`RuntimeError` for a lost commit), so `except ValueError` keeps working. The
-modules that raise them re-export them under their old names
-(`formats.tfrecord.TFRecordCorruptError` is `formats.errors.TFRecordCorruptError`).
+`RuntimeError` for a lost commit), so `except ValueError` works. The modules
+that raise them also export them (`formats.tfrecord.TFRecordCorruptError` is
+`formats.errors.TFRecordCorruptError`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ __all__ = [
     "GraphBinError",
     "NotAnOutputError",
     "TFRecordCorruptError",
+    "WireFormatError",
 ]
 
 
@@ -29,6 +30,21 @@ class TFRecordCorruptError(CorruptRecordError):
 
 class ExampleDecodeError(ValueError):
   """The bytes are not a well-formed tf.train.Example."""
+
+
+class WireFormatError(ValueError):
+  """Bytes that are not protobuf wire format (formats.protowire); callers re-raise it as their own error.
+
+  Attributes:
+    field: the number of the field whose value runs past its message, or
+      whose wire type is unsupported; None when a varint is malformed.
+    wire_type: the unsupported wire type (3, 4, 6, 7), else None.
+  """
+
+  def __init__(self, message: str, field: int | None = None, wire_type: int | None = None):
+    super().__init__(message)
+    self.field = field
+    self.wire_type = wire_type
 
 
 class GraphBinError(ValueError):

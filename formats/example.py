@@ -15,26 +15,21 @@ numeric lists packed, as TensorFlow itself does, so equal inputs give equal
 bytes. Decoding accepts packed and unpacked numeric lists.
 
 `decode_example` builds the whole dict; `FeatureFinder` (the loaders' fast
-path) walks the same bytes with the same checks but only locates the
-features asked for: byte values as (start, stop) spans into the record,
+path) walks the bytes the same way, on formats.protowire, but only builds
+the features asked for: byte values as (start, stop) spans into the record,
 nothing copied. Both refuse malformed bytes with ExampleDecodeError and
-nothing else (tests/formats/test_example_finder.py checks they agree on
-random and damaged records).
+nothing else (tests/formats/test_example_finder.py checks them on random and
+damaged records).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-import struct
 
 import numpy as np
 
-from formats.errors import ExampleDecodeError
-
-_WT_VARINT = 0
-_WT_I64 = 1
-_WT_LEN = 2
-_WT_I32 = 5
+from formats.errors import ExampleDecodeError, WireFormatError
+from formats.protowire import I32, LEN, VARINT, field, key, varint
 
 
 # --------------------------------------------------------------------------- encode
@@ -51,12 +46,12 @@ def _varint(n: int) -> bytes:
   return bytes(out)
 
 
-def _len_field(field: int, payload: bytes) -> bytes:
-  return _varint((field << 3) | _WT_LEN) + _varint(len(payload)) + payload
+def _len_field(number: int, payload: bytes) -> bytes:
+  return _len_header(number, len(payload)) + payload
 
 
-def _len_header(field: int, length: int) -> bytes:
-  return _varint((field << 3) | _WT_LEN) + _varint(length)
+def _len_header(number: int, length: int) -> bytes:
+  return _varint((number << 3) | LEN) + _varint(length)
 
 
 def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
@@ -137,55 +132,12 @@ def encode_example(features: Mapping[str, bytes]) -> bytes:
 # --------------------------------------------------------------------------- decode
 
 
-class _Reader:
-  __slots__ = ("buf", "pos", "end")
-
-  def __init__(self, buf: memoryview, pos: int = 0, end: int | None = None):
-    self.buf = buf
-    self.pos = pos
-    self.end = len(buf) if end is None else end
-
-  def varint(self) -> int:
-    result = shift = 0
-    buf, pos, end = self.buf, self.pos, self.end
-    while True:
-      if pos >= end:
-        raise ExampleDecodeError(f"varint runs past the end at byte {pos}")
-      b = buf[pos]
-      pos += 1
-      result |= (b & 0x7F) << shift
-      if not b & 0x80:
-        break
-      shift += 7
-      if shift > 63:
-        raise ExampleDecodeError(f"varint longer than 10 bytes at byte {pos}")
-    self.pos = pos
-    return result
-
-  def fields(self):
-    """Yields (field_number, wire_type, value) until `end`; LEN values are (start, stop)."""
-    while self.pos < self.end:
-      tag = self.varint()
-      field, wt = tag >> 3, tag & 7
-      if wt == _WT_VARINT:
-        yield field, wt, self.varint()
-      elif wt == _WT_LEN:
-        n = self.varint()
-        start, stop = self.pos, self.pos + n
-        if stop > self.end:
-          raise ExampleDecodeError(f"field {field} of {n} bytes runs past the end at byte {start}")
-        self.pos = stop
-        yield field, wt, (start, stop)
-      elif wt == _WT_I64 or wt == _WT_I32:
-        start, stop = self.pos, self.pos + (8 if wt == _WT_I64 else 4)
-        if stop > self.end:
-          raise ExampleDecodeError(f"field {field} of {stop - start} bytes runs past the end at byte {start}")
-        self.pos = stop
-        yield field, wt, (start, stop)
-      else:
-        raise ExampleDecodeError(f"unsupported wire type {wt} at byte {self.pos}")
-    if self.pos != self.end:
-      raise ExampleDecodeError("message runs past its length")
+# What a Feature holds, as `FeatureFinder` reports it: its list (the Feature's oneof field number), or none.
+NO_LIST, BYTES_LIST, FLOAT_LIST, INT64_LIST = 0, 1, 2, 3
+_EMPTY = (NO_LIST, None)  # a map entry without a value
+# The keys of field 1 (Example.features, Features.feature, a map entry's key, a list's values) and 2 and 3.
+_LEN_1, _LEN_2, _LEN_3 = key(1, LEN), key(2, LEN), key(3, LEN)
+_VARINT_1, _I32_1 = key(1, VARINT), key(1, I32)
 
 
 def _signed64(n: int) -> int:
@@ -197,56 +149,121 @@ def _signed64(n: int) -> int:
   return n
 
 
-def _decode_feature(buf: memoryview, start: int, stop: int, copy: bool = True) -> list[bytes] | np.ndarray:
-  r = _Reader(buf, start, stop)
-  result: list[bytes] | np.ndarray = []
-  for kind, wt, span in r.fields():
-    if wt != _WT_LEN:
-      raise ExampleDecodeError(f"Feature field {kind} has wire type {wt}")
-    inner = _Reader(buf, *span)
-    if kind == 1:  # BytesList: field 1 of any width is a value; a varint field is malformed
-      values = []
-      for f, w, v in inner.fields():
-        if w == _WT_VARINT:
-          raise ExampleDecodeError(f"BytesList field {f} has wire type {w}")
-        if f == 1:
-          values.append(bytes(buf[v[0]:v[1]]) if copy else buf[v[0]:v[1]])
-      result = values
-    elif kind == 2:  # FloatList
+def _feature(data, pos: int, end: int, build: bool) -> tuple[int, object]:
+  """(list kind, values) of the Feature in data[pos:end], every byte of it checked.
+
+  Values: BYTES_LIST a list of (start, stop) spans; FLOAT_LIST a float32 array;
+  INT64_LIST a list of ints; NO_LIST None. build=False only checks (values None).
+  A Feature holding several lists holds its last; a list field that is not LEN
+  is malformed, as are a varint in a BytesList or FloatList and an int past 64
+  bits; unknown fields of any wire type are skipped.
+  """
+  kind, values = NO_LIST, None
+  while pos < end:
+    k, a, pos = field(data, pos, end)
+    if k & 7 != LEN:
+      raise ExampleDecodeError(f"Feature field {k >> 3} has wire type {k & 7}")
+    if k == _LEN_1:  # BytesList: field 1 of any width is a value
+      spans = []
+      while a < pos:
+        k, x, a = field(data, a, pos)
+        if k & 7 == VARINT:
+          raise ExampleDecodeError(f"BytesList field {k >> 3} has wire type {VARINT}")
+        if k >> 3 == 1:
+          spans.append((x, a))
+      kind, values = BYTES_LIST, spans if build else None
+    elif k == _LEN_2:  # FloatList: packed or one float32 per field
       chunks = []
-      for f, w, v in inner.fields():
-        if f != 1:
-          continue
-        if w == _WT_VARINT:
-          raise ExampleDecodeError(f"FloatList field {f} has wire type {w}")
-        a, b = v
-        if w == _WT_LEN:
-          if (b - a) % 4:
+      while a < pos:
+        k, x, a = field(data, a, pos)
+        if k == _LEN_1:
+          if (a - x) % 4:
             raise ExampleDecodeError("packed float list length is not a multiple of 4")
-          chunks.append(np.frombuffer(buf[a:b], dtype="<f4"))
-        elif w == _WT_I32:
-          chunks.append(np.frombuffer(buf[a:b], dtype="<f4"))
-      result = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
-    elif kind == 3:  # Int64List
-      values: list[int] = []
-      for f, w, v in inner.fields():
-        if f != 1:
+          chunks.append((x, a))
+        elif k == _I32_1:
+          chunks.append((x, a))
+        elif k == _VARINT_1:
+          raise ExampleDecodeError(f"FloatList field 1 has wire type {VARINT}")
+      if build:
+        view = memoryview(data)
+        values = (np.concatenate([np.frombuffer(view[x:y], dtype="<f4") for x, y in chunks]).astype(np.float32)
+                  if chunks else np.zeros(0, np.float32))
+      kind = FLOAT_LIST
+    elif k == _LEN_3:  # Int64List: packed or one varint per field
+      ints: list[int] = []
+      while a < pos:
+        k, x, a = field(data, a, pos)
+        if k == _LEN_1:
+          while x < a:
+            v = data[x]
+            if v < 0x80:
+              x += 1
+            else:
+              v, x = varint(data, x, a)
+              v = _signed64(v)
+            ints.append(v)
+        elif k == _VARINT_1:
+          ints.append(_signed64(x))
+      kind, values = INT64_LIST, ints if build else None
+  return kind, values
+
+
+class _EveryKey:
+  """Stands for the slots of `_walk` when every key is wanted: each key's slot is the key as text."""
+
+  @staticmethod
+  def get(key: bytes) -> str:
+    return str(key, "utf-8")
+
+
+def _walk(data, slots, found) -> None:
+  """Walks a serialized Example and puts each wanted feature's (kind, values) in `found[slots.get(key)]`.
+
+  Every byte is checked, entries of keys not wanted too, so a record is
+  refused the same way whatever is wanted. The last entry of a key repeated
+  wins. `slots.get(key)` is None for a key not wanted.
+
+  Raises:
+    ExampleDecodeError: the bytes are not a well-formed Example.
+  """
+  end = len(data)
+  pos = 0
+  try:
+    while pos < end:  # Example: Features at field 1
+      k, a, pos = field(data, pos, end)
+      if k != _LEN_1:
+        continue
+      while a < pos:  # Features: map entries at field 1
+        k, e, a = field(data, a, pos)
+        if k != _LEN_1:
           continue
-        if w == _WT_LEN:
-          packed = _Reader(buf, *v)
-          while packed.pos < packed.end:
-            values.append(_signed64(packed.varint()))
-        elif w == _WT_VARINT:
-          values.append(_signed64(v))
-      result = np.array(values, dtype=np.int64)
-  return result
+        slot = key = None
+        value, built, vx, ve = _EMPTY, True, 0, 0
+        while e < a:  # one entry: key = 1, value = 2
+          k, x, e = field(data, e, a)
+          if k == _LEN_1:
+            key = data[x:e]
+            slot = slots.get(key)
+            if slot is None:
+              str(key, "utf-8")  # a key not wanted is only checked
+          elif k == _LEN_2:
+            built = key is None or slot is not None  # a value for a key not wanted is only checked
+            value, vx, ve = _feature(data, x, e, built), x, e
+        if key is None:
+          raise ExampleDecodeError("feature map entry without a key")
+        if slot is not None:
+          found[slot] = value if built else _feature(data, vx, ve, True)
+  except UnicodeDecodeError as e:
+    raise ExampleDecodeError(f"feature key is not UTF-8: {e.reason} at byte {e.start}") from None
+  except WireFormatError as e:
+    raise ExampleDecodeError(str(e)) from None
 
 
 def decode_example(data: bytes | memoryview, copy: bool = True) -> dict[str, list[bytes] | np.ndarray]:
   """Parses a serialized Example into {key: list of bytes | int64 array | float32 array}.
 
   copy=False returns bytes values as memoryviews into `data` (no copy of large
-  payloads). Raises ExampleDecodeError (a ValueError) on malformed bytes.
+  payloads). An entry without a value decodes to an empty list.
 
   Args:
     data: a serialized Example.
@@ -256,195 +273,20 @@ def decode_example(data: bytes | memoryview, copy: bool = True) -> dict[str, lis
     feature name -> a list of bytes, an int64 array or a float32 array.
 
   Raises:
-    ExampleDecodeError: the bytes are not a well-formed Example.
+    ExampleDecodeError: (a ValueError) the bytes are not a well-formed Example.
   """
-  buf = memoryview(data)
+  view = memoryview(data)
+  found: dict[str, tuple[int, object]] = {}
+  _walk(view, _EveryKey, found)
   out: dict[str, list[bytes] | np.ndarray] = {}
-  try:
-    for f, w, span in _Reader(buf).fields():
-      if f != 1 or w != _WT_LEN:
-        continue
-      for f2, w2, entry_span in _Reader(buf, *span).fields():
-        if f2 != 1 or w2 != _WT_LEN:
-          continue
-        key, value = None, []
-        for f3, w3, v in _Reader(buf, *entry_span).fields():
-          if f3 == 1 and w3 == _WT_LEN:
-            key = bytes(buf[v[0]:v[1]]).decode("utf-8")
-          elif f3 == 2 and w3 == _WT_LEN:
-            value = _decode_feature(buf, *v, copy=copy)
-        if key is None:
-          raise ExampleDecodeError("feature map entry without a key")
-        out[key] = value
-  except (IndexError, UnicodeDecodeError, struct.error) as e:
-    raise ExampleDecodeError(str(e)) from e
+  for key, (kind, values) in found.items():
+    if kind == BYTES_LIST:
+      out[key] = [bytes(view[a:b]) if copy else view[a:b] for a, b in values]
+    elif kind == INT64_LIST:
+      out[key] = np.array(values, dtype=np.int64)
+    else:
+      out[key] = [] if kind == NO_LIST else values
   return out
-
-
-# --------------------------------------------------------------------------- find features
-
-
-# What `FeatureFinder` found under a key: the Feature's list (its oneof field number), or none.
-NO_LIST, BYTES_LIST, FLOAT_LIST, INT64_LIST = 0, 1, 2, 3
-
-
-def _varint_at(data, pos: int, end: int) -> tuple[int, int]:
-  """(value, position after it) of the varint at `pos`, which must end before `end` (as `_Reader.varint`)."""
-  result = shift = 0
-  while True:
-    if pos >= end:
-      raise ExampleDecodeError(f"varint runs past the end at byte {pos}")
-    b = data[pos]
-    pos += 1
-    result |= (b & 0x7F) << shift
-    if b < 0x80:
-      return result, pos
-    shift += 7
-    if shift > 63:
-      raise ExampleDecodeError(f"varint longer than 10 bytes at byte {pos}")
-
-
-def _field_at(data, pos: int, end: int) -> tuple[int, int, int, int]:
-  """(field number, wire type, a, b) of the field at `pos` < `end`, checked as `_Reader.fields` checks.
-
-  The field ends at b; a LEN or fixed-width value is data[a:b], a varint's value is a.
-  """
-  tag = data[pos]
-  if tag < 0x80:
-    pos += 1
-  else:
-    tag, pos = _varint_at(data, pos, end)
-  wt = tag & 7
-  if wt == _WT_LEN:
-    if pos < end and data[pos] < 0x80:
-      n = data[pos]
-      pos += 1
-    else:
-      n, pos = _varint_at(data, pos, end)
-    stop = pos + n
-    if stop > end:
-      raise ExampleDecodeError(f"field {tag >> 3} of {n} bytes runs past the end at byte {pos}")
-    return tag >> 3, wt, pos, stop
-  if wt == _WT_VARINT:
-    value, pos = _varint_at(data, pos, end)
-    return tag >> 3, wt, value, pos
-  if wt == _WT_I64 or wt == _WT_I32:
-    stop = pos + (8 if wt == _WT_I64 else 4)
-    if stop > end:
-      raise ExampleDecodeError(f"field {tag >> 3} of {stop - pos} bytes runs past the end at byte {pos}")
-    return tag >> 3, wt, pos, stop
-  raise ExampleDecodeError(f"unsupported wire type {wt} at byte {pos}")
-
-
-def _find_feature(data, pos: int, end: int, build: bool) -> tuple[int, object]:
-  """(list kind, values) of the Feature in data[pos:end], checked exactly as `_decode_feature` checks it.
-
-  Values: BYTES_LIST a list of (start, stop) spans; FLOAT_LIST a float32 array;
-  INT64_LIST a list of ints; NO_LIST None. build=False only checks (values None).
-  The one-byte tags of LEN fields are read inline, their lengths too when
-  they take 1 to 3 bytes (the same checks as `_field_at`, which reads every
-  other field).
-  """
-  kind, values = NO_LIST, None
-  while pos < end:
-    tag = data[pos]
-    if tag == 0x0A or tag == 0x12 or tag == 0x1A:  # a BytesList, FloatList or Int64List
-      f = tag >> 3
-      a = pos + 1
-      if a < end and data[a] < 0x80:  # a 1-byte length
-        pos = a + 1 + data[a]
-        a += 1
-      elif a + 2 < end and data[a] >= 0x80 and data[a + 1] >= 0x80 and data[a + 2] < 0x80:  # 3 bytes
-        pos = a + 3 + ((data[a] & 0x7F) | ((data[a + 1] & 0x7F) << 7) | (data[a + 2] << 14))
-        a += 3
-      else:
-        n, a = _varint_at(data, a, end)
-        pos = a + n
-      if pos > end:
-        raise ExampleDecodeError(f"field {f} of {pos - a} bytes runs past the end at byte {a}")
-    else:
-      f, wt, a, pos = _field_at(data, pos, end)
-      if wt != _WT_LEN:
-        raise ExampleDecodeError(f"Feature field {f} has wire type {wt}")
-    if f == 1:  # BytesList: field 1 of any width is a value; a varint field is malformed
-      spans = []
-      while a < pos:
-        if data[a] == 0x0A:  # field 1, LEN: a value
-          x = a + 1
-          if x < pos and data[x] < 0x80:  # a 1-byte length
-            a = x + 1 + data[x]
-            x += 1
-          elif x + 2 < pos and data[x] >= 0x80 and data[x + 1] >= 0x80 and data[x + 2] < 0x80:  # 3 bytes
-            a = x + 3 + ((data[x] & 0x7F) | ((data[x + 1] & 0x7F) << 7) | (data[x + 2] << 14))
-            x += 3
-          else:
-            n, x = _varint_at(data, x, pos)
-            a = x + n
-          if a > pos:
-            raise ExampleDecodeError(f"field 1 of {a - x} bytes runs past the end at byte {x}")
-          spans.append((x, a))
-          continue
-        f2, w2, x, a = _field_at(data, a, pos)
-        if w2 == _WT_VARINT:
-          raise ExampleDecodeError(f"BytesList field {f2} has wire type {w2}")
-        if f2 == 1:
-          spans.append((x, a))
-      kind, values = BYTES_LIST, spans if build else None
-    elif f == 2:  # FloatList: packed or one float32 per field
-      chunks = []
-      while a < pos:
-        f2, w2, x, a = _field_at(data, a, pos)
-        if f2 != 1:
-          continue
-        if w2 == _WT_VARINT:
-          raise ExampleDecodeError(f"FloatList field {f2} has wire type {w2}")
-        if w2 == _WT_LEN:
-          if (a - x) % 4:
-            raise ExampleDecodeError("packed float list length is not a multiple of 4")
-          chunks.append((x, a))
-        elif w2 == _WT_I32:
-          chunks.append((x, a))
-      if build:
-        view = memoryview(data)
-        values = (np.concatenate([np.frombuffer(view[x:y], dtype="<f4") for x, y in chunks]).astype(np.float32)
-                  if chunks else np.zeros(0, np.float32))
-      else:
-        values = None
-      kind = FLOAT_LIST
-    elif f == 3:  # Int64List: packed or one varint per field
-      ints: list[int] = []
-      while a < pos:
-        if data[a] == 0x0A:  # field 1, LEN: packed values
-          x = a + 1
-          if x < pos and data[x] < 0x80:  # a 1-byte length
-            a = x + 1 + data[x]
-            x += 1
-          elif x + 2 < pos and data[x] >= 0x80 and data[x + 1] >= 0x80 and data[x + 2] < 0x80:  # 3 bytes
-            a = x + 3 + ((data[x] & 0x7F) | ((data[x + 1] & 0x7F) << 7) | (data[x + 2] << 14))
-            x += 3
-          else:
-            n, x = _varint_at(data, x, pos)
-            a = x + n
-          if a > pos:
-            raise ExampleDecodeError(f"field 1 of {a - x} bytes runs past the end at byte {x}")
-          w2 = _WT_LEN
-        else:
-          f2, w2, x, a = _field_at(data, a, pos)
-          if f2 != 1:
-            continue
-        if w2 == _WT_LEN:
-          while x < a:
-            v = data[x]
-            if v < 0x80:
-              x += 1
-            else:
-              v, x = _varint_at(data, x, a)
-              v = _signed64(v)
-            ints.append(v)
-        elif w2 == _WT_VARINT:
-          ints.append(_signed64(x))
-      kind, values = INT64_LIST, ints if build else None
-  return kind, values
 
 
 class FeatureFinder:
@@ -454,12 +296,10 @@ class FeatureFinder:
       (kind, spans), (_, labels), _ = finder(record)   # kind BYTES_LIST, spans [(start, stop)]
       pixels = record[spans[0][0]:spans[0][1]]; label = labels[0]
 
-  Every byte of the record is walked and checked exactly as `decode_example`
-  checks it, so a record is refused (ExampleDecodeError) exactly when
-  `decode_example` refuses it or lacks one of `keys` (Features.decode's
-  "record lacks features"); what is found under a key is what
-  `decode_example` returns for it (the last entry of a key repeated, the last
-  list of a Feature holding several), in another form: byte values as
+  The walk is `decode_example`'s, so a record is refused (ExampleDecodeError)
+  exactly when `decode_example` refuses it or lacks one of `keys`
+  (Features.decode's "record lacks features"); what is found under a key is
+  what `decode_example` returns for it, in another form: byte values as
   (start, stop) spans into the record instead of copies, Int64List values as
   Python ints. Only bytes-like records are indexed; nothing outside
   `len(record)` is read, and every step advances, so any input ends.
@@ -475,7 +315,7 @@ class FeatureFinder:
 
   def __init__(self, keys):
     self.keys = tuple(keys)
-    self._slots = {k: i for i, k in enumerate(self.keys)}
+    self._slots = {k.encode("utf-8"): i for i, k in enumerate(self.keys)}
     if len(self._slots) != len(self.keys):
       raise ValueError(f"keys repeat: {self.keys}")
 
@@ -494,81 +334,10 @@ class FeatureFinder:
     Raises:
       ExampleDecodeError: the bytes are not a well-formed Example, or a key is missing.
     """
-    slots = self._slots
-    found: list = [None] * len(slots)
-    end = len(data)
-    pos = 0
-    try:
-      while pos < end:  # Example: Features at field 1
-        if data[pos] == 0x0A:  # field 1, LEN
-          a = pos + 1
-          if a < end and data[a] < 0x80:  # a 1-byte length
-            pos = a + 1 + data[a]
-            a += 1
-          elif a + 2 < end and data[a] >= 0x80 and data[a + 1] >= 0x80 and data[a + 2] < 0x80:  # 3 bytes
-            pos = a + 3 + ((data[a] & 0x7F) | ((data[a + 1] & 0x7F) << 7) | (data[a + 2] << 14))
-            a += 3
-          else:
-            n, a = _varint_at(data, a, end)
-            pos = a + n
-          if pos > end:
-            raise ExampleDecodeError(f"field 1 of {pos - a} bytes runs past the end at byte {a}")
-        else:
-          f, wt, a, pos = _field_at(data, pos, end)
-          if f != 1 or wt != _WT_LEN:
-            continue
-        while a < pos:  # Features: map entries at field 1
-          if data[a] == 0x0A:  # field 1, LEN: an entry
-            e = a + 1
-            if e < pos and data[e] < 0x80:  # a 1-byte length
-              a = e + 1 + data[e]
-              e += 1
-            elif e + 2 < pos and data[e] >= 0x80 and data[e + 1] >= 0x80 and data[e + 2] < 0x80:  # 3 bytes
-              a = e + 3 + ((data[e] & 0x7F) | ((data[e + 1] & 0x7F) << 7) | (data[e + 2] << 14))
-              e += 3
-            else:
-              n, e = _varint_at(data, e, pos)
-              a = e + n
-            if a > pos:
-              raise ExampleDecodeError(f"field 1 of {a - e} bytes runs past the end at byte {e}")
-          else:
-            f, wt, e, a = _field_at(data, a, pos)
-            if f != 1 or wt != _WT_LEN:
-              continue
-          slot = key = None
-          value, span, built = (NO_LIST, None), None, True
-          while e < a:  # one entry: key = 1, value = 2
-            tag = data[e]
-            if tag == 0x0A or tag == 0x12:
-              f = tag >> 3
-              x = e + 1
-              if x < a and data[x] < 0x80:  # a 1-byte length
-                e = x + 1 + data[x]
-                x += 1
-              elif x + 2 < a and data[x] >= 0x80 and data[x + 1] >= 0x80 and data[x + 2] < 0x80:  # 3 bytes
-                e = x + 3 + ((data[x] & 0x7F) | ((data[x + 1] & 0x7F) << 7) | (data[x + 2] << 14))
-                x += 3
-              else:
-                n, x = _varint_at(data, x, a)
-                e = x + n
-              if e > a:
-                raise ExampleDecodeError(f"field {f} of {e - x} bytes runs past the end at byte {x}")
-            else:
-              f, wt, x, e = _field_at(data, e, a)
-              if wt != _WT_LEN:
-                continue
-            if f == 1:
-              key = str(data[x:e], "utf-8")
-              slot = slots.get(key)
-            elif f == 2:
-              built = key is None or slot is not None  # a value for a key not wanted is only checked
-              value, span = _find_feature(data, x, e, built), (x, e)
-          if key is None:
-            raise ExampleDecodeError("feature map entry without a key")
-          if slot is not None:
-            found[slot] = value if built else _find_feature(data, span[0], span[1], True)
-    except UnicodeDecodeError as e:
-      raise ExampleDecodeError(f"feature key is not UTF-8: {e.reason} at byte {e.start}") from None
+    if type(data) is not bytes:
+      data = memoryview(data).toreadonly()  # its slices look keys up in `_slots`: a writable view's cannot
+    found: list = [None] * len(self.keys)
+    _walk(data, self._slots, found)
     if None in found:
       raise ExampleDecodeError(f"record lacks features {sorted(k for k, v in zip(self.keys, found) if v is None)}")
     return found
