@@ -37,6 +37,7 @@ CONVERTERS: dict[str, Entry] = {e.name: e for e in (
     Entry("ogb_graphs", "Open Graph Benchmark data sets → .graphbin CSR blobs or graph shards",
           ("pandas", "scipy")),
     Entry("array_folder", "folders of NumPy .npy arrays → ArrayRecord/TFRecord shards", ("numpy",)),
+    Entry("audio_folder", "folders of WAV clips → fixed-length audio in ArrayRecord/TFRecord shards", ("numpy",)),
 )}
 
 

@@ -15,7 +15,7 @@ Parts (each in its own subprocess, so that each peak RSS is its own):
     by bucket range), pass 3 the shard of every key (`shard_of`'s rule, vectorised) to check
     that shard sizes differ by at most one. Reports the peak RSS of the process, and what one
     worker holds at each step: the histogram, the largest boundary bucket, the largest shard's
-    plan. Sort-key hashing is timed separately (1 M keys with `sink.sort_key`) for the
+    plan. Sort-key hashing is timed separately (1 M keys with `shards.sort_key`) for the
     extrapolation.
  3. beam: `PlanOnWorkers` on the in-process DirectRunner over `--beam_units` units, checked
     equal to `plan_in_memory`, timed.
@@ -39,7 +39,8 @@ sys.path.insert(0, REPO)
 import numpy as np  # noqa: E402
 
 from pipelines.core import shards  # noqa: E402
-from pipelines.core.sink import DEFAULT_TARGET_SHARD_BYTES, sort_key  # noqa: E402
+from pipelines.core.shards import sort_key  # noqa: E402
+from pipelines.core.sink import DEFAULT_TARGET_SHARD_BYTES  # noqa: E402
 
 CHUNK = 1_000_000
 

@@ -18,7 +18,6 @@ import dataclasses
 import io
 import re
 
-import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
@@ -26,12 +25,11 @@ import numpy as np
 from formats.storage import files as fs
 from formats import naming
 from formats.features import Features, Tensor, Text
-from pipelines.core import inputs, shards
-from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, summary_of
+from pipelines.core import inputs
+from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.shards import ConvertShards, PlanUnit, list_at_launch, plan_shards
-from pipelines.core.sink import Record, Reject
+from pipelines.core.records import Record, Reject
 
 NAME = "array_folder"
 PIPELINE = f"pipelines.{NAME}"
@@ -173,55 +171,10 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
         launcher_rejects=tuple(Reject(inputs.printable(fs.join(common.input, n)), "not inside a split folder")
                                for n in sorted(strays)))
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ArrayFolderConfig,
-             plan: OutputPlan) -> ShardsWritten:
-    """See Converter.expand: shards planned from the split folders' listing (here, or on the workers
-    beyond `shards.LAUNCHER_LISTING_LIMIT` files or with `--plan=workers`), each `.npy` file read by
-    `_ArrayUnits` in its shard's one step.
+  def sources(self, common: CommonConfig, config: ArrayFolderConfig, plan: OutputPlan) -> Sources:
+    """See Converter.sources: every split folder, keyed by its split; each `.npy` file is a unit."""
+    return Sources(folders=[(s, fs.join(common.input, s)) for s in plan.splits], root=common.input)
 
-    Args:
-      p: the pipeline the steps are added to.
-      common: the input root, the read policy, the plan mode and the workers.
-      config: the shape and dtype every array must have.
-      plan: the split folders and the top-level strays already rejected.
-
-    Returns:
-      The shards written, the rejects, and the count of entries found.
-    """
-    spec = self.output_spec(common, plan)
-    prefix = inputs.printable(common.input).rstrip("/") + "/"
-    folders = [(s, fs.join(common.input, s)) for s in plan.splits]
-
-    def unit_of(split, f, size):
-      return PlanUnit(split, f.path[len(prefix):], (split, f), size)
-
-    units = _ArrayUnits(common.input, plan.features, config, common.read_policy)
-    listed = None if common.plan == "workers" else list_at_launch(
-        folders, common.read_policy.retry_seconds, common.input,
-        shards.LAUNCHER_LISTING_LIMIT if common.plan == "auto" else None)
-    if listed is not None:
-      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers, units)
-      listing_rejects = p | "ListingRejects" >> beam.Create(
-          [Reject(f.path, why, split) for split, f, why in listed.rejects])
-      count = p | "CountEntries" >> beam.Create(
-          [len(listed.files) + len(listed.rejects) + len(plan.launcher_rejects)])
-    else:
-      found = (
-          p
-          | "SplitFolders" >> beam.Create([(s, inputs.InputFile.of(f)) for s, f in folders])
-          | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=common.input,
-                                            with_sizes=True)
-      )
-      planned = plan_shards(p, found.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers, units)
-      listing_rejects = found.rejects | "ListingRejects" >> beam.MapTuple(
-          lambda split, f, why: Reject(f.path, why, split))
-      count = (
-          (found.files, found.rejects)
-          | "Entries" >> beam.Flatten()
-          | "CountEntries" >> beam.combiners.Count.Globally()
-          | "AndLauncherRejects" >> beam.Map(lambda n, extra: n + extra, len(plan.launcher_rejects))
-      )
-    done = planned.tasks | "Convert" >> ConvertShards(
-        units, spec, PIPELINE, totals=planned.totals, processes=common.processes)
-    rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
-    return ShardsWritten(done.results, planned.planned, rejects, summary_of(p, count), append=planned.append)
+  def unit_converter(self, common: CommonConfig, config: ArrayFolderConfig, plan: OutputPlan) -> UnitConverter:
+    """See Converter.unit_converter: one `.npy` file → its record, or a reject."""
+    return _ArrayUnits(common.input, plan.features, config, common.read_policy)

@@ -1,29 +1,42 @@
-"""The converter protocol: the one shape every converter has, and the shared path that runs it.
+"""The converter protocol: what a converter supplies, and the one record path core runs for all of them.
 
-A converter is a small class (a subclass of `Converter`) that says
+A converter is a small class (a subclass of `Converter`, registered in
+pipelines/registry.py) that says who it is with class keywords (`name`:
+`python -m pipelines.<name>` and the metrics namespace; the record `kind` it
+writes, formats.kinds; what its `--input` must be; its own flags, `options`)
+and implements
 
-- who it is: `name` (`python -m pipelines.<name>`, the registry key, the
-  metrics namespace), the record `kind` it writes (formats.kinds), what its
-  `--input` must be, and its own flags (`options`, a Beam options class);
 - `configure`: its own flags → a frozen config (UsageError on a bad value);
 - `plan`: at launch, from the input's top level, what the output will be
   (features, splits, description, source, the inputs already turned down);
-- `expand`: the Beam graph from input to `Records` (records + rejects, and the
-  accounting of inputs) or, for a converter that writes whole files, `Files`.
 
-Everything else is shared and lives in `pipelines.core`: flag parsing and the
-common flags (`flags.CommonConfig`), listing and reading inputs (`inputs`),
-converting units (`ConvertUnits`), shuffling, sharding, writing and committing
-(`sink`), running, the heartbeat and exit codes (`launch`), Dataflow packaging
-(`dataflow`). The stages are: list inputs → plan units → convert each unit →
-write shards → commit; a converter supplies the first three as pure functions
-and small transforms, so a change to how units become shards (conversions at
-scale) is made once, in `core`. docs/architecture.md walks through adding one.
+and then the three hooks of a record converter:
+
+1. `sources`: what core lists (folders, each with the key its files carry) or,
+   when nothing needs listing, the plan units themselves;
+2. `plan_unit`: how one listed file becomes a plan unit (split, record key, the
+   unit the converter reads, estimated output bytes);
+3. `unit_converter`: the `UnitConverter` that turns one unit into records,
+   rejects and events on the workers.
+
+Core owns the rest, the same for every record converter: listing (at launch, or
+on the workers beyond `shards.LAUNCHER_LISTING_LIMIT` files or with
+`--plan=workers`), planning the shards, `ConvertShards` (one step converts,
+writes and publishes a shard), the input accounting, the rejects, `Finalize`
+and the commit. A change to how shards are planned or written is made in
+`pipelines/core` alone.
+
+Two optional hooks cover what does not fit: `expand_units` (units that need a
+Beam stage of their own before planning: CT reads headers and groups series)
+and `warnings` (the manifest's warnings from the input accounting). A converter
+whose output is whole files rather than record shards (a `.graphbin`) takes the
+escape hatch `expand_files`. docs/architecture.md walks through adding one.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
 import types
@@ -37,22 +50,24 @@ from formats import kinds
 from formats.features import ClassLabel, Features
 from formats.manifest import Manifest
 from formats.outputs.output import is_output, load_manifest
-from pipelines.core import flags
+from pipelines.core import flags, inputs, shards
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.shards import FinalizeShards
-from pipelines.core.sink import CommitFiles, InputSummary, OutputSpec, Record, Reject, WriteOutput
+from pipelines.core.records import Event, InputSummary, Record, Reject
+from pipelines.core.shards import ConvertShards, FinalizeShards, ListedFile, PlanUnit, plan_shards
+from pipelines.core.sink import CommitFiles, OutputSpec
 
 
 @dataclasses.dataclass(frozen=True)
 class OutputPlan:
   """What the launcher knows of the output before the job runs.
 
-  `features` may be replaced at run time (`Records.features`) when the schema
+  `features` may be replaced at run time (`Units.features`) when the schema
   depends on the data (CT's volume dtype). `launcher_rejects` are inputs the
-  launcher already turned down while listing the top level. `kind` overrides
+  launcher already turned down while reading the top level. `kind` overrides
   the converter's record kind when one converter writes several (OGB).
-  `state` carries what `plan` found to `expand` (an input layout, a graph plan).
+  `state` carries what `plan` found to the hooks (an input layout, a graph plan);
+  it is shipped to the workers with them, so it stays small.
   """
 
   features: Features
@@ -61,55 +76,68 @@ class OutputPlan:
   source: Mapping[str, Any]
   launcher_rejects: tuple[Reject, ...] = ()
   kind: str | None = None
-  state: Any = None  # what `plan` found that `expand` needs (the converter's own business)
+  state: Any = None
   # What decides the record keys but is in no manifest (a secret salt), as a keyed digest: an append
   # with another one would convert every input again beside its old copy, so it is refused.
   fingerprint: str = ""
 
 
-class Records(NamedTuple):
-  """A record converter's result: PCollections the shared sink shards, writes and commits.
+class Sources(NamedTuple):
+  """What a record converter's input is made of (`Converter.sources`).
 
-  `summary` holds one `InputSummary` (the input units found, for the check
-  that nothing was lost, and the manifest's warnings); `features` one
-  `Features` when the schema is only known at run time.
+  Either `folders` core lists, each as (key, location): every file below a
+  folder is listed with its key, which is the file's split or a tuple whose
+  first item is the split; or `units`, the plan units themselves when the plan
+  already knows them (nothing is listed), standing for `num_inputs` input units.
   """
 
-  records: beam.PCollection
-  rejects: beam.PCollection
-  summary: beam.PCollection | None = None
+  folders: Sequence[tuple[Any, str]] = ()
+  root: str | None = None  # the input root: record keys are paths relative to it; a link out of it is a reject
+  on_workers: bool = False  # list on the workers whatever --plan says (the units need a Beam stage: expand_units)
+  units: Sequence[PlanUnit] | None = None
+  num_inputs: int = 0
+
+
+class Units(NamedTuple):
+  """What `Converter.expand_units` makes of the listed files on the workers.
+
+  `units` are the `PlanUnit`s; `rejects` the inputs turned down while making
+  them; `num_inputs` (a PCollection of one int) the input units they stand for
+  when that is not one per listed file (CT counts frames); `warnings` strings
+  for the manifest; `side_inputs` Beam side inputs `UnitConverter.convert`
+  receives by name; `features` (a PCollection of one `Features`) the schema
+  when it is known only at run time.
+  """
+
+  units: beam.PCollection
+  rejects: beam.PCollection | None = None
+  num_inputs: beam.PCollection | None = None
+  warnings: beam.PCollection | None = None
+  side_inputs: Mapping[str, Any] = types.MappingProxyType({})
   features: beam.PCollection | None = None
 
 
+class Found(NamedTuple):
+  """The input accounting `Converter.warnings` reads: files per listing key, undecodable names, events."""
+
+  per_key: Mapping[Any, int]  # listed files per `Sources.folders` key
+  undecodable: int  # listed names (files and listing rejects) that are not valid UTF-8
+  events: Mapping[str, int]  # the conversion's `Event`s, by name
+
+
 class Files(NamedTuple):
-  """A file converter's result: a PCollection of the `FileInfo`s it published in the run's
-  generation, and what the manifest says of them (its `graph` section)."""
+  """A file converter's result (`Converter.expand_files`): a PCollection of the `FileInfo`s it
+  published in the run's generation, and what the manifest says of them (its `graph` section)."""
 
   files: beam.PCollection
   graph: Mapping[str, Any] | None = None
 
 
-class ShardsWritten(NamedTuple):
-  """A record converter's result when its shards are the work units (`pipelines.core.shards`).
-
-  `results` are the `ShardResult`s of `ConvertShards`; `planned` holds
-  (split, shard count) per planned split; `rejects` every reject (listing and
-  conversion); `summary` and `features` as in `Records`; `append` is
-  `shards.Planned.append` (the accounting of `--mode=append`).
-  """
-
-  results: beam.PCollection
-  planned: beam.PCollection
-  rejects: beam.PCollection
-  summary: beam.PCollection | None = None
-  features: beam.PCollection | None = None
-  append: beam.PCollection | None = None
-
-
 class Converter(abc.ABC):
   """Raw input → a committed output. Subclass it with the class keywords (`name`, `kind`,
   `options`, and optionally `input_kind`, `worker_extras`), implement `configure`, `plan`
-  and `expand`; register the name in pipelines/registry.py."""
+  and the record hooks (`sources`, `plan_unit`, `unit_converter`), or `expand_files` for
+  whole-file outputs; register the name in pipelines/registry.py."""
 
   name: ClassVar[str]
   kind: ClassVar[str]
@@ -125,7 +153,7 @@ class Converter(abc.ABC):
 
   @property
   def prog(self) -> str:
-    """The module users run: `python -m pipelines.<name>`."""
+    """The module users run, `python -m pipelines.<name>`; also the metrics namespace."""
     return f"pipelines.{self.name}"
 
   def common_config(self, options: PipelineOptions) -> CommonConfig:
@@ -151,7 +179,7 @@ class Converter(abc.ABC):
       common: the checked shared flags.
 
     Returns:
-      The converter's frozen config, passed to `plan` and `expand`.
+      The converter's frozen config, passed to `plan` and the hooks.
 
     Raises:
       UsageError: a flag is missing or has a bad value (nothing has been read or written).
@@ -159,7 +187,7 @@ class Converter(abc.ABC):
 
   @abc.abstractmethod
   def plan(self, common: CommonConfig, config: Any) -> OutputPlan:
-    """What the output will be, from the input's top level (listed here, at launch).
+    """What the output will be, from the input's top level (read here, at launch).
 
     Args:
       common: the checked shared flags.
@@ -172,22 +200,101 @@ class Converter(abc.ABC):
       UsageError: the input cannot be converted at all (for example, no class folders).
     """
 
-  @abc.abstractmethod
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: Any, plan: OutputPlan) -> Records | Files:
-    """The Beam graph from the input to records and rejects (or published files).
+  # ------------------------------------------------------------ the record hooks
+
+  def sources(self, common: CommonConfig, config: Any, plan: OutputPlan) -> Sources:
+    """Hook 1: what core lists, or the plan units themselves (called at launch).
+
+    Args:
+      common: the checked shared flags.
+      config: what `configure` returned.
+      plan: what `plan` returned.
+
+    Returns:
+      The `Sources`.
+    """
+    raise NotImplementedError(f"{type(self).__name__} implements neither sources() nor expand_files()")
+
+  def plan_unit(self, config: Any, listed: ListedFile) -> PlanUnit:
+    """Hook 2: one listed file → its plan unit (at launch, or on the workers). By default the file
+    is the unit, `(key, InputFile)`, keyed by its relative path, estimated at its own size.
+
+    Args:
+      config: what `configure` returned.
+      listed: the file, its listing key, size, split and relative path.
+
+    Returns:
+      The `PlanUnit` (split, record key unique in the split, the unit `convert` receives, estimated bytes).
+    """
+    del config
+    return PlanUnit(listed.split, listed.rel, (listed.key, listed.file), listed.size)
+
+  def unit_converter(self, common: CommonConfig, config: Any, plan: OutputPlan) -> UnitConverter:
+    """Hook 3: the `UnitConverter` the workers convert each unit with (called at launch, shipped pickled).
+
+    Args:
+      common: the checked shared flags (the read policy).
+      config: what `configure` returned.
+      plan: what `plan` returned (its features, its state).
+
+    Returns:
+      The `UnitConverter`.
+    """
+    raise NotImplementedError(f"{type(self).__name__} implements neither unit_converter() nor expand_files()")
+
+  def expand_units(self, p: beam.Pipeline, listed: shards.ListedOnWorkers, common: CommonConfig, config: Any,
+                   plan: OutputPlan) -> Units:
+    """Optional: the plan units of the listed files, when they need a Beam stage of their own (CT reads
+    every file's header and groups the series). Only called with `Sources.on_workers`.
+
+    Args:
+      p: the pipeline.
+      listed: the listed files (as `ListedFile`s) and the listing's rejects ((key, InputFile, reason)).
+      common: the checked shared flags.
+      config: what `configure` returned.
+      plan: what `plan` returned.
+
+    Returns:
+      The `Units`.
+    """
+    del p, common, plan
+    return Units(listed.files | "PlanUnits" >> beam.Map(lambda f, c: self.plan_unit(c, f), config))
+
+  def warnings(self, config: Any, plan: OutputPlan, found: Found) -> list[str]:
+    """Optional: the manifest's warnings from the input accounting (runs on a worker, after conversion).
+
+    Args:
+      config: what `configure` returned.
+      plan: what `plan` returned.
+      found: files per listing key, undecodable names, events by name.
+
+    Returns:
+      The warnings; by default one for names that are not valid UTF-8.
+    """
+    del config, plan
+    return [inputs.undecodable_warning(found.undecodable)] if found.undecodable else []
+
+  # ------------------------------------------------------------ the escape hatch
+
+  def expand_files(self, p: beam.Pipeline, common: CommonConfig, config: Any, plan: OutputPlan) -> Files | None:
+    """Optional: the Beam graph of a converter whose output is whole files, not record shards.
 
     Args:
       p: the pipeline to add the steps to.
-      common: the checked shared flags.
+      common: the checked shared flags, with the launcher's `generation`.
       config: what `configure` returned.
-      plan: what `plan` returned (its `state` included).
+      plan: what `plan` returned.
 
     Returns:
-      `Records` for the shared sink to shard and commit, or `Files` already published.
+      The `Files` published in the run's generation (core commits them), or None to take the record path.
     """
+    del p, common, config, plan
+    return None
+
+  # ------------------------------------------------------------ what core runs
 
   def output_spec(self, common: CommonConfig, plan: OutputPlan) -> OutputSpec:
-    """Where and how the run writes its output (what `ConvertShards` and the sinks need).
+    """Where and how the run writes its output (what `ConvertShards` and the commit need).
 
     Args:
       common: the shared flags, with the launcher's `generation` and `expected`.
@@ -204,7 +311,7 @@ class Converter(abc.ABC):
         keep_replaced_seconds=common.keep_replaced_seconds, fingerprint=plan.fingerprint)
 
   def build(self, p: beam.Pipeline, common: CommonConfig, config: Any) -> beam.PCollection:
-    """Adds the whole conversion to `p`: plan, expand, then write and commit.
+    """Adds the whole conversion to `p`: plan, then the record path (or the converter's files), then the commit.
 
     Args:
       p: the pipeline to add the steps to.
@@ -222,15 +329,67 @@ class Converter(abc.ABC):
     if common.mode == "append" and is_output(common.output):
       check_append(load_manifest(common.output), plan.features, common.file_format, common.name, plan.source)
     spec = self.output_spec(common, plan)
-    out = self.expand(p, common, config, plan)
-    if isinstance(out, Files):
-      return out.files | "Commit" >> CommitFiles(spec, graph=out.graph)
-    if isinstance(out, ShardsWritten):
-      return {"results": out.results, "rejects": out.rejects} | "Finalize" >> FinalizeShards(
-          spec, out.planned, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features,
-          append=out.append)
-    return {"records": out.records, "rejects": out.rejects} | "Write" >> WriteOutput(
-        spec, summary=out.summary, launcher_rejects=plan.launcher_rejects, features=out.features)
+    files = self.expand_files(p, common, config, plan)
+    if files is not None:
+      return files.files | "Commit" >> CommitFiles(spec, graph=files.graph)
+    return _record_path(self, p, common, config, plan, spec)
+
+
+def _record_path(converter: Converter, p: beam.Pipeline, common: CommonConfig, config: Any, plan: OutputPlan,
+                 spec: OutputSpec) -> beam.PCollection:
+  """sources → listing → plan units → shard plan → ConvertShards → accounting → Finalize (the commit)."""
+  sources = converter.sources(common, config, plan)
+  units_converter = converter.unit_converter(common, config, plan)
+  extra = Units(None)
+  listing = None  # the launcher's listing accounting, when it listed
+  if sources.units is not None:  # nothing to list
+    units = list(sources.units)
+    listing_rejects = p | "ListingRejects" >> beam.Create([])
+    listing = shards.ListingCounts({}, 0, 0, 0)
+  else:
+    listed = None
+    if not sources.on_workers and common.plan != "workers":
+      listed = shards.list_at_launch(sources.folders, common.read_policy.retry_seconds, sources.root,
+                                     shards.LAUNCHER_LISTING_LIMIT if common.plan == "auto" else None)
+    if listed is not None:  # planned here
+      units = [converter.plan_unit(config, f) for f in listed.files]
+      listing_rejects = p | "ListingRejects" >> beam.Create(
+          [Reject(f.path, reason, shards.split_of_key(key)) for key, f, reason in listed.rejects])
+      listing = listed.counts
+    else:  # planned on the workers
+      on_workers = shards.list_on_workers(p, sources.folders, common.read_policy.retry_seconds, sources.root)
+      extra = converter.expand_units(p, on_workers, common, config, plan)
+      units = extra.units
+      listing_rejects = on_workers.rejects | "ListingRejects" >> beam.MapTuple(
+          lambda key, f, reason: Reject(f.path, reason, shards.split_of_key(key)))
+      listing = beam.pvalue.AsSingleton(on_workers.counts)
+  planned = plan_shards(p, units, spec, common.workers, units_converter)
+  done = planned.tasks | "Convert" >> ConvertShards(
+      units_converter, spec, converter.prog, totals=planned.totals, processes=common.processes,
+      **extra.side_inputs)
+
+  summary = (
+      p
+      | "SummaryTrigger" >> beam.Create([None])
+      | "Summarize" >> beam.Map(
+          _summarize, converter=converter, config=config, plan=plan,
+          fixed=len(plan.launcher_rejects) + (sources.num_inputs if sources.units is not None else 0),
+          counts=listing, events=beam.pvalue.AsIter(done.events),
+          num_inputs=None if extra.num_inputs is None else beam.pvalue.AsSingleton(extra.num_inputs),
+          warnings=None if extra.warnings is None else beam.pvalue.AsList(extra.warnings)))
+  rejects = [done.rejects, listing_rejects] + ([extra.rejects] if extra.rejects is not None else [])
+  return {"results": done.results, "rejects": rejects | "AllRejects" >> beam.Flatten()} | "Finalize" >> FinalizeShards(
+      spec, planned.planned, summary=summary, launcher_rejects=plan.launcher_rejects, features=extra.features,
+      append=planned.append)
+
+
+def _summarize(_, converter: Converter, config: Any, plan: OutputPlan, fixed: int, counts: shards.ListingCounts,
+               events: Iterable[Event], num_inputs: int | None, warnings: Sequence[str] | None) -> InputSummary:
+  """The run's `InputSummary`: listed entries (or the units' own count) + listing and launcher rejects,
+  and the warnings (the converter's, from the accounting, and those its units stage made)."""
+  found = Found(counts.per_key, counts.undecodable, collections.Counter(e.name for e in events))
+  total = (counts.files if num_inputs is None else num_inputs) + counts.rejects + fixed
+  return InputSummary(total, (*converter.warnings(config, plan, found), *sorted(set(warnings or ()))))
 
 
 # Settings (the manifest's `source` keys) an append may change: where the input is, the order
@@ -277,13 +436,6 @@ def check_append(current: Manifest, features: Features, file_format: str, name: 
     elif old != new:
       raise UsageError(f"--mode=append: feature {k!r} would change from {old} to {new}; the flags must give the "
                        "output's layout (or run --mode=rebuild)")
-
-
-class Event(NamedTuple):
-  """Something a unit's conversion noticed that the converter counts for its summary
-  (for example "multi_frame"); it is neither a record nor a reject."""
-
-  name: str
 
 
 class UnitConverter(abc.ABC):
@@ -340,54 +492,6 @@ class UnitConverter(abc.ABC):
     """
 
 
-class _ConvertUnitsFn(beam.DoFn):
-  def __init__(self, converter: UnitConverter, namespace: str):
-    self._converter = converter
-    self._namespace = namespace
-
-  def setup(self):
-    self._converter.setup()
-    self._units = Metrics.counter(self._namespace, "units_converted")
-    self._records = Metrics.counter(self._namespace, "records_made")
-    self._rejects = Metrics.counter(self._namespace, "rejects_made")
-
-  def process(self, unit, **side_inputs):
-    self._units.inc()
-    for out in self._converter.convert(unit, **side_inputs):
-      if isinstance(out, Reject):
-        self._rejects.inc()
-        yield beam.pvalue.TaggedOutput("rejects", out)
-      elif isinstance(out, Event):
-        yield beam.pvalue.TaggedOutput("events", out)
-      else:
-        self._records.inc()
-        yield out
-
-
-class ConvertUnits(beam.PTransform):
-  """PCollection[unit] → (records, rejects, events): each unit converted by `converter` on some worker.
-
-      converted = units | ConvertUnits(MyUnitConverter(...), namespace="pipelines.my_folder")
-      converted.records, converted.rejects, converted.events
-
-  `side_inputs` are passed to `convert` by name (Beam side inputs, e.g. AsSingleton).
-  The units are spread over workers first (a Reshuffle): listing hands them out unevenly.
-  """
-
-  def __init__(self, converter: UnitConverter, namespace: str, reshuffle: bool = True, **side_inputs):
-    super().__init__()
-    self._converter = converter
-    self._namespace = namespace
-    self._reshuffle = reshuffle
-    self._side_inputs = side_inputs
-
-  def expand(self, units):
-    if self._reshuffle:
-      units = units | "Spread" >> beam.Reshuffle()
-    return units | "Convert" >> beam.ParDo(
-        _ConvertUnitsFn(self._converter, self._namespace), **self._side_inputs).with_outputs("rejects", "events", main="records")
-
-
 def counters(namespace: str, *names: str) -> types.SimpleNamespace:
   """Beam counters by name, for a DoFn's or UnitConverter's `setup`.
 
@@ -402,18 +506,3 @@ def counters(namespace: str, *names: str) -> types.SimpleNamespace:
     A namespace with one `Metrics.counter` attribute per name.
   """
   return types.SimpleNamespace(**{n: Metrics.counter(namespace, n) for n in names})
-
-
-def summary_of(p: beam.Pipeline, count: beam.PCollection, warnings: Sequence[str] = ()) -> beam.PCollection:
-  """A PCollection of one `InputSummary` from a PCollection holding the number of input units.
-
-  Args:
-    p: the pipeline to add the steps to.
-    count: a PCollection of one int, the number of input units found.
-    warnings: the summary's warnings, recorded in the manifest.
-
-  Returns:
-    A PCollection of one `InputSummary`, for `Records.summary`.
-  """
-  return (p | "SummaryTrigger" >> beam.Create([None])
-          | "Summarize" >> beam.Map(lambda _, n: InputSummary(n, tuple(warnings)), n=beam.pvalue.AsSingleton(count)))

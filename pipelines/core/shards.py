@@ -7,8 +7,7 @@ The record converters' path at scale (docs/dataflow.md):
 1. **The plan.** Every input unit has a `PlanUnit`: its split, the key of the
    record it will make (unique in the split), what the converter needs to
    convert it, and an estimate of its output bytes. Its sort key is
-   `sink.sort_key(seed, split, key)`, the same 16-byte hash the record sink
-   orders records by, so the order is a pure function of the seed and the keys:
+   `sort_key(seed, split, key)`, a 16-byte hash, so the order is a pure function of the seed and the keys:
    the same on every runner and for any worker count. Per split, the units
    sorted by sort key are cut into shards whose unit counts differ by at most
    one. A shard's record count may end lower by the units it rejected; the
@@ -62,15 +61,29 @@ from formats.storage import files as fs
 from formats.features import Features
 from formats.manifest import ShardInfo, SplitInfo
 from formats.outputs.output import is_output
-from pipelines.core import reuse
+from pipelines.core import inputs, reuse
 from pipelines.core.progress import Progress
-from pipelines.core.sink import (
-    _NAMESPACE, InputSummary, OutputSpec, Record, Reject, commit_records, sort_key, write_shard)
+from pipelines.core.records import METRICS_NAMESPACE, Event, InputSummary, Record, Reject
+from pipelines.core.sink import OutputSpec, commit_records, write_shard
 
 MIN_SHARD_BYTES = 4 << 20  # automatic shard counts stop at 2 per worker or at shards this small
 BUCKET_BITS = 16
 NUM_BUCKETS = 1 << BUCKET_BITS
 _log = logging.getLogger(__name__)
+
+
+def sort_key(seed: int, split: str, key: str) -> bytes:
+  """16 bytes that order the records of a split; a pure function of its inputs.
+
+  Args:
+    seed: the run's --seed.
+    split: the record's split.
+    key: the record's key, unique within the split.
+
+  Returns:
+    A 16-byte BLAKE2b digest: the same inputs give the same order on every run.
+  """
+  return hashlib.blake2b(f"{seed}\0{split}\0{key}".encode("utf-8"), digest_size=16).digest()
 
 
 class PlanUnit(NamedTuple):
@@ -422,11 +435,11 @@ class _ConvertShardFn(beam.DoFn):
     self._converter.setup()
     self._progress = Progress(self._namespace, "convert_shards", total_units=self._totals[0],
                               total_bytes=self._totals[1], processes=self._processes, run=self._spec.generation)
-    self._shards = Metrics.counter(_NAMESPACE, "shards_written")
-    self._records_out = Metrics.counter(_NAMESPACE, "records_written")
-    self._bytes_out = Metrics.counter(_NAMESPACE, "bytes_written")
+    self._shards = Metrics.counter(METRICS_NAMESPACE, "shards_written")
+    self._records_out = Metrics.counter(METRICS_NAMESPACE, "records_written")
+    self._bytes_out = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
     self._rejects_out = Metrics.counter(self._namespace, "rejects_made")
-    self._reused = Metrics.counter(_NAMESPACE, "shards_reused")
+    self._reused = Metrics.counter(METRICS_NAMESPACE, "shards_reused")
 
   def process(self, task: ShardTask, **side_inputs):
     plan_totals = side_inputs.pop(_TOTALS, None)
@@ -510,8 +523,6 @@ class _ConvertShardFn(beam.DoFn):
 
   def _reused_shard(self, task: ShardTask, record: reuse.ShardRecord, info: ShardInfo, carried: bool = False):
     """What a reused shard reports: its earlier accounting, as if it had been converted now."""
-    # Imported here: converter.py imports this module (the Event type lives there).
-    from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
     reuse.write_record(self._spec.output, self._spec.generation, record)
     self._published()
     if carried:  # not part of the plan's totals (those count the units to convert)
@@ -542,8 +553,6 @@ class _ConvertShardFn(beam.DoFn):
       _OutOfOrder: (stream) a record's sort key is below the previous one's.
       RuntimeError: a unit made nothing, a record of another split, or two records share a key.
     """
-    # Imported here: converter.py imports this module (the Event type lives there).
-    from pipelines.core.converter import Event  # pylint: disable=import-outside-toplevel
     spec, split = self._spec, task.split
     buffered: list[tuple[bytes, bytes]] = []
     last = None
@@ -703,7 +712,7 @@ class FinalizeShards(beam.PTransform):
   """results (PCollection[ShardResult]) + rejects → the committed manifest (a PCollection of one dict).
 
   `planned` is a PCollection of (split, shard count) for every planned split;
-  `summary` and `features` as in `sink.WriteOutput`; `append` a PCollection of one
+  `summary` a PCollection of one `InputSummary` (None: not checked), `features` one of `Features` when the schema is known only at run time; `append` a PCollection of one
   `AppendSummary` when the run appends (`Planned.append`).
   """
 
@@ -738,11 +747,79 @@ PLAN_MODES = ("auto", "launcher", "workers")
 LAUNCHER_LISTING_LIMIT = 2_000_000
 
 
-class ListedAtLaunch(NamedTuple):
-  """The launcher's listing: files as (key, InputFile, size) and rejects as (key, InputFile, reason)."""
+class ListedFile(NamedTuple):
+  """One listed input file, as `Converter.plan_unit` receives it."""
 
-  files: list
+  key: Any  # the key of the folder it was listed in (`Sources.folders`)
+  file: inputs.InputFile
+  size: int  # bytes, as listed
+  split: str  # the key's split
+  rel: str  # its path relative to the input root (`Sources.root`)
+
+
+def split_of_key(key) -> str:
+  """The split a listing key names: the key itself, or the first item of a tuple key."""
+  return key[0] if isinstance(key, tuple) else key
+
+
+def _listed_file(key, f: inputs.InputFile, size: int, prefix: str) -> ListedFile:
+  return ListedFile(key, f, size, split_of_key(key), f.path[len(prefix):] if f.path.startswith(prefix) else f.path)
+
+
+def _prefix(root: str | None) -> str:
+  return inputs.printable(root).rstrip("/") + "/" if root else ""
+
+
+class ListingCounts(NamedTuple):
+  """A listing's accounting: files per key, the counts of files and rejects, and undecodable names."""
+
+  per_key: Mapping[Any, int]
+  files: int
+  rejects: int
+  undecodable: int
+
+
+class _CountListing(beam.CombineFn):
+  """("file" | "reject", key, undecodable) per listed entry → `ListingCounts` (also run in-process at launch)."""
+
+  def create_accumulator(self):
+    return collections.Counter(), 0, 0
+
+  def add_input(self, acc, event):
+    per_key, rejects, undecodable = acc
+    kind, key, is_undecodable = event
+    if kind == "file":
+      per_key[key] += 1
+    else:
+      rejects += 1
+    return per_key, rejects, undecodable + int(is_undecodable)
+
+  def merge_accumulators(self, accs):
+    per_key, rejects, undecodable = collections.Counter(), 0, 0
+    for counts, r, u in accs:
+      per_key.update(counts)
+      rejects, undecodable = rejects + r, undecodable + u
+    return per_key, rejects, undecodable
+
+  def extract_output(self, acc):
+    per_key, rejects, undecodable = acc
+    return ListingCounts(dict(per_key), sum(per_key.values()), rejects, undecodable)
+
+
+def _count_in_process(events: Iterable[tuple]) -> ListingCounts:
+  fn = _CountListing()
+  acc = fn.create_accumulator()
+  for e in events:
+    acc = fn.add_input(acc, e)
+  return fn.extract_output(acc)
+
+
+class ListedAtLaunch(NamedTuple):
+  """The launcher's listing: the files, the rejects as (key, InputFile, reason), and its accounting."""
+
+  files: list[ListedFile]
   rejects: list
+  counts: ListingCounts
 
 
 def list_at_launch(folders: Sequence[tuple[Any, str]], budget: float, input_root: str | None,
@@ -752,14 +829,14 @@ def list_at_launch(folders: Sequence[tuple[Any, str]], budget: float, input_root
   Args:
     folders: the folders to list, each with the key its files carry.
     budget: seconds to retry transient listing errors.
-    input_root: the input root (a link into another part of it is a reject).
+    input_root: the input root (relative paths start below it; a link into another part of it is a reject).
     limit: the most files listed here; None for no limit.
 
   Returns:
     The listing, or None when it would exceed `limit` (the workers list it instead).
   """
-  from pipelines.core import inputs  # pylint: disable=import-outside-toplevel
   files, rejects = [], []
+  prefix = _prefix(input_root)
   progress = Progress("toolkit", "list_at_launch")
   for key, folder in folders:
     try:  # stops as soon as the limit is passed, not after the folder
@@ -767,10 +844,47 @@ def list_at_launch(folders: Sequence[tuple[Any, str]], budget: float, input_root
     except inputs.TooManyFiles:
       _log.info("more than %d files: the workers list the input and plan the shards", limit)
       return None
-    files.extend((key, f, size) for f, size in zip(listing.files, listing.sizes, strict=True))
+    files.extend(_listed_file(key, f, size, prefix) for f, size in zip(listing.files, listing.sizes, strict=True))
     rejects.extend((key, f, reason) for f, reason in listing.rejects)
     progress.add(units=len(listing.files))
-  return ListedAtLaunch(files, rejects)
+  counts = _count_in_process([*(("file", f.key, f.file.undecodable) for f in files),
+                              *(("reject", key, f.undecodable) for key, f, _ in rejects)])
+  return ListedAtLaunch(files, rejects, counts)
+
+
+class ListedOnWorkers(NamedTuple):
+  """The workers' listing: PCollections of `ListedFile`s, of rejects (key, InputFile, reason), and of one
+  `ListingCounts`."""
+
+  files: beam.PCollection
+  rejects: beam.PCollection
+  counts: beam.PCollection
+
+
+def list_on_workers(p: beam.Pipeline, folders: Sequence[tuple[Any, str]], budget: float,
+                    input_root: str | None) -> ListedOnWorkers:
+  """Lists `folders` ((key, location) each) on the workers (`inputs.ListFiles`).
+
+  Args:
+    p: the pipeline.
+    folders: the folders to list, each with the key its files carry.
+    budget: seconds to retry transient listing errors.
+    input_root: the input root, as for `list_at_launch`.
+
+  Returns:
+    The listing.
+  """
+  prefix = _prefix(input_root)
+  listed = (p
+            | "InputFolders" >> beam.Create([(key, inputs.InputFile.of(f)) for key, f in folders])
+            | "ListFiles" >> inputs.ListFiles(budget, input_root=input_root, with_sizes=True))
+  files = listed.files | "ListedFiles" >> beam.Map(lambda t, prefix: _listed_file(*t, prefix), prefix)
+  counts = (
+      (files | "FileEvents" >> beam.Map(lambda f: ("file", f.key, f.file.undecodable)),
+       listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, _: ("reject", key, f.undecodable)))
+      | "ListingEvents" >> beam.Flatten()
+      | "CountListing" >> beam.CombineGlobally(_CountListing()))
+  return ListedOnWorkers(files, listed.rejects, counts)
 
 
 class AppendSummary(NamedTuple):

@@ -35,11 +35,11 @@ from formats import naming
 from formats.features import Features, Tensor, Text
 from formats.outputs.output import is_output, load_manifest
 from pipelines.core import flags, inputs
-from pipelines.core.converter import Converter, OutputPlan, ShardsWritten, UnitConverter, counters
+from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter, Units, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.shards import ConvertShards, PlanUnit, plan_shards
-from pipelines.core.sink import InputSummary, Record, Reject
+from pipelines.core.records import Record, Reject
+from pipelines.core.shards import ListedOnWorkers, PlanUnit
 from pipelines.ct_volumes.assembly import (
     DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
 from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, read_slices, salted_hash
@@ -279,13 +279,6 @@ def _volume_dtype(needs_float: bool, policy: str) -> str:
   return policy
 
 
-def _summarize(_, num_files: int, num_undecodable: int, warnings: list[str]) -> InputSummary:
-  warnings = sorted(set(warnings))
-  if num_undecodable:
-    warnings.append(inputs.undecodable_warning(num_undecodable))
-  return InputSummary(num_files, tuple(warnings))
-
-
 @dataclasses.dataclass(frozen=True)
 class CtVolumesConfig:
   """The CT converter's own flags, checked."""
@@ -352,32 +345,29 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
                 "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
                 "max_volume_voxels": config.max_volume_voxels})
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: CtVolumesConfig,
-             plan: OutputPlan) -> ShardsWritten:
-    """See Converter.expand: headers per file, grouped into series and planned; the series are then the
-    units of a shard plan, and each shard's series are read, assembled, encoded and written in one step.
+  def sources(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> Sources:
+    """See Converter.sources: the whole input tree, listed on the workers (a series is known only after
+    its files' headers are read: `expand_units`)."""
+    return Sources(folders=[("", common.input)], on_workers=True)
 
-    Only headers and plans (paths, geometry) cross a stage: no volume is shuffled.
+  def expand_units(self, p: beam.Pipeline, listed: ListedOnWorkers, common: CommonConfig, config: CtVolumesConfig,
+                   plan: OutputPlan) -> Units:
+    """See Converter.expand_units: headers per file (no pixel data), grouped into series and planned; each
+    series' `VolumePlan` is a unit. Only headers and plans (paths, geometry) cross a stage: no volume is shuffled.
 
     Args:
       p: the pipeline the steps are added to.
-      common: the input tree, the read policy and the workers.
+      listed: every file of the tree, and the listing's rejects (their names may be undecodable too).
+      common: the read policy.
       config: the salt, splits, dtype policy, tolerance and size limits.
-      plan: the features and splits of the output spec (CT lists its whole tree on the workers).
+      plan: not read (the features are settled here, at run time).
 
     Returns:
-      The shards written, the rejected files, the frame accounting and the run-time schema.
+      The series' units, the files rejected on the way, the frames counted, the slice-order warnings,
+      the volume dtype and the raw bytes of undecodable names (side inputs of `_VolumeUnits`), and the schema.
     """
-    spec = self.output_spec(common, plan)
-    features_by_dtype = {d: volume_features(d) for d in ("int16", "float32")}
-    read_policy = common.read_policy
-    listed = (
-        p
-        | "InputFolder" >> beam.Create([("", inputs.InputFile.of(common.input))])
-        | "ListFiles" >> inputs.ListFiles(read_policy.retry_seconds)
-    )
-    files = listed.files | "DropKey" >> beam.Values() | "SpreadFiles" >> beam.Reshuffle()
-    listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(lambda _, f, reason: Reject(f.path, reason))
+    del plan
+    files = listed.files | "InputFiles" >> beam.Map(lambda f: f.file) | "SpreadFiles" >> beam.Reshuffle()
     names = ((files, listed.rejects | "RejectNames" >> beam.MapTuple(lambda _, f, reason: f))
              | "AllNames" >> beam.Flatten())
     raw_paths = (
@@ -386,7 +376,7 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
     )
     headers = files | "ReadHeaders" >> beam.ParDo(
-        _ReadHeadersFn(config.salt, read_policy, config.max_file_bytes)).with_outputs(
+        _ReadHeadersFn(config.salt, common.read_policy, config.max_file_bytes)).with_outputs(
             _ReadHeadersFn.REJECTS, main="slices")
     planned = (
         headers.slices
@@ -400,34 +390,27 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         | "AnyNeedsFloat" >> beam.CombineGlobally(any)
         | "VolumeDtype" >> beam.Map(_volume_dtype, config.volume_dtype)
     )
-    units = planned.plans | "SeriesUnits" >> beam.Map(plan_unit, config.splits, config.volume_dtype)
-    converter = _VolumeUnits(config.splits, features_by_dtype, read_policy, config.max_volume_voxels)
-    shard_plan = plan_shards(p, units, spec, common.workers, converter)
-    volumes = shard_plan.tasks | "ReadVolumes" >> ConvertShards(
-        converter, spec, PIPELINE,
-        totals=shard_plan.totals, processes=common.processes,
-        dtype=beam.pvalue.AsSingleton(dtype), raw_paths=beam.pvalue.AsDict(raw_paths))
-    rejects = (
-        (headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], volumes.rejects, listing_rejects)
-        | "AllRejects" >> beam.Flatten()
-    )
-    num_frames = (
+    num_inputs = (  # frames, and the files whose header was rejected
         (headers.slices | "Frames" >> beam.Map(lambda kv: 1),
-         headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1),
-         listing_rejects | "RejectedEntries" >> beam.Map(lambda r: 1))
+         headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1))
         | "Units" >> beam.Flatten()
         | "CountUnits" >> beam.CombineGlobally(sum)
     )
-    warnings = planned.plans | "FallbackWarnings" >> beam.FlatMap(
-        lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
-        if plan.sorted_by != "position" else [])
-    summary = (
-        p
-        | "SummaryTrigger" >> beam.Create([None])
-        | "Summarize" >> beam.Map(_summarize, num_files=beam.pvalue.AsSingleton(num_frames),
-                                  num_undecodable=beam.pvalue.AsSingleton(
-                                      raw_paths | "CountUndecodable" >> beam.combiners.Count.Globally()),
-                                  warnings=beam.pvalue.AsList(warnings))
-    )
-    features = dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d])
-    return ShardsWritten(volumes.results, shard_plan.planned, rejects, summary, features, shard_plan.append)
+    features_by_dtype = _features_by_dtype()
+    return Units(
+        units=planned.plans | "SeriesUnits" >> beam.Map(plan_unit, config.splits, config.volume_dtype),
+        rejects=(headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS]) | "UnitRejects" >> beam.Flatten(),
+        num_inputs=num_inputs,
+        warnings=planned.plans | "FallbackWarnings" >> beam.FlatMap(
+            lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
+            if plan.sorted_by != "position" else []),
+        side_inputs={"dtype": beam.pvalue.AsSingleton(dtype), "raw_paths": beam.pvalue.AsDict(raw_paths)},
+        features=dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d]))
+
+  def unit_converter(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> UnitConverter:
+    """See Converter.unit_converter: a series' plan → its volume's record, or rejects for its files."""
+    return _VolumeUnits(config.splits, _features_by_dtype(), common.read_policy, config.max_volume_voxels)
+
+
+def _features_by_dtype() -> dict[str, Features]:
+  return {d: volume_features(d) for d in ("int16", "float32")}

@@ -6,7 +6,7 @@ import os
 
 from formats.storage import files as fs
 from pipelines.core import inputs
-from pipelines.core.sink import Reject
+from pipelines.core.records import Reject
 
 DEFAULT_SPLIT = "train"
 

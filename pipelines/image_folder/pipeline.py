@@ -15,24 +15,21 @@ counted in the manifest; the pipeline goes on.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 import logging
 import time
 
-import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats import naming
 from formats.outputs.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
-from pipelines.core import flags, inputs, shards
-from pipelines.core.converter import Converter, Event, OutputPlan, ShardsWritten, UnitConverter, counters
+from pipelines.core import flags, inputs
+from pipelines.core.converter import Converter, Found, OutputPlan, Sources, UnitConverter, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.shards import ConvertShards, ListedAtLaunch, PlanUnit, list_at_launch, plan_shards
-from pipelines.core.sink import InputSummary, Record, Reject
+from pipelines.core.records import Event, Record, Reject
+from pipelines.core.shards import ListedFile, PlanUnit
 from pipelines.image_folder import imaging
 from pipelines.image_folder.layout import InputLayout
 
@@ -149,47 +146,6 @@ def multi_frame_warning(count: int) -> str:
   return f"{count} multi-frame image{'s' if count != 1 else ''}: first frame kept"
 
 
-class _InputCounts(beam.CombineFn):
-  """Events of the workers' listing → (files per (split, class), listing rejects, undecodable names):
-  one combine for the listing's accounting."""
-
-  def create_accumulator(self):
-    return collections.Counter(), 0, 0
-
-  def add_input(self, acc, event):
-    per_folder, rejects, undecodable = acc
-    kind, key, is_undecodable = event
-    if kind == "file":
-      per_folder[key] += 1
-    else:
-      rejects += 1
-    return per_folder, rejects, undecodable + int(is_undecodable)
-
-  def merge_accumulators(self, accs):
-    per_folder, totals = collections.Counter(), [0, 0]
-    for counts, *rest in accs:
-      per_folder.update(counts)
-      totals = [t + r for t, r in zip(totals, rest)]
-    return (per_folder, *totals)
-
-  def extract_output(self, acc):
-    return dict(acc[0]), acc[1], acc[2]
-
-
-def _summarize_inputs(_, counts, events, folders, num_launcher_rejects, num_launcher_undecodable) -> InputSummary:
-  """Entries found (files + listing rejects + launcher rejects), a warning per empty
-  class folder, one for names that are not valid UTF-8 and one for multi-frame files
-  (the conversion's events, read as an iterable side input: never held as a list)."""
-  per_folder, num_listing_rejects, num_undecodable = counts
-  num_multi_frame = sum(1 for _ in events)
-  warnings = [f"empty class folder: {folder}" for split, cls, folder in folders if not per_folder.get((split, cls))]
-  if num_undecodable + num_launcher_undecodable:
-    warnings.append(inputs.undecodable_warning(num_undecodable + num_launcher_undecodable))
-  if num_multi_frame:
-    warnings.append(multi_frame_warning(num_multi_frame))
-  return InputSummary(sum(per_folder.values()) + num_listing_rejects + num_launcher_rejects, tuple(warnings))
-
-
 class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions,
                   input_kind="a folder of class folders"):
   """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
@@ -247,97 +203,36 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
             "jpeg_quality": opts.jpeg_quality, "seed": common.seed, "num_shards": common.num_shards,
         },
         launcher_rejects=tuple(layout.launcher_rejects()),
-        state=_Found(layout, self._list_at_launch(common, layout, splits)),
+        state=layout,
     )
 
-  @staticmethod
-  def _list_at_launch(common: CommonConfig, layout: InputLayout, splits) -> ListedAtLaunch | None:
-    """The class folders' files, listed here unless `--plan` says the workers list them."""
-    if common.plan == "workers":
-      return None
-    folders = [((s, inputs.printable(c)), layout.folder(s, c)) for s in splits for c in layout.class_dirs[s]]
-    limit = shards.LAUNCHER_LISTING_LIMIT if common.plan == "auto" else None
-    return list_at_launch(folders, common.read_policy.retry_seconds, layout.root, limit)
+  def sources(self, common: CommonConfig, config: ImageFolderConfig, plan: OutputPlan) -> Sources:
+    """See Converter.sources: every class folder, keyed (split, class name)."""
+    layout: InputLayout = plan.state
+    return Sources(folders=[((s, inputs.printable(c)), layout.folder(s, c)) for s in plan.splits
+                            for c in layout.class_dirs[s]], root=layout.root)
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: ImageFolderConfig,
-             plan: OutputPlan) -> ShardsWritten:
-    """See Converter.expand: shards planned from the listing, each converted and written in one step.
+  def plan_unit(self, config: ImageFolderConfig, listed: ListedFile) -> PlanUnit:
+    """See Converter.plan_unit: the file is the unit, estimated at its converted size (`_estimated_bytes`)."""
+    return PlanUnit(listed.split, listed.rel, (listed.key, listed.file), _estimated_bytes(listed.size, config.image))
 
-    The launcher lists the class folders and plans the shards (`--plan=auto` up to
-    `shards.LAUNCHER_LISTING_LIMIT` files, or `--plan=launcher`); beyond that, or
-    with `--plan=workers`, the workers list them and plan in bounded memory
-    (pipelines/core/shards.py). Either way one worker converts, writes and
-    publishes each shard; no image crosses a stage.
+  def unit_converter(self, common: CommonConfig, config: ImageFolderConfig, plan: OutputPlan) -> UnitConverter:
+    """See Converter.unit_converter: one image file → its record, or a reject."""
+    layout: InputLayout = plan.state
+    return _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy)
 
-    Args:
-      p: the pipeline the steps are added to.
-      common: the read policy, the plan mode and the workers.
-      config: the image options each file is converted with.
-      plan: its `state` is the `_Found` at launch (layout, and the listing when made there).
-
-    Returns:
-      The shards written, their rejects and the input accounting (files per class folder).
-    """
-    found: _Found = plan.state
-    layout = found.layout
-    spec = self.output_spec(common, plan)
-    folders = [(s, c, layout.folder(s, c)) for s in plan.splits for c in layout.class_dirs[s]]
-    prefix = inputs.printable(layout.root).rstrip("/") + "/"
-    estimate = functools.partial(_estimated_bytes, options=config.image)
-
-    def unit_of(key, f, size):
-      return PlanUnit(key[0], f.path[len(prefix):], (key, f), estimate(size))
-
-    units = _ImageUnits(layout.root, layout.class_names, plan.features, config.image, common.read_policy)
-    if found.listed is not None:  # planned here
-      listed = found.listed
-      planned = plan_shards(p, [unit_of(*t) for t in listed.files], spec, common.workers, units)
-      listing_rejects = p | "ListingRejects" >> beam.Create(
-          [Reject(f.path, reason, key[0]) for key, f, reason in listed.rejects])
-      per_folder = collections.Counter(key for key, _, _ in listed.files)
-      undecodable = sum(f.undecodable for _, f, _ in listed.files) + sum(f.undecodable for _, f, _ in listed.rejects)
-      launch_counts = (dict(per_folder), len(listed.rejects), undecodable)
-    else:  # planned on the workers
-      listed = (
-          p
-          | "ClassFolders" >> beam.Create(
-              [((s, inputs.printable(c)), inputs.InputFile.of(f)) for s, c, f in folders])
-          | "ListFiles" >> inputs.ListFiles(common.read_policy.retry_seconds, input_root=layout.root,
-                                            with_sizes=True)
-      )
-      planned = plan_shards(p, listed.files | "PlanUnits" >> beam.MapTuple(unit_of), spec, common.workers, units)
-      listing_rejects = listed.rejects | "ListingRejects" >> beam.MapTuple(
-          lambda key, f, reason: Reject(f.path, reason, key[0]))
-    done = planned.tasks | "Convert" >> ConvertShards(
-        units, spec, PIPELINE, totals=planned.totals, processes=common.processes)
-    if found.listed is not None:  # the listing's accounting is known here
-      counts = launch_counts
-    else:
-      counts = beam.pvalue.AsSingleton(
-          (listed.files | "FileEvents" >> beam.MapTuple(lambda key, f, _: ("file", key, f.undecodable)),
-           listed.rejects | "RejectEvents" >> beam.MapTuple(lambda key, f, reason: ("reject", key, f.undecodable)))
-          | "ListingEvents" >> beam.Flatten()
-          | "CountInputs" >> beam.CombineGlobally(_InputCounts())
-      )
-    summary = (
-        p
-        | "SummaryTrigger" >> beam.Create([None])
-        | "SummarizeInputs" >> beam.Map(
-            _summarize_inputs, counts=counts, events=beam.pvalue.AsIter(done.events),
-            num_launcher_undecodable=layout.num_undecodable(),
-            folders=[(s, inputs.printable(c), inputs.printable(f)) for s, c, f in folders],
-            num_launcher_rejects=len(plan.launcher_rejects))
-    )
-    rejects = (done.rejects, listing_rejects) | "AllRejects" >> beam.Flatten()
-    return ShardsWritten(done.results, planned.planned, rejects, summary, append=planned.append)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Found:
-  """What the launcher found: the layout, and the listing when it was made at launch (else None)."""
-
-  layout: InputLayout
-  listed: ListedAtLaunch | None
+  def warnings(self, config: ImageFolderConfig, plan: OutputPlan, found: Found) -> list[str]:
+    """See Converter.warnings: empty class folders, names that are not UTF-8 (the launcher's too), and
+    multi-frame files (first frame kept)."""
+    layout: InputLayout = plan.state
+    out = [f"empty class folder: {inputs.printable(layout.folder(s, c))}" for s in plan.splits
+           for c in layout.class_dirs[s] if not found.per_key.get((s, inputs.printable(c)))]
+    undecodable = found.undecodable + layout.num_undecodable()
+    if undecodable:
+      out.append(inputs.undecodable_warning(undecodable))
+    if found.events.get("multi_frame"):
+      out.append(multi_frame_warning(found.events["multi_frame"]))
+    return out
 
 
 def _estimated_bytes(size: int, options: imaging.ImageOptions) -> int:

@@ -31,16 +31,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from formats.storage import files as fs
 from formats.features import Features
-from pipelines.core.converter import ConvertUnits, Converter, Files, OutputPlan, Records
-from pipelines.core.errors import UsageError
 from pipelines.core import flags
+from pipelines.core.converter import Converter, Files, OutputPlan, Sources, UnitConverter
+from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig, ConverterOptions, common_config, dataset_name
-from pipelines.core.sink import InputSummary
 from pipelines.ogb_graphs.assemble import (
     PARTS_DIR, _AssembleFn, _BuildPartFn, _NodeArrayFn, _ReadEdgesFn, all_partitions, node_piece_identity,
     node_units, reusable_node_pieces)
-from pipelines.ogb_graphs.plan import PIPELINE, GraphPlan, csv_path, plan_graph, read_counts
-from pipelines.ogb_graphs.property import GraphUnits, graph_features_from_plan
+from pipelines.ogb_graphs.plan import PIPELINE, GraphPlan, plan_graph
+from pipelines.ogb_graphs.property import GraphUnits, graph_features_from_plan, graph_units
 from pipelines.ogb_graphs.read import OgbMissingFileError
 from pipelines.ogb_graphs.reverse import add_reverse_relations, reverse_relations
 
@@ -157,14 +156,36 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
           source=source, kind="graph", state=plan)
     return OutputPlan(features=Features({}), splits=(), description="", source=source, state=plan)
 
-  def expand(self, p: beam.Pipeline, common: CommonConfig, config: OgbGraphsConfig, plan: OutputPlan
-             ) -> Records | Files:
+  def sources(self, common: CommonConfig, config: OgbGraphsConfig, plan: OutputPlan) -> Sources:
+    """See Converter.sources (graph-property sets): one unit per graph, planned here from the count files."""
+    units = graph_units(plan.state, plan.features)
+    return Sources(units=units, num_inputs=len(units))
+
+  def unit_converter(self, common: CommonConfig, config: OgbGraphsConfig, plan: OutputPlan) -> UnitConverter:
+    """See Converter.unit_converter (graph-property sets): a graph index → its record."""
+    return GraphUnits(plan.state, config.feature_dtype)
+
+  def expand_files(self, p: beam.Pipeline, common: CommonConfig, config: OgbGraphsConfig,
+                   plan: OutputPlan) -> Files | None:
+    """See Converter.expand_files: node- and link-property sets become one `.graphbin` (graph-property
+    sets take the record path: None).
+
+    Edges are read in chunks keyed by partition, each partition sorted by one worker into its
+    pieces; node arrays are written as pieces by the workers that read them; one step joins the
+    pieces into the file (pipelines/ogb_graphs/assemble.py, pieces.py).
+
+    Args:
+      p: the pipeline the steps are added to.
+      common: the output, its generation and --reuse_shards (node pieces of an earlier run are reused).
+      config: the feature dtype, --csc.
+      plan: its `state` is the `GraphPlan`.
+
+    Returns:
+      The `.graphbin`'s `FileInfo` and the manifest's graph section, or None for graph-property sets.
+    """
     graph: GraphPlan = plan.state
     if graph.layout == "graphs":
-      converted = p | "Start" >> beam.Create([None]) | "ReadGraphs" >> ConvertUnits(
-          GraphUnits(graph, config.feature_dtype), PIPELINE, reshuffle=False)
-      num_graphs = len(read_counts(csv_path(graph.root, "raw", "num-node-list.csv.gz")))
-      return Records(converted.records, converted.rejects, p | "Summary" >> beam.Create([InputSummary(num_graphs)]))
+      return None
     sources = list(graph.edge_files)
     if config.csc:
       sources += [dataclasses.replace(s, reverse=True, extras=()) for s in graph.edge_files]

@@ -1,4 +1,9 @@
-"""Graph-property data sets (ogbg-*): one record per graph, in ArrayRecord or TFRecord shards."""
+"""Graph-property data sets (ogbg-*): one record per graph, in ArrayRecord or TFRecord shards.
+
+Each graph is a unit of core's record path: `graph_units` plans them at launch from
+the count and split files (split, key, estimated bytes), and `GraphUnits` converts a
+shard's graphs on its worker, reading the data set's files (small) once per worker.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import numpy as np
 
 from formats.features import Features, Tensor
 from pipelines.core.converter import UnitConverter
-from pipelines.core.sink import Record
+from pipelines.core.records import Record
+from pipelines.core.shards import PlanUnit
 from pipelines.ogb_graphs.csr import interleave_inverse
 from pipelines.ogb_graphs.plan import GraphPlan, cast_like_ogb, csv_path, list_dir, open_input, read_counts, read_small
 from pipelines.ogb_graphs.read import OgbFormatError, OgbMissingFileError, check_rows, read_csv_chunks
@@ -77,14 +83,7 @@ def read_graph_property(plan: GraphPlan, feature_dtype: str):
   node_feat = None if node_feat is None else cast_like_ogb(node_feat, "float", feature_dtype)
   edge_feat = None if edge_feat is None else cast_like_ogb(edge_feat, "float", feature_dtype)
   label = cast_like_ogb(label, "auto", "float32")
-  split_of = {}
-  for prefix, path in plan.split_files:
-    ids = read_small(path, "int", 1)[:, 0]
-    bad = np.flatnonzero((ids < 0) | (ids >= len(num_nodes)))
-    if bad.size:
-      raise OgbFormatError(f"{path}: line {int(bad[0]) + 1}: graph id outside [0, {len(num_nodes)})")
-    for g in ids:
-      split_of[int(g)] = prefix.rsplit("/", 1)[1]
+  split_of = split_of_graphs(plan, len(num_nodes))
   features = graph_features(node_feat, edge_feat, label)
   graphs = []
   na = ea = 0
@@ -109,24 +108,93 @@ def read_graph_property(plan: GraphPlan, feature_dtype: str):
   return features, graphs, split_of
 
 
+UNASSIGNED = "unassigned"  # the split of a graph no split file names
+
+
+def split_of_graphs(plan: GraphPlan, num_graphs: int) -> dict[int, str]:
+  """{graph index: split} for every graph a split file names.
+
+  Args:
+    plan: the launcher's plan (layout "graphs").
+    num_graphs: the data set's graph count (a split file's ids must be below it).
+
+  Returns:
+    The split of each named graph.
+
+  Raises:
+    OgbFormatError: a graph id out of range.
+  """
+  split_of = {}
+  for prefix, path in plan.split_files:
+    ids = read_small(path, "int", 1)[:, 0]
+    bad = np.flatnonzero((ids < 0) | (ids >= num_graphs))
+    if bad.size:
+      raise OgbFormatError(f"{path}: line {int(bad[0]) + 1}: graph id outside [0, {num_graphs})")
+    for g in ids:
+      split_of[int(g)] = prefix.rsplit("/", 1)[1]
+  return split_of
+
+
+def graph_units(plan: GraphPlan, features: Features) -> list[PlanUnit]:
+  """One plan unit per graph (at launch, from the count and split files): its split, its key
+  (the zero-padded graph index), the index itself, and its record's bytes estimated from the schema.
+
+  Args:
+    plan: the launcher's plan (layout "graphs").
+    features: the record schema (`graph_features_from_plan`): its widths and dtypes size the estimate.
+
+  Returns:
+    The units, in graph order.
+
+  Raises:
+    OgbFormatError: a malformed count or split file, or a graph id out of range.
+  """
+  raw = csv_path(plan.root, "raw")
+  num_nodes = read_counts(csv_path(raw, "num-node-list.csv.gz"))
+  num_edges = read_counts(csv_path(raw, "num-edge-list.csv.gz"))
+  split_of = split_of_graphs(plan, len(num_nodes))
+
+  def row_bytes(name: str) -> int:
+    spec = features[name] if name in list(features) else None
+    return 0 if spec is None else int(np.prod(spec.shape[1:])) * np.dtype(spec.dtype).itemsize
+
+  edge_copies = 2 if plan.add_inverse else 1
+  per_node, per_edge = row_bytes("node_feat"), row_bytes("edge_feat") + 16
+  units = []
+  for g, (n, e) in enumerate(zip(num_nodes, num_edges)):
+    nbytes = 64 + int(n) * per_node + int(e) * edge_copies * per_edge
+    units.append(PlanUnit(split_of.get(g, UNASSIGNED), f"{g:012d}", g, nbytes))
+  return units
+
+
 class GraphUnits(UnitConverter):
-  """The whole data set is one unit (its files are small): all graphs as records."""
+  """A graph index → its record. The data set's files are read once per worker, at its first graph."""
 
   def __init__(self, plan: GraphPlan, feature_dtype: str):
     self._plan, self._feature_dtype = plan, feature_dtype
+    self._read = None
 
-  def convert(self, _) -> Iterable[Record]:
-    """See UnitConverter.convert. Graphs no split file names go to split "unassigned".
+  def __getstate__(self):
+    return {**self.__dict__, "_read": None}  # shipped without what a worker read
+
+  def listed_units(self, unit) -> int:
+    del unit
+    return 1
+
+  def convert(self, g: int) -> Iterable[Record]:
+    """See UnitConverter.convert. Graphs no split file names are in split "unassigned".
 
     Args:
-      _: the single unit (the data set); its plan was given to the constructor.
+      g: the graph's index.
 
     Raises:
       OgbFormatError: as `read_graph_property` (the whole data set fails, no rejects).
     """
-    features, graphs, split_of = read_graph_property(self._plan, self._feature_dtype)
-    for g, values in graphs:
-      yield Record(split_of.get(g, "unassigned"), f"{g:012d}", features.encode(values))
+    if self._read is None:
+      features, graphs, split_of = read_graph_property(self._plan, self._feature_dtype)
+      self._read = features, dict(graphs), split_of
+    features, graphs, split_of = self._read
+    yield Record(split_of.get(g, UNASSIGNED), f"{g:012d}", features.encode(graphs[g]))
 
 
 def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:

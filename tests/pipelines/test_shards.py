@@ -16,8 +16,10 @@ from formats import adapters
 from formats.features import Features, Text
 from formats.manifest import Manifest
 from pipelines.core import shards
-from pipelines.core.converter import Event, UnitConverter
-from pipelines.core.sink import OutputSpec, Record, Reject, sort_key
+from pipelines.core.converter import UnitConverter
+from pipelines.core.records import Event, Record, Reject
+from pipelines.core.shards import sort_key
+from pipelines.core.sink import OutputSpec
 
 
 def _units(n_by_split: dict[str, int], seed: int = 0) -> list[shards.PlanUnit]:
@@ -269,7 +271,7 @@ class _Twice(UnitConverter):
 
 
 def _finalized(tmp_path, converter, n, num_inputs):
-  from pipelines.core.sink import InputSummary
+  from pipelines.core.records import InputSummary
 
   import dataclasses
 
