@@ -173,7 +173,7 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
     _download(src, info, local, options)
     open(sections_verified, "w").close()
     open(verified, "w").close()
-  elif not os.path.exists(sections_verified):  # downloaded by an older version, which checked the sections apart
+  elif not os.path.exists(sections_verified):  # a cached copy whose sections are unchecked: checked once, here
     Graph(local, verify=True)
     open(sections_verified, "w").close()
   return _as_listed(Graph(local, verify=False), output.manifest)

@@ -15,8 +15,8 @@ the pass structure is what makes it fast, a fused loop is not):
      free local id of its node type (first occurrence wins), through a
      global -> local table that the caller owns (one per thread and node type)
      and resets after the batch. (A sparse set, never reset but checked
-     against the batch's local -> global ids, was tried: the dependent second
-     lookup per draw cost more than the reset.)
+     against the batch's local -> global ids, would cost more: its dependent
+     second lookup per draw outweighs the reset.)
 
 The feature gather copies rows by bytes, so any dtype (bfloat16 included)
 goes through the same kernel. numba is imported when a sampler is built,

@@ -2,11 +2,11 @@
 
 Two orders, both a pure function of (seed, epoch) and the batch index:
 
-* "host" (the samplers' default before the global order became it): each epoch's seeded
-  permutation of the seeds is dealt to the `shard_count` hosts in turn
-  (host h gets every shard_count-th seed from h on), and each host cuts its
-  share into batches of `batch_size`. Every host has the same number of
-  batches; the remainder of the division is left out of the epoch.
+* "host": each epoch's seeded permutation of the seeds is dealt to the
+  `shard_count` hosts in turn (host h gets every shard_count-th seed from h
+  on), and each host cuts its share into batches of `batch_size`. Every host
+  has the same number of batches; the remainder of the division is left out
+  of the epoch.
 * "global": global step i takes the next `batch_size × shard_count` seeds of
   the epoch's permutation, and host h takes its slice
   [h × batch_size, (h + 1) × batch_size) of them. The seeds of a global step do

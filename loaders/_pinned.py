@@ -22,7 +22,21 @@ from loaders._pinning import DataIdentity, StateGuard
 __all__ = ["PinnedIterDataset", "PinnedMapDataset"]
 
 
-class PinnedMapDataset(grain.MapDataset):
+class _Pinned:
+  """What both pinned datasets show: the data's identity, from the guard that stamps their iterators."""
+
+  _guard: StateGuard
+
+  @property
+  def identity(self) -> DataIdentity:
+    """The data this dataset reads."""
+    return self._guard.identity
+
+  def __str__(self) -> str:
+    return f"{type(self).__name__}({self.identity})"
+
+
+class PinnedMapDataset(_Pinned, grain.MapDataset):
   """A MapDataset of batches that keeps what its reader opened alive and stamps its iterators' states.
 
   Element i is element i of `parent`. Its iterators (`to_iter_dataset()`, or
@@ -43,11 +57,6 @@ class PinnedMapDataset(grain.MapDataset):
     super().__init__(parent)
     self._guard, self._keep, self._close = guard, tuple(keep), tuple(close)
 
-  @property
-  def identity(self) -> DataIdentity:
-    """The data this dataset reads."""
-    return self._guard.identity
-
   def __len__(self) -> int:
     return len(self._parent)
 
@@ -67,31 +76,20 @@ class PinnedMapDataset(grain.MapDataset):
     for f in self._close:
       f()
 
-  def __str__(self) -> str:
-    return f"PinnedMapDataset({self.identity})"
 
-
-class PinnedIterDataset(grain.IterDataset):
+class PinnedIterDataset(_Pinned, grain.IterDataset):
   """An IterDataset over a PinnedMapDataset: its iterators stamp and check states; `close()` releases the lease."""
 
   def __init__(self, parent: grain.IterDataset, owner: PinnedMapDataset):
     super().__init__(parent)
-    self._owner = owner
-
-  @property
-  def identity(self) -> DataIdentity:
-    """The data this dataset reads."""
-    return self._owner.identity
+    self._owner, self._guard = owner, owner._guard
 
   def close(self) -> None:
     """As PinnedMapDataset.close."""
     self._owner.close()
 
   def __iter__(self) -> _PinnedIterator:
-    return _PinnedIterator(self._parent.__iter__(), self._owner._guard)
-
-  def __str__(self) -> str:
-    return f"PinnedIterDataset({self.identity})"
+    return _PinnedIterator(self._parent.__iter__(), self._guard)
 
 
 class _PinnedIterator(grain.DatasetIterator):

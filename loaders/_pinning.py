@@ -51,7 +51,7 @@ class StateMismatchError(ValueError):
 
 
 class UnverifiedStateWarning(UserWarning):
-  """A state without the data's identity (saved before states carried it) was restored unchecked."""
+  """A state that does not name its data (or its order settings) was restored unchecked."""
 
 
 def check_on_new_data(on_new_data: str) -> str:
@@ -260,7 +260,7 @@ class StateGuard:
                                f"records in this loader's order: pass the settings it was saved with")
 
   def check(self, state: Mapping) -> dict:
-    """The position state to restore from `state` (a `stamp`ed state, or one saved before states had identity).
+    """The position state to restore from `state` (a `stamp`ed state, or a bare position that names no data).
 
     Args:
       state: a saved state.

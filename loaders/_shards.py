@@ -26,6 +26,9 @@ __all__ = ["ShardedRecords"]
 class ShardedRecords:
   """Records of one split, addressed 0..len-1 across its shards in order; a grain RandomAccessDataSource.
 
+  A record's `index` is its position in the split, 0 <= index < len(self); the methods that take one
+  raise IndexError outside that range.
+
   Attributes:
     path: the output folder.
     split: the split read.
@@ -81,16 +84,9 @@ class ShardedRecords:
     return self.output.kind
 
   def raw(self, index: int) -> bytes:
-    """The bytes of record `index`.
-
-    Args:
-      index: the record's position in the split, 0 <= index < len(self).
-
-    Returns:
-      The record's payload (a serialized tf.train.Example).
+    """The payload (a serialized tf.train.Example) of record `index`, read by this thread's reader of its shard.
 
     Raises:
-      IndexError: `index` is outside the split.
       CorruptRecordError: the record is damaged; the message names the shard and the record.
     """
     k, local = self._records.locate(index)
@@ -102,17 +98,7 @@ class ShardedRecords:
       raise CorruptRecordError(f"{self._records.paths[k]}: record {local}: {type(e).__name__}: {e}") from None
 
   def where(self, index: int) -> str:
-    """"<shard path>: record <k>": where record `index` lies, as error messages name it.
-
-    Args:
-      index: the record's position in the split, 0 <= index < len(self).
-
-    Returns:
-      The local path of its shard and its record number there.
-
-    Raises:
-      IndexError: `index` is outside the split.
-    """
+    """"<shard path>: record <k>", the local path of record `index`'s shard and its number there, as errors name it."""
     return self._records.where(index)
 
   def close(self) -> None:
@@ -128,17 +114,16 @@ class ShardedRecords:
     return self.get(index)
 
   def get(self, index: int, copy: bool = True) -> dict:
-    """The decoded record, plus `record_index` (its position in the split).
+    """Record `index` decoded, plus its `record_index`.
 
     Args:
-      index: the record's position in the split, 0 <= index < len(self).
+      index: the record.
       copy: False gives payloads as views into the record's bytes (see Features.decode).
 
     Returns:
       Feature name → value, and `record_index` (int64).
 
     Raises:
-      IndexError: `index` is outside the split.
       CorruptRecordError: the record is damaged or does not parse against the schema.
     """
     return decoded(self, index, copy)

@@ -128,24 +128,19 @@ def _decode_image(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
 def _image_transform(features: Features, o: ExampleOptions) -> Callable:
   spec = features["image"]
   label = "label" if isinstance(features.get("label"), ClassLabel) else None
-  if isinstance(spec, Tensor):
-    def raw(rec, rng=None):
-      out = {"image": rec["image"]}  # already uint8 [H, W, 3], possibly a view into the record
-      if label:
-        out["label"] = np.int64(rec[label])
-      return out
-    return raw
-  fixed = None if None in spec.shape[:2] else tuple(spec.shape[:2])
-  size = o.image_size or fixed
-  if size is None:
-    raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")
+  size = None  # raw pixels: already uint8 [H, W, 3], possibly a view into the record
+  if not isinstance(spec, Tensor):
+    fixed = None if None in spec.shape[:2] else tuple(spec.shape[:2])
+    size = o.image_size or fixed
+    if size is None:
+      raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")
 
-  def decode(rec, rng=None):
-    out = {"image": _decode_image(rec["image"], size)}
+  def image(rec, rng=None):
+    out = {"image": rec["image"] if size is None else _decode_image(rec["image"], size)}
     if label:
       out["label"] = np.int64(rec[label])
     return out
-  return decode
+  return image
 
 
 def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
@@ -170,17 +165,22 @@ def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
   return crop
 
 
+def graph_size(num_nodes, edge_index: np.ndarray, o: ExampleOptions) -> tuple[int, int]:
+  """(nodes, edges) of a graph record; ValueError when it exceeds the budgets (max_nodes, max_edges)."""
+  n, e = int(num_nodes), edge_index.shape[1]
+  if n > o.max_nodes or e > o.max_edges:
+    raise ValueError(f"a graph with {n} nodes and {e} edges exceeds max_nodes={o.max_nodes}, "
+                     f"max_edges={o.max_edges}")
+  return n, e
+
+
 def _graph_transform(features: Features, o: ExampleOptions) -> Callable:
   if o.max_nodes is None or o.max_edges is None:
     raise ValueError("graph records differ in size: pass max_nodes and max_edges for static shapes")
 
   def pad(rec, rng=None):
-    n = int(rec["num_nodes"])
     ei = rec["edge_index"]
-    e = ei.shape[1]
-    if n > o.max_nodes or e > o.max_edges:
-      raise ValueError(f"a graph with {n} nodes and {e} edges exceeds max_nodes={o.max_nodes}, "
-                       f"max_edges={o.max_edges}")
+    n, e = graph_size(rec["num_nodes"], ei, o)
     out = {"num_nodes": np.int64(n), "label": np.asarray(rec["label"])}
     edge_index = np.zeros((2, o.max_edges), np.int64)
     edge_index[:, :e] = ei

@@ -312,8 +312,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       its slice; random draws keyed by the slot in the global batch: the
       batches of a step, and every sample's patch, do not depend on the host
       count, so a saved state resumes on any number of hosts with the same
-      global batch) or "host" (each host's strided share, shuffled; the
-      default before, and what loaders.tfdata reads).
+      global batch) or "host" (each host's strided share, shuffled; what
+      loaders.tfdata reads).
     global_batch_size: with order="global", the records per global step
       instead of batch_size (which becomes global_batch_size / shard_count).
     window_shards: read the split in windows of this many shards instead of
