@@ -61,6 +61,29 @@ class CountingFile:
     self._f.close()
 
 
+class CountedInputs:
+  """A DoFn's input files, opened as CountingFiles, whose bytes read go to a counter at each `report()`.
+
+      inputs = CountedInputs(self._bytes)
+      for chunk in _edge_chunks(source, rows, opener=inputs.open):
+        inputs.report()   # the bytes read since the last report
+  """
+
+  def __init__(self, counter):
+    self._counter, self._opened, self._reported = counter, [], 0
+
+  def open(self, path: str) -> CountingFile:
+    """Opens `path` (open_input) and counts what is read from it."""
+    self._opened.append(CountingFile(open_input(path)))
+    return self._opened[-1]
+
+  def report(self) -> None:
+    """Adds the bytes read since the last report to the counter."""
+    now = sum(f.count for f in self._opened)
+    self._counter.inc(now - self._reported)
+    self._reported = now
+
+
 def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error", opener=open_input
                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray, dict]]:
   """(first edge index, src, dst, {extra section: rows}) in file order.
@@ -129,18 +152,11 @@ class _ReadEdgesFn(beam.DoFn):
   def process(self, source: EdgeSource):
     key_rel = ("csc:" if source.reverse else "") + source.relation
     part_size = self._plan.rows_per_partition(key_rel)
-    opened: list[CountingFile] = []
-
-    def opener(path: str) -> CountingFile:
-      opened.append(CountingFile(open_input(path)))
-      return opened[-1]
-
-    counted = 0
-    for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat"), opener):
+    inputs = CountedInputs(self._bytes)
+    for first, src, dst, extras in _edge_chunks(source, self._chunk_rows, self._plan.nonfinite("edge/feat"),
+                                                inputs.open):
       self._edges.inc(len(src))
-      now = sum(f.count for f in opened)
-      self._bytes.inc(now - counted)
-      counted = now
+      inputs.report()
       # As the section stores them (docs/graphbin.md): `edge/feat` as features, other edge files as OGB types them.
       extras = {k: cast_like_ogb(v, "float" if k == "edge/feat" else "auto", self._feature_dtype) for k, v in extras.items()}
       pos = np.arange(first, first + len(src), dtype=np.int64)
@@ -159,7 +175,7 @@ class _ReadEdgesFn(beam.DoFn):
       for p in np.unique(part):
         idx = order[np.searchsorted(part[order], p, "left"):np.searchsorted(part[order], p, "right")]
         yield (key_rel, int(p)), (int(pos[idx[0]]), src[idx], dst[idx], {k: v[idx] for k, v in extras.items()})
-    self._bytes.inc(sum(f.count for f in opened) - counted)
+    inputs.report()
 
 
 def csr_keys(plan: GraphPlan, csc: bool) -> list[str]:
@@ -405,16 +421,11 @@ class _NodeArrayFn(beam.DoFn):
 
   def _read(self, unit: NodeUnit, dest: str) -> tuple[Piece, str]:
     plan = self._plan
-    opened: list[CountingFile] = []
-
-    def opener(path: str) -> CountingFile:
-      opened.append(CountingFile(open_input(path)))
-      return opened[-1]
-
-    first, rows, counted = None, 0, 0
+    inputs = CountedInputs(self._bytes)
+    first, rows = None, 0
     with PieceWriter(dest, sha256=bool(self._identity)) as w:
       for c in _node_array_chunks(unit, self._feature_dtype, plan.nonfinite(unit.section), plan.node_count_file,
-                                  opener):
+                                  inputs.open):
         if first is None:
           first = c
         elif c.dtype.kind != first.dtype.kind:
@@ -422,10 +433,8 @@ class _NodeArrayFn(beam.DoFn):
         w.write_array(c, first.dtype)
         rows += len(c)
         self._rows.inc(len(c))
-        now = sum(f.count for f in opened)
-        self._bytes.inc(now - counted)
-        counted = now
-    self._bytes.inc(sum(f.count for f in opened) - counted)
+        inputs.report()
+    inputs.report()
     self._written.inc(w.nbytes)
     dtype = "" if first is None else first.dtype.newbyteorder("<").str if first.dtype.itemsize > 1 else first.dtype.str
     return Piece(unit.section, unit.start, w.dest, w.nbytes, w.crc32c, dtype, rows,

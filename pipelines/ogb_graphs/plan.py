@@ -125,17 +125,9 @@ def csv_path(root: str, *parts: str) -> str:
 
 
 def read_small(path: str, dtype: str, ncols: int | None = None, header: bool = False, nonfinite: str = "error"):
-  """A small gzip CSV (counts, type lists) read whole, at launch or on one worker.
+  """A small gzip CSV (counts, type lists) read whole, at launch or on one worker: `read_csv_all` of `path`.
 
-  Args:
-    path: the file.
-    dtype: as in `read_csv_chunks`.
-    ncols: as in `read_csv_chunks`.
-    header: skip the first line.
-    nonfinite: as in `read_csv_chunks`.
-
-  Returns:
-    A [rows, ncols] array.
+  The arguments after `path` and the array returned are `read_csv_all`'s.
 
   Raises:
     OgbMissingFileError: the file does not exist.
@@ -167,6 +159,26 @@ def read_counts(path: str) -> np.ndarray:
   if negative.size:
     raise OgbFormatError(f"{path}: line {int(negative[0]) + 1}: negative count {int(counts[negative[0]])}")
   return counts
+
+
+def read_graph_counts(raw: str) -> tuple[str, str, np.ndarray, np.ndarray]:
+  """The per-graph counts of a CSV data set: raw/num-node-list.csv.gz and raw/num-edge-list.csv.gz.
+
+  Args:
+    raw: the data set's raw/ folder.
+
+  Returns:
+    (node count file, edge count file, nodes per graph, edges per graph).
+
+  Raises:
+    OgbMissingFileError: a count file does not exist.
+    OgbFormatError: a count file that `read_counts` refuses, or the two count different numbers of graphs.
+  """
+  node_list, edge_list = csv_path(raw, "num-node-list.csv.gz"), csv_path(raw, "num-edge-list.csv.gz")
+  num_nodes, num_edges = read_counts(node_list), read_counts(edge_list)
+  if len(num_edges) != len(num_nodes):
+    check_rows(edge_list, len(num_edges), len(num_nodes), "graphs", node_list)
+  return node_list, edge_list, num_nodes, num_edges
 
 
 def list_dir(path: str) -> tuple[list[str], list[str]]:
@@ -268,10 +280,7 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
       node_files += [("node/label", csv_path(raw, "node-label.npz") + "#node_label", "auto")]
     return GraphPlan(root, name, "binary", task, add_inverse, {"": n}, {"": e}, tuple(node_files),
                      tuple(_splits(root, task)), sources, {"": parts(n, e)}, f"{npz}:num_nodes_list")
-  node_list, edge_list = csv_path(raw, "num-node-list.csv.gz"), csv_path(raw, "num-edge-list.csv.gz")
-  num_nodes, num_edges = read_counts(node_list), read_counts(edge_list)
-  if len(num_edges) != len(num_nodes):
-    check_rows(edge_list, len(num_edges), len(num_nodes), "graphs", node_list)
+  node_list, edge_list, num_nodes, num_edges = read_graph_counts(raw)
   if task == "graph":
     return GraphPlan(root, name, "graphs", task, add_inverse, {"": int(num_nodes.sum())},
                      {"": int(num_edges.sum())}, (), tuple(_splits(root, task)), (), {}, node_list)
