@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from array_record.python import array_record_module
 
+from formats._closing import Closing
 from formats.errors import CorruptRecordError
 
 WRITER_OPTIONS = "group_size:1,uncompressed"
@@ -97,7 +98,7 @@ def num_records(path: str) -> int:
     reader.close()
 
 
-class RandomAccessReader:
+class RandomAccessReader(Closing):
   """Random access to the records of a local ArrayRecord file (array_record's reader, GIL released).
 
   Threads that read one file at the same time each open their own reader
@@ -138,12 +139,3 @@ class RandomAccessReader:
     if self._reader is not None:
       self._reader.close()
       self._reader = None
-
-  def __enter__(self) -> RandomAccessReader:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def __del__(self):
-    self.close()

@@ -50,6 +50,7 @@ import numpy as np
 from array_record.python import array_record_module
 
 from formats import protowire
+from formats._closing import Closing
 from formats.arrayrecord import RANDOM_ACCESS_READER_OPTIONS
 from formats.errors import CorruptRecordError, WireFormatError
 
@@ -196,7 +197,7 @@ def record_ranges(
   return index
 
 
-class VerifiedRecordReader:
+class VerifiedRecordReader(Closing):
   """Reads single records by ranged reads of their chunks, each verified by array_record's C++ reader.
 
   Keeps an unlinked sparse file of the shard's size holding only the tail
@@ -280,22 +281,7 @@ class VerifiedRecordReader:
         message names the file, record and byte range), or `fetch` returned
         the wrong number of bytes.
     """
-    start, stop = self.index.byte_range(i)
-    data = self._fetch(start, stop)
-    if len(data) != stop - start:
-      raise CorruptRecordError(f"{self.index.name}: record {i}: fetched {len(data)} bytes for [{start}, {stop})")
-    with self._lock:
-      if self._reader is None:
-        raise ValueError(f"{self.index.name}: read from a closed reader")
-      try:
-        os.pwrite(self._fd, data, start)
-        return self._reader.read([i])[0]
-      except Exception as e:  # the C++ reader's own error: name the file, record and range
-        raise CorruptRecordError(
-            f"{self.index.name}: record {i} (chunk bytes [{start}, {stop})): {type(e).__name__}: {e}"
-        ) from None
-      finally:
-        self._free(start, stop)
+    return self.read_run(i, i + 1)[0]
 
   def read_run(self, first: int, stop: int, data=None) -> list[bytes]:
     """Records [first, stop), whose chunks are one byte range: fetched by one ranged read (or given), verified.
@@ -319,8 +305,8 @@ class VerifiedRecordReader:
     if data is None:
       data = self._fetch(start, end)
     if len(data) != end - start:
-      raise CorruptRecordError(f"{self.index.name}: records [{first}, {stop}): {len(data)} bytes for [{start}, "
-                               f"{end})")
+      raise CorruptRecordError(f"{self.index.name}: records [{first}, {stop}): fetched {len(data)} bytes for "
+                               f"[{start}, {end})")
     with self._lock:
       if self._reader is None:
         raise ValueError(f"{self.index.name}: read from a closed reader")
@@ -366,15 +352,6 @@ class VerifiedRecordReader:
       finally:
         if fd >= 0:
           os.close(fd)
-
-  def __enter__(self) -> VerifiedRecordReader:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def __del__(self):
-    self.close()
 
 
 def read_record(index: RecordIndex, i: int, fetch: ReadRange, scratch_dir: str | None = None) -> bytes:

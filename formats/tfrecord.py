@@ -26,6 +26,7 @@ from typing import BinaryIO
 
 import google_crc32c
 
+from formats._closing import Closing
 from formats.errors import TFRecordCorruptError
 
 _LEN = struct.Struct("<Q")
@@ -98,12 +99,9 @@ def read_records(f: BinaryIO, name: str = "<stream>", verify: bool = True) -> It
     header = f.read(_HEADER_SIZE)
     if not header:
       return
-    if len(header) < _HEADER_SIZE:
-      raise TFRecordCorruptError(f"{name}: record {index} at byte {offset}: truncated header")
-    (length,) = _LEN.unpack_from(header)
-    (length_crc,) = _CRC.unpack_from(header, _LEN.size)
-    if verify and masked_crc32c(header[:_LEN.size]) != length_crc:
-      raise TFRecordCorruptError(f"{name}: record {index} at byte {offset}: bad length checksum")
+    length, problem = _parse_header(header, verify)
+    if problem:
+      raise TFRecordCorruptError(f"{name}: record {index} at byte {offset}: {problem}")
     data = _read_at_most(f, length)
     footer = f.read(4)
     if len(data) < length or len(footer) < 4:
@@ -113,6 +111,16 @@ def read_records(f: BinaryIO, name: str = "<stream>", verify: bool = True) -> It
     yield data
     index += 1
     offset += _FRAME_SIZE + length
+
+
+def _parse_header(header: bytes, verify: bool) -> tuple[int, str | None]:
+  """(payload length, None) from a record's header, or (_, "truncated header" / "bad length checksum")."""
+  if len(header) < _HEADER_SIZE:
+    return 0, "truncated header"
+  (length,) = _LEN.unpack_from(header)
+  if verify and masked_crc32c(header[:_LEN.size]) != _CRC.unpack_from(header, _LEN.size)[0]:
+    return length, "bad length checksum"
+  return length, None
 
 
 def _read_at_most(f: BinaryIO, n: int, chunk: int = 16 << 20) -> bytes:
@@ -168,12 +176,9 @@ def index(path: str) -> tuple[list[int], list[int]]:
   with open(path, "rb") as f:
     pos = 0
     while pos < size:
-      header = f.read(_HEADER_SIZE)
-      if len(header) < _HEADER_SIZE:
-        raise TFRecordCorruptError(f"{path}: record {len(offsets)}: truncated header at byte {pos}")
-      (length,) = _LEN.unpack_from(header)
-      if masked_crc32c(header[:_LEN.size]) != _CRC.unpack_from(header, _LEN.size)[0]:
-        raise TFRecordCorruptError(f"{path}: record {len(offsets)}: bad length checksum at byte {pos}")
+      length, problem = _parse_header(f.read(_HEADER_SIZE), True)
+      if problem:
+        raise TFRecordCorruptError(f"{path}: record {len(offsets)}: {problem} at byte {pos}")
       if pos + _FRAME_SIZE + length > size:
         raise TFRecordCorruptError(f"{path}: record {len(offsets)}: truncated data at byte {pos}")
       offsets.append(pos + _HEADER_SIZE)
@@ -202,7 +207,7 @@ def locate_damage(path: str) -> str | None:
   return None
 
 
-class IndexedReader:
+class IndexedReader(Closing):
   """Random access to the records of a local TFRecord file through an index of offsets.
 
   Each read is one `os.pread` of the payload and its CRC, which is checked.
@@ -245,12 +250,3 @@ class IndexedReader:
     if self._fd is not None:
       os.close(self._fd)
       self._fd = None
-
-  def __enter__(self) -> IndexedReader:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def __del__(self):
-    self.close()
