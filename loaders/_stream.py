@@ -13,7 +13,7 @@ shards, and the records of one window are shuffled among themselves
 exactly). Only the shards of the windows being read and of the next ones
 need to be local: `ShardStream` fetches them ahead of need (parallel ranged
 reads through formats.storage.gcs_download, the manifest's SHA-256 checked while the
-bytes arrive, transient errors retried), keeps them in a private folder whose
+bytes arrive, each read retried by formats.storage.retry's policy and nothing above it), keeps them in a private folder whose
 size never exceeds `cache_limit_bytes`, and deletes each shard once no batch
 still to be read needs it. A local output is read in the same order straight
 from its files: the batches of a streamed gs:// output equal those of its
@@ -42,12 +42,13 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
-from formats.storage import files
+from formats.storage import files, retry
 from formats.errors import CorruptRecordError
-from formats.storage.gcs_download import DownloadOptions, RemoteObject, download, is_transient, read_range, read_range_into
+from formats.storage.gcs_download import DownloadOptions, RemoteObject, download, read_range, read_range_into
 from formats.outputs.integrity import Verify, check_local_file
 from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
@@ -78,7 +79,6 @@ _OPEN_SHARDS = 16  # shards whose readers stay open (at least 4 windows' worth)
 _FETCHERS = 4
 _STREAMS = 8
 _CHUNK_BYTES = 2 << 20
-_SHARD_ATTEMPTS = 3  # downloads of one shard (each retrying its ranges) before a reader sees the error
 
 
 def default_cache_limit(cache_dir: str) -> int:
@@ -266,6 +266,7 @@ class _Entry:
     self.path: str | None = None  # set once the verified file is local
     self.pins = 0
     self.error: BaseException | None = None
+    self.failed_at = 0.0  # when its download failed (time.monotonic)
     self.fetching = False
     self.readers: list = []  # idle random-access readers (one per reading thread at most)
 
@@ -312,6 +313,7 @@ class ShardStream:
     self._fatal: BaseException | None = None
     self._fetchers: list[threading.Thread] = []
     self._objects: dict[int, object] = {}  # shard -> its RemoteObject (size and pinned generation)
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the ranged reads of every download
     self._folder = None
     if self._remote:
       self._folder, self._finalizer = _private_folder(self, root)
@@ -336,10 +338,14 @@ class ShardStream:
   def batch(self, position: int):
     """Makes batch `position`'s shards local and pins them while the block runs; yields its record indices.
 
+    A shard whose download gave up on transient errors before this call asked for it (it was
+    fetched ahead) is fetched once more for it; one that fails while this call waits is raised.
+
     Raises:
       CorruptRecordError: a shard differs from the manifest.
-      ConnectionError, SourceChangedError: a shard could not be fetched.
+      formats.storage.retry.RetryExhausted, SourceChangedError: a shard could not be fetched.
     """
+    asked, again = time.monotonic(), set()
     shards = self.order.shards(position)
     if not self._remote:  # a local shard is checked once (outside the lock: hashing takes a while)
       for k in shards:
@@ -360,8 +366,12 @@ class ShardStream:
           failed = next((e for e in entries if e.error is not None), None)
           if failed is not None:
             error = failed.error
-            failed.error = None  # the next reader of it tries again
+            failed.error = None  # the fetcher downloads it again, for this reader or the next
             self._forget(failed)
+            if failed.failed_at < asked and failed.k not in again and _gave_up(error):
+              again.add(failed.k)
+              self._cond.notify_all()
+              continue
             raise error
           if all(e.path is not None for e in entries):
             break
@@ -454,6 +464,8 @@ class ShardStream:
     for t in self._fetchers:
       if t is not threading.current_thread():
         t.join()
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
     with self._cond:
       for e in self._entries.values():
         for r in e.readers:
@@ -514,9 +526,11 @@ class ShardStream:
 
   def _start_fetcher(self) -> None:
     if self._remote and not self._fetchers:
+      self._pool = concurrent.futures.ThreadPoolExecutor(_FETCHERS * self._options.streams,
+                                                         thread_name_prefix="shard-stream-read")
       for i in range(_FETCHERS):
-        t = threading.Thread(target=ShardStream._fetch_loop, args=(weakref.ref(self),), name=f"shard-stream-{i}",
-                             daemon=True)
+        t = threading.Thread(target=_worker, args=(weakref.ref(self), ShardStream._fetch_one, False),
+                             name=f"shard-stream-{i}", daemon=True)
         t.start()
         self._fetchers.append(t)
 
@@ -566,28 +580,6 @@ class ShardStream:
         return k if self._cached_bytes() + self._sizes[k] <= self.limit else None
     return None
 
-  @staticmethod
-  def _fetch_loop(ref: weakref.ref) -> None:
-    """The fetcher thread: holds the stream only weakly, so a stream nobody uses is collected and it ends."""
-    while True:
-      stream = ref()
-      if stream is None:
-        return
-      try:
-        step = stream._fetch_one()
-      except BaseException as e:  # noqa: BLE001 - a bug here must not leave readers waiting forever
-        with stream._cond:
-          stream._fatal = e
-          stream._cond.notify_all()
-        return
-      if step is None:
-        return
-      cond = stream._cond
-      del stream  # never wait holding the stream: unused, it is collected and this thread ends
-      if not step:
-        with cond:
-          cond.wait(0.5)
-
   def _fetch_one(self) -> bool | None:
     """Evicts, then downloads one shard: True; nothing to do yet: False; closed: None."""
     with self._cond:
@@ -609,31 +601,25 @@ class ShardStream:
         e.path = path
       else:  # its files go; the entry stays only to carry the error to the next reader of the shard
         self._evict(e)
-        e.reserved, e.error = 0, error
+        e.reserved, e.error, e.failed_at = 0, error, time.monotonic()
         self._entries[k] = e
       self._cond.notify_all()
     return True
 
   def _download(self, k: int) -> str:
+    """Downloads shard k once (each of its ranged reads retried by the stream's retry policy); returns its path."""
     info = self._infos[k]
     src = self.output.shard_path(info)
     dest = os.path.join(self._folder, f"{k:06d}-{os.path.basename(info.path)}")
-    for attempt in range(1, _SHARD_ATTEMPTS + 1):
-      try:
-        obj = self._objects.get(k)
-        if obj is None:  # its first read pins the generation: later epochs fetch the same one (a replaced object
-          obj = self._objects[k] = RemoteObject(src, info.num_bytes)  # is refused), no metadata request
-        stats = download(obj, dest, info.sha256, options=self._options)
-        self.bytes_fetched += stats.bytes_fetched
-        return dest
-      except FileNotFoundError:
-        raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
-      except Exception as err:
-        if not _transient(err) or attempt == _SHARD_ATTEMPTS:
-          raise
-        logger.warning("%s: %s; trying again (%d/%d)", src, err, attempt + 1, _SHARD_ATTEMPTS)
-        time.sleep(min(2.0 ** attempt, 30.0))
-    raise AssertionError("unreachable")
+    obj = self._objects.get(k)
+    if obj is None:  # its first read pins the generation: later epochs fetch the same one (a replaced object
+      obj = self._objects[k] = RemoteObject(src, info.num_bytes)  # is refused), no metadata request
+    try:
+      stats = download(obj, dest, info.sha256, options=self._options, pool=self._pool)
+    except FileNotFoundError:
+      raise FileNotFoundError(f"{src}: the manifest lists this shard but it is gone") from None
+    self.bytes_fetched += stats.bytes_fetched
+    return dest
 
   def _evict(self, e: _Entry) -> None:
     """Closes the shard's readers and deletes its files (self._cond held, the shard unpinned)."""
@@ -834,8 +820,8 @@ class RecordStream:
   def batch(self, position: int):
     """Waits for batch `position`'s pieces (fetching them now if the prefetcher has not); yields its indices.
 
-    A piece whose read failed with a transient error (its retries spent while
-    it was prefetched) is read again, up to _SHARD_ATTEMPTS times in all.
+    A piece whose read gave up on transient errors before this call asked for it (it was read
+    ahead) is read once more for it; one that fails while this call waits is raised by `raw`.
     """
     with self._cond:
       if self._fatal is not None:
@@ -843,29 +829,22 @@ class RecordStream:
       self._in_flight[position] = self._in_flight.get(position, 0) + 1
       self._next = position + 1  # the last asked for, not the highest: a new pass or a set_state goes back
       if self._fetcher is None:
-        self._fetcher = threading.Thread(target=RecordStream._prefetch_loop, args=(weakref.ref(self),),
+        self._fetcher = threading.Thread(target=_worker, args=(weakref.ref(self), RecordStream._prefetch_step, True),
                                          name="record-stream", daemon=True)
         self._fetcher.start()
       if position not in self._started:
         self._start(position)
       futures = self._started[position]
+      for f in {id(f): f for f in futures.values()}.values():
+        if f.done() and f.exception() is not None and _gave_up(f.exception()):
+          piece = self._piece_of(f, futures)
+          again = self._pool.submit(self._fetch_piece, piece)
+          for i, g in futures.items():
+            if g is f:
+              futures[i] = again
       self._cond.notify_all()
     try:
-      for attempt in range(1, _SHARD_ATTEMPTS + 1):
-        distinct = {id(f): f for f in futures.values()}
-        concurrent.futures.wait(list(distinct.values()))
-        failed = [f for f in distinct.values() if f.exception() is not None and _transient(f.exception())]
-        if not failed or attempt == _SHARD_ATTEMPTS:
-          break
-        with self._cond:
-          for f in failed:
-            if not any(g is f for g in futures.values()):
-              continue  # another reader of this batch has submitted it again already
-            piece = self._piece_of(f, futures)
-            again = self._pool.submit(self._fetch_piece, _Piece(piece.k, piece.first, piece.stop))
-            for i, g in futures.items():
-              if g is f:
-                futures[i] = again
+      concurrent.futures.wait(list({id(f): f for f in futures.values()}.values()))
       yield self.order.indices(position)
     finally:
       with self._cond:
@@ -934,28 +913,12 @@ class RecordStream:
       self._held -= self._estimate(list(self._started.pop(position)))
     self._cond.notify_all()
 
-  @staticmethod
-  def _prefetch_loop(ref: weakref.ref) -> None:
-    """The prefetcher thread: holds the stream only weakly (and never while waiting), so it ends with it."""
-    while True:
-      stream = ref()
-      if stream is None:
-        return
-      cond = stream._cond
-      try:
-        with cond:
-          if stream._closed:
-            return
-          stream._prefetch()
-          del stream
-          cond.wait(0.5)
-      except BaseException as e:  # noqa: BLE001 - a bug here must not go unnoticed
-        stream = ref()
-        if stream is not None:
-          with cond:
-            stream._fatal = e
-            cond.notify_all()
-        return
+  def _prefetch_step(self) -> bool | None:
+    """One round of the prefetcher (self._cond held): None once closed, else False (then it waits)."""
+    if self._closed:
+      return None
+    self._prefetch()
+    return False
 
   def _prefetch(self) -> None:
     """Starts the reads of the batches from the lowest one being read up to `ahead` on (self._cond held).
@@ -1039,11 +1002,37 @@ def _remove_stale(root: str) -> None:
       os.close(fd)
 
 
-def _transient(e: BaseException) -> bool:
-  """A failure worth another try: a dropped connection, a timeout, a 429/5xx, a spent retry budget."""
-  from google.api_core import exceptions as api
+def _gave_up(e: BaseException) -> bool:
+  """Whether a read ahead failed for the network's sake (its policy gave up): worth one more for a reader."""
+  return isinstance(e, retry.RetryExhausted) or retry.is_transient(e)
 
-  return is_transient(e) or isinstance(e, api.RetryError)
+
+def _worker(ref: weakref.ref, step: Callable[[object], bool | None], locked: bool) -> None:
+  """A stream's fetcher thread: `step(stream)` until it returns None; after a step that returns False it waits
+  (0.5 s at most) on the stream's condition, held through the step and the wait when `locked`. It holds the
+  stream only weakly, and never while waiting, so a stream nobody uses is collected and the thread ends; an
+  error in a step reaches the stream's readers (`_fatal`) instead of a hang."""
+  while True:
+    stream = ref()
+    if stream is None:
+      return
+    cond = stream._cond
+    try:
+      with cond if locked else contextlib.nullcontext():
+        more = step(stream)
+        del stream
+        if more is False:
+          with contextlib.nullcontext() if locked else cond:
+            cond.wait(0.5)
+    except BaseException as e:  # noqa: BLE001 - a bug here must not leave readers waiting forever
+      stream = ref()
+      if stream is not None:
+        with cond:
+          stream._fatal = e
+          cond.notify_all()
+      return
+    if more is None:
+      return
 
 
 class StreamedBatches:

@@ -37,7 +37,11 @@ layout and its guarantees are in docs/manifest.md):
      record is touched.
 
 Every step is idempotent, so a killed or retried step is repaired by running
-it again (`repair` does 4 and 5 for an output found in any state).
+it again (`repair` does 4 and 5 for an output found in any state). Every gs://
+request is retried on transient errors by the process's retry policy
+(`formats.storage.retry`), and only there: the switch carries its generation
+precondition, so a retried upload whose first answer was lost meets a 412, which
+the commit resolves by reading back which generation the manifest names.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from formats import naming, tfds_metadata
 from formats.outputs import leases
-from formats.storage import files
+from formats.storage import files, retry
 from formats.errors import CommitConflict
 from formats.manifest import MANIFEST_FILENAME, Manifest
 
@@ -134,11 +138,11 @@ def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
   """
   path = _manifest_path(output)
   if files.is_gcs(path):
-    blob = files.gcs_blob(path)
+    blob, policy = files.gcs_blob(path), retry.named(path)
     try:
-      blob.reload()
+      blob.reload(retry=policy)
       generation = blob.generation
-      data = blob.download_as_bytes(if_generation_match=generation)
+      data = blob.download_as_bytes(if_generation_match=generation, retry=policy)
     except files.gcs_not_found():
       return None, Version()
     except files.gcs_precondition_failed():  # replaced between the two calls: read again
@@ -450,7 +454,8 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
     blob = files.gcs_blob(path)
     try:
       blob.upload_from_string(data, content_type="application/json",
-                              if_generation_match=int(expected.token) if expected.exists else 0)
+                              if_generation_match=int(expected.token) if expected.exists else 0,
+                              retry=retry.named(path))
     except files.gcs_precondition_failed():
       if current_generation(output) != generation:  # not our own earlier, acknowledged-late upload
         raise _conflict(output, generation) from None
@@ -508,11 +513,13 @@ def _check_claim(output: str, generation: str) -> None:
 
 def _undo_switch(blob, our_generation: int, previous: bytes | None) -> None:
   """Puts back the manifest our switch replaced, if nothing replaced ours since."""
+  policy = retry.named(f"gs://{blob.bucket.name}/{blob.name}")
   try:
     if previous is None:
-      blob.delete(if_generation_match=our_generation)
+      blob.delete(if_generation_match=our_generation, retry=policy)
     else:
-      blob.upload_from_string(previous, content_type="application/json", if_generation_match=our_generation)
+      blob.upload_from_string(previous, content_type="application/json", if_generation_match=our_generation,
+                              retry=policy)
   except files.gcs_precondition_failed():
     pass  # another run switched after ours: its manifest stands
 
@@ -595,23 +602,28 @@ SYNC_LEASE_SECONDS = 30.0  # a gs:// sync lock older than this belongs to a kill
 @contextlib.contextmanager
 def _sync_lock(output: str) -> Iterator[None]:
   """Serialises TFDS metadata syncs: the output's flock locally; on gs:// an object created
-  only if absent (ifGenerationMatch=0) and deleted after, taken over once its lease expired."""
+  only if absent (ifGenerationMatch=0) and deleted after, taken over once its lease expired.
+  Its content is unique to the holder, so a create whose answer was lost (a retry then meets
+  412) is recognised as this holder's own."""
   if not files.is_gcs(output):
     with _local_lock(output):
       yield
     return
-  blob = files.gcs_blob(files.join(output, SYNC_LOCK_FILENAME))
+  path = files.join(output, SYNC_LOCK_FILENAME)
+  blob, policy = files.gcs_blob(path), retry.named(path)
+  mine = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}).encode()
   deadline = time.monotonic() + 4 * SYNC_LEASE_SECONDS
   while True:
     try:
-      blob.upload_from_string(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode(),
-                              if_generation_match=0)
+      blob.upload_from_string(mine, if_generation_match=0, retry=policy)
       break
     except files.gcs_precondition_failed():
       try:
-        blob.reload()
+        blob.reload(retry=policy)
+        if blob.download_as_bytes(if_generation_match=blob.generation, retry=policy) == mine:
+          break  # our own create, answered late
         if time.time() - blob.updated.timestamp() > SYNC_LEASE_SECONDS:
-          blob.delete(if_generation_match=blob.generation)  # its holder died
+          blob.delete(if_generation_match=blob.generation, retry=policy)  # its holder died
           continue
       except (files.gcs_not_found(), files.gcs_precondition_failed()):
         continue
@@ -623,7 +635,7 @@ def _sync_lock(output: str) -> Iterator[None]:
     yield
   finally:
     try:
-      blob.delete(if_generation_match=owned)
+      blob.delete(if_generation_match=owned, retry=policy)
     except (files.gcs_not_found(), files.gcs_precondition_failed()):
       pass  # taken over after our lease expired
 

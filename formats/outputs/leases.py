@@ -13,6 +13,9 @@ The lease is `OUTPUT/_leases/<id>.json`; its modification time (the object's
 Lease files are untrusted input (other teams may write the bucket): one that
 is malformed, not the toolkit's, or names something other than a generation
 holds nothing and is never removed; `list_invalid` says why each was ignored.
+Every gs:// request is retried on transient errors by the process's retry policy
+(`formats.storage.retry`); a lease write puts the same bytes under a name only its
+reader writes, so a retried write is the same lease.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import uuid
 import weakref
 
 from formats import naming
-from formats.storage import files
+from formats.storage import files, retry
 
 LEASES_FOLDER = "_leases"  # OUTPUT/_leases/<lease id>.json
 LEASE_TTL_SECONDS = 600.0  # a lease not refreshed for this long has expired
@@ -47,7 +50,11 @@ logger = logging.getLogger(__name__)
 
 
 class LeaseError(OSError):
-  """The lease could not be written (a read-only bucket or folder, no permission)."""
+  """The lease could not be written (a read-only bucket or folder, no permission, an outage)."""
+
+
+class LeaseUnreachable(LeaseError, retry.RetryExhausted):
+  """A lease write met transient errors until the retry policy gave up (a LeaseError and a RetryExhausted)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,19 +81,16 @@ def _path(output: str, lease_id: str) -> str:
   return files.join(output, LEASES_FOLDER, lease_id + _SUFFIX)
 
 
-def _upload_retry():
-  from google.cloud.storage.retry import DEFAULT_RETRY  # a lease write is idempotent: 5xx are retried
-
-  return DEFAULT_RETRY
-
-
 def _write(path: str, data: bytes) -> None:
   """One atomic write of a lease object; LeaseError when it cannot be written."""
   try:
     if files.is_gcs(path):
-      files.gcs_blob(path).upload_from_string(data, content_type="application/json", retry=_upload_retry())
+      policy = retry.default().named(f"writing the reader lease {path}", error=LeaseUnreachable)
+      files.gcs_blob(path).upload_from_string(data, content_type="application/json", retry=policy)
     else:
       files.write_bytes(path, data)
+  except LeaseUnreachable:
+    raise
   except OSError as e:
     raise LeaseError(e.errno, f"cannot write the reader lease {path}: {e.strerror or e}") from e
   except Exception as e:  # google.api_core's errors (403, 404 bucket, retries exhausted) are not OSErrors
@@ -105,7 +109,7 @@ def _touch(path: str, data: bytes) -> bool:
       pass
     _write(path, data)
     return False
-  existed = files.gcs_blob(path).exists()
+  existed = files.gcs_blob(path).exists(retry=retry.named(path))
   _write(path, data)
   return existed
 
@@ -285,7 +289,7 @@ def _objects(output: str) -> list[tuple[str, str, bytes | None, float, object, s
   if files.is_gcs(folder):
     bucket, name = files.split_gcs(folder)
     prefix = name.rstrip("/") + "/"
-    for blob in files.gcs_client().list_blobs(bucket, prefix=prefix):
+    for blob in files.gcs_client().list_blobs(bucket, prefix=prefix, retry=retry.named(f"listing {folder}")):
       rel = blob.name[len(prefix):]
       path = f"gs://{bucket}/{blob.name}"
       mtime = blob.updated.timestamp()
@@ -295,7 +299,7 @@ def _objects(output: str) -> list[tuple[str, str, bytes | None, float, object, s
         out.append((rel, path, None, mtime, blob.generation, f"not a lease ({blob.size} bytes)"))
       else:
         try:
-          data = blob.download_as_bytes(if_generation_match=blob.generation)
+          data = blob.download_as_bytes(if_generation_match=blob.generation, retry=retry.named(path))
         except files.gcs_not_found():
           continue  # released meanwhile
         except files.gcs_precondition_failed():  # refreshed meanwhile: its reader is alive
@@ -415,7 +419,7 @@ def _remove(entries: list[_Entry]) -> list[str]:
       continue
     try:
       if files.is_gcs(e.path):
-        files.gcs_blob(e.path).delete(if_generation_match=e.token)
+        files.gcs_blob(e.path).delete(if_generation_match=e.token, retry=retry.named(e.path))
       else:
         if os.stat(e.path, follow_symlinks=False).st_mtime != e.token:
           continue  # refreshed meanwhile

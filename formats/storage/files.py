@@ -3,7 +3,10 @@
 The pipelines move data through Beam's `FileSystems`; readers (loaders,
 `formats.outputs.inspect`) must not depend on Beam, so they use this small layer:
 local paths through `os`, `gs://` through google-cloud-storage, which honours
-`STORAGE_EMULATOR_HOST` (then with anonymous credentials) for tests.
+`STORAGE_EMULATOR_HOST` (then with anonymous credentials) for tests. Every
+gs:// request is retried on transient errors by the process's retry policy
+(`formats.storage.retry.default()`, passed as `retry=`), naming the object when
+it gives up.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import tempfile
 import uuid
 
 from formats.manifest import sha256_file
+from formats.storage import retry
 
 
 def is_gcs(path: str) -> bool:
@@ -52,33 +56,27 @@ def _split_gcs(path: str) -> tuple[str, str]:
   return bucket, name
 
 
-# Connections kept open per host by the process's client: parallel ranged reads (formats.storage.gcs_download, the
-# loaders' record streams) run up to this many requests at once without reconnecting (requests keeps 10).
-HTTP_POOL_SIZE = 64
-
-
 @functools.lru_cache(maxsize=1)
 def _gcs_client():
   from google.cloud import storage  # the one heavy import, only for gs:// paths
-  import requests.adapters
 
   if os.environ.get("STORAGE_EMULATOR_HOST"):
     from google.auth.credentials import AnonymousCredentials
 
-    client = storage.Client(project="emulator", credentials=AnonymousCredentials())
-  else:
-    client = storage.Client()
-  session = client._http  # the client's requests session (an AuthorizedSession)
-  if not getattr(session, "is_mtls", False):  # an mTLS session's adapter carries the client certificate: keep it
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=HTTP_POOL_SIZE)
-    for scheme in ("https://", "http://"):
-      session.mount(scheme, adapter)
-  return client
+    return storage.Client(project="emulator", credentials=AnonymousCredentials())
+  return storage.Client()  # its requests session keeps 10 connections: ranged reads go through gcs_media instead
 
 
 def _blob(path: str):
   bucket, name = _split_gcs(path)
   return _gcs_client().bucket(bucket).blob(name)
+
+
+def _listing(folder: str, **kw):
+  """The objects under the gs:// prefix `folder/` (the bucket's whole listing for gs://bucket), `kw` passed on."""
+  bucket, name = _split_gcs(folder)
+  prefix = name.rstrip("/") + "/" if name else ""
+  return prefix, _gcs_client().list_blobs(bucket, prefix=prefix, retry=retry.named(f"listing {folder}"), **kw)
 
 
 def gcs_blob(path: str):
@@ -149,7 +147,7 @@ def exists(path: str) -> bool:
     True when it exists.
   """
   if is_gcs(path):
-    return _blob(path).exists()
+    return _blob(path).exists(retry=retry.named(path))
   return os.path.exists(path)
 
 
@@ -163,9 +161,7 @@ def is_dir(path: str) -> bool:
     True for a folder (a non-empty prefix on gs://).
   """
   if is_gcs(path):
-    bucket, name = _split_gcs(path)
-    prefix = name.rstrip("/") + "/" if name else ""
-    return any(True for _ in _gcs_client().list_blobs(bucket, prefix=prefix, max_results=1))
+    return any(True for _ in _listing(path, max_results=1)[1])
   return os.path.isdir(path)
 
 
@@ -183,7 +179,7 @@ def read_bytes(path: str) -> bytes:
   """
   if is_gcs(path):
     try:
-      return _blob(path).download_as_bytes()
+      return _blob(path).download_as_bytes(retry=retry.named(path))
     except gcs_not_found():
       raise FileNotFoundError(path) from None
   with open(path, "rb") as f:
@@ -206,12 +202,12 @@ def read_small(path: str, limit: int) -> tuple[bytes | None, float]:
     FileNotFoundError: there is no such file.
   """
   if is_gcs(path):
-    blob = gcs_blob(path)
+    blob, policy = gcs_blob(path), retry.named(path)
     try:
-      blob.reload()
+      blob.reload(retry=policy)
       if (blob.size or 0) > limit:
         return None, blob.updated.timestamp()
-      return blob.download_as_bytes(if_generation_match=blob.generation), blob.updated.timestamp()
+      return blob.download_as_bytes(if_generation_match=blob.generation, retry=policy), blob.updated.timestamp()
     except gcs_not_found():
       raise FileNotFoundError(path) from None
   try:  # no link followed, no FIFO waited on: the file is judged by what was opened
@@ -235,8 +231,8 @@ def write_bytes(path: str, data: bytes) -> None:
     path: a local or gs:// path (local folders are created).
     data: the whole content.
   """
-  if is_gcs(path):
-    _blob(path).upload_from_string(data)  # a GCS object appears only when complete
+  if is_gcs(path):  # a GCS object appears only when complete; a retry uploads the same bytes again
+    _blob(path).upload_from_string(data, retry=retry.named(path))
     return
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -247,7 +243,7 @@ def write_bytes(path: str, data: bytes) -> None:
 
 def _delete(path: str) -> None:
   if is_gcs(path):
-    _blob(path).delete()
+    _blob(path).delete(retry=retry.named(path))  # one that a lost answer hid is missing on the retry
   else:
     os.remove(path)
 
@@ -283,9 +279,8 @@ def walk(folder: str) -> list[str]:
     Full paths, sorted.
   """
   if is_gcs(folder):
-    bucket, name = _split_gcs(folder)
-    prefix = name.rstrip("/") + "/"
-    return sorted(f"gs://{bucket}/{b.name}" for b in _gcs_client().list_blobs(bucket, prefix=prefix))
+    bucket = _split_gcs(folder)[0]
+    return sorted(f"gs://{bucket}/{b.name}" for b in _listing(folder)[1])
   out = []
   for dirpath, _, names in os.walk(folder):
     out += [os.path.join(dirpath, n) for n in names]
@@ -317,9 +312,7 @@ def list_dir(path: str) -> tuple[list[str], list[str]]:
     (folder names, file names).
   """
   if is_gcs(path):
-    bucket, name = _split_gcs(path)
-    prefix = name.rstrip("/") + "/" if name else ""
-    it = _gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/")
+    prefix, it = _listing(path, delimiter="/")
     files = sorted(b.name[len(prefix):] for b in it if b.name != prefix)
     dirs = sorted(p[len(prefix):].rstrip("/") for p in it.prefixes)
     return dirs, [f for f in files if f]
@@ -341,7 +334,7 @@ def download(path: str, local_path: str) -> None:
   tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
   try:
     if is_gcs(path):
-      _blob(path).download_to_filename(tmp)
+      _blob(path).download_to_filename(tmp, retry=retry.named(path))  # a retry resumes where the answer broke
     else:
       shutil.copyfile(path, tmp)
     os.replace(tmp, local_path)
@@ -385,17 +378,16 @@ class LocalCopy:
 
 
 COMPOSE_MAX_SOURCES = 32  # GCS composes at most 32 objects per request
-COMPOSE_RETRY_S = 120.0  # how long a compose request is retried on transient errors (the client's default)
 
 
-def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32) -> None:
+def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32,
+            policy: retry.Policy | None = None) -> None:
   """Joins gs:// objects, in order, into `dest` by object composition (no byte passes through here).
 
   At most `max_sources` objects per compose request: more are composed in a tree, each level
   joining runs of `max_sources` into intermediate objects `<scratch>/compose-<level>-<i>`, which
   are deleted once `dest` exists (and when a compose fails). Every request is retried on transient
-  errors for `COMPOSE_RETRY_S` seconds: composing the same sources into the same name again gives the
-  same object.
+  errors by `policy`: composing the same sources into the same name again gives the same object.
 
       compose([f"gs://b/run/_parts/p{i}" for i in range(100)], "gs://b/run/g.graphbin", "gs://b/run/_parts")
 
@@ -404,13 +396,13 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32) 
     dest: the gs:// object written (replaced if it exists), in the same bucket.
     scratch: a gs:// folder of the same bucket for the intermediate objects.
     max_sources: sources per request (2..32; tests lower it to build a deeper tree).
+    policy: the retry policy of each request (None: the process's, `formats.storage.retry.default()`).
 
   Raises:
     ValueError: no sources, a bad `max_sources`, or paths in different buckets or not on gs://.
-    google.api_core.exceptions.GoogleAPICallError: a request failed past its retries.
+    formats.storage.retry.RetryExhausted: a request met transient errors until the policy gave up.
+    google.api_core.exceptions.GoogleAPICallError: a request was refused (a missing source: NotFound).
   """
-  from google.cloud.storage.retry import DEFAULT_RETRY
-
   if not sources:
     raise ValueError(f"compose into {dest}: no sources")
   if not 2 <= max_sources <= 32:
@@ -418,7 +410,7 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32) 
   bucket = _split_gcs(dest)[0]
   if any(not is_gcs(p) or _split_gcs(p)[0] != bucket for p in [*sources, scratch]):
     raise ValueError(f"compose into {dest}: every source and the scratch folder must be in gs://{bucket}")
-  retry = DEFAULT_RETRY.with_timeout(COMPOSE_RETRY_S)
+  policy = policy or retry.default()
   made: list[str] = []
   try:
     level, layer = 0, list(sources)
@@ -428,15 +420,15 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32) 
       for i, group in enumerate(groups):
         name = join(scratch, f"compose-{level}-{i:06d}")
         made.append(name)
-        _compose_once(group, name, retry)
+        _compose_once(group, name, policy)
         layer.append(name)
       level += 1
-    _compose_once(layer, dest, retry)
+    _compose_once(layer, dest, policy)
   finally:
     delete_many(made)
 
 
-def _compose_once(sources: list[str], dest: str, retry) -> None:
+def _compose_once(sources: list[str], dest: str, policy: retry.Policy) -> None:
   blob = _blob(dest)
   blob.content_type = "application/octet-stream"
-  blob.compose([_blob(p) for p in sources], retry=retry)
+  blob.compose([_blob(p) for p in sources], retry=policy.named(f"composing {dest}"))

@@ -5,8 +5,9 @@
              checks=[RangeCheck("indptr", 64, 8008, 0x1c2b3a49)], options=DownloadOptions(streams=8))
 
 How: `streams` threads fetch `chunk_bytes` ranges of the object (each read
-pinned to the generation seen first, each retried with backoff on transient
-errors) and os.pwrite them into a preallocated `<dest>.partial`. The calling
+pinned to the generation seen first, each retried on transient errors by the
+formats.storage.retry policy that `DownloadOptions` describes; nothing above a
+read retries) and os.pwrite them into a preallocated `<dest>.partial`. The calling
 thread walks the chunks on disk in file order, reading them back, and extends
 the SHA-256 of the whole file (the manifest's digest, the trust anchor) and
 the CRC32C of every `RangeCheck` as it goes: verification ends with the last
@@ -34,23 +35,24 @@ import errno
 import fcntl
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
-import random
 import shutil
 import sys
 import threading
 import time
 
 import google_crc32c
+import tqdm
 
-from formats.storage import files, gcs_media
+from formats.storage import files, gcs_media, retry
 from formats.errors import CorruptRecordError
 
 __all__ = [
     "DownloadOptions", "DownloadStats", "NotEnoughSpaceError", "RangeCheck", "RemoteObject", "SourceChangedError",
-    "download", "is_transient", "read_range", "remote_object",
+    "download", "read_range", "remote_object",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,8 +64,9 @@ FETCHED_SUFFIX = ".fetched"  # the SHA-256 of a verified download, written just 
 LOCK_SUFFIX = ".lock"  # taken by one download at a time; never deleted (a waiter must lock the same file)
 _SIDECAR_FORMAT = "tpu_shards.partial_download"
 _HASH_BLOCK = 8 * MiB  # bytes read back from the partial file at a time for hashing
-_MAX_BACKOFF_S = 30.0
-# How often a non-TTY progress report is logged, and how often a TTY bar is redrawn (seconds).
+# How long a read of a range is retried on transient errors by default (google-cloud-storage's own default).
+RETRY_SECONDS = 120.0
+# How often a non-TTY progress line is logged, and how often a TTY bar is redrawn (seconds; tqdm's mininterval).
 LOG_EVERY_S = 5.0
 _BAR_EVERY_S = 0.2
 
@@ -83,9 +86,12 @@ class DownloadOptions:
   Attributes:
     streams: ranged reads in flight at once (threads).
     chunk_bytes: bytes per ranged read; each stream holds one chunk in memory.
-    retries: further tries of a chunk after a transient error (HTTP 429/5xx,
-      a dropped or timed-out connection, a short read).
-    backoff_s: the first wait before a retry; doubled each time (jittered, at most 30 s).
+    retries: at most this many further tries of a range after a transient error
+      (formats.storage.retry.is_transient: HTTP 408/429/5xx, a dropped, cut or
+      timed-out connection).
+    backoff_s: the first wait's upper bound; doubled each retry, full jitter, at most
+      formats.storage.retry.MAXIMUM_S.
+    retry_seconds: the deadline of a range's retries, from its first try.
     progress: show progress: a bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds.
     durable: fsync the file before it is renamed into place, and record what is on disk for a later call to
       resume (a cache that outlives the process); False for a copy nobody reads after a crash (the loaders'
@@ -98,6 +104,7 @@ class DownloadOptions:
   chunk_bytes: int = 32 * MiB
   retries: int = 5
   backoff_s: float = 0.5
+  retry_seconds: float = RETRY_SECONDS
   progress: bool = True
   durable: bool = True
   timeout_s: float | None = None
@@ -109,10 +116,17 @@ class DownloadOptions:
       raise ValueError(f"chunk_bytes must be an integer >= 4096, got {self.chunk_bytes!r}")
     if not isinstance(self.retries, int) or self.retries < 0:
       raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
-    if self.backoff_s < 0:
-      raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s!r}")
+    if not 0 <= self.backoff_s <= retry.MAXIMUM_S:
+      raise ValueError(f"backoff_s must be in [0, {retry.MAXIMUM_S:g}], got {self.backoff_s!r}")
+    if not 0 <= self.retry_seconds < float("inf"):
+      raise ValueError(f"retry_seconds must be >= 0 and finite, got {self.retry_seconds!r}")
     if self.timeout_s is not None and not self.timeout_s > 0:
       raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+
+  @property
+  def policy(self) -> retry.Policy:
+    """The retry policy of one range: `retries` further tries at most, within `retry_seconds`."""
+    return retry.Policy(initial=self.backoff_s, timeout=self.retry_seconds, attempts=self.retries + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +205,7 @@ class DownloadStats:
     bytes_fetched: bytes read from the object in this call.
     ranges_fetched: the [start, stop) ranges read in this call, sorted.
     bytes_resumed: bytes an earlier call had left in the partial file and this one kept.
-    retries: chunk reads retried after a transient error.
+    retries: transient errors the range reads met (each retried unless the policy then gave up).
     seconds: wall time of the call.
   """
 
@@ -216,7 +230,7 @@ def remote_object(path: str) -> RemoteObject:
   """
   blob = files.gcs_blob(path)
   try:
-    blob.reload()
+    blob.reload(retry=retry.named(path))
   except files.gcs_not_found():
     raise FileNotFoundError(path) from None
   return RemoteObject(path, int(blob.size), int(blob.generation))
@@ -230,8 +244,8 @@ def read_range(obj: RemoteObject, start: int, stop: int, options: DownloadOption
     obj: the object (its generation, once pinned, is required to match).
     start: the first byte.
     stop: one past the last byte.
-    options: the retry budget and backoff.
-    stats: counts retries when given.
+    options: the retry policy (`DownloadOptions.policy`) and the read timeout.
+    stats: counts the transient errors met when given.
 
   Returns:
     Exactly stop - start bytes.
@@ -239,7 +253,7 @@ def read_range(obj: RemoteObject, start: int, stop: int, options: DownloadOption
   Raises:
     SourceChangedError: the object was replaced (HTTP 412, or another generation answered) or deleted.
     CorruptRecordError: the object's size is not `obj.size`.
-    ConnectionError: transient errors outlasted the retries (the partial stays resumable).
+    formats.storage.retry.RetryExhausted: (a ConnectionError) transient errors outlasted the retries.
   """
   if stop <= start:
     return b""
@@ -252,11 +266,12 @@ def read_range_into(obj: RemoteObject, start: int, buffer, options: DownloadOpti
                     stats: DownloadStats | None = None) -> None:
   """Fills `buffer` with the object's bytes [start, start + len(buffer)); as `read_range`, without a copy."""
   stop = start + len(buffer)
-  for attempt in range(options.retries + 1):
+  read_timeout = options.timeout_s or gcs_media.DEFAULT_TIMEOUT_S
+
+  def attempt(timeout: float) -> None:
     try:
       obj._answered(gcs_media.read_into(obj.path, start, buffer, generation=obj.generation,
-                                        timeout=options.timeout_s))
-      return
+                                        timeout=min(timeout, read_timeout)))
     except gcs_media.ObjectTooShort as e:
       raise CorruptRecordError(f"{obj.path}: {e.size} bytes, the manifest says {obj.size}") from None
     except gcs_media.GenerationMismatch:
@@ -266,41 +281,19 @@ def read_range_into(obj: RemoteObject, start: int, buffer, options: DownloadOpti
       if obj.generation is None:
         raise
       raise SourceChangedError(f"{obj.path} was deleted during the download") from None
-    except Exception as e:
-      if not _transient(e):
-        raise
-      if attempt == options.retries:
-        raise ConnectionError(f"{obj.path}: bytes [{start}, {stop}) failed {attempt + 1} times, last: "
-                              f"{type(e).__name__}: {e}") from e
-      if stats is not None:
-        stats.retries += 1  # a racy count across threads is fine: it is a report
-      delay = min(options.backoff_s * 2**attempt, _MAX_BACKOFF_S) * random.uniform(0.5, 1.0)
-      logger.info("%s: bytes [%d, %d): %s, retrying in %.2f s", obj.path, start, stop, type(e).__name__, delay)
-      time.sleep(delay)
-  raise AssertionError("unreachable")
 
+  def failed(e: BaseException) -> None:
+    if stats is not None:
+      stats.retries += 1  # a racy count across threads is fine: it is a report
+    logger.info("%s: bytes [%d, %d): %s: %s; retrying while the policy allows", obj.path, start, stop,
+                type(e).__name__, e)
 
-@functools.lru_cache(maxsize=1)
-def _transient_types() -> tuple[type[Exception], ...]:
-  from google.api_core import exceptions as api
-  import requests
-
-  return (api.TooManyRequests, api.InternalServerError, api.BadGateway, api.ServiceUnavailable,
-          api.GatewayTimeout, requests.ConnectionError, requests.Timeout,
-          requests.exceptions.ChunkedEncodingError, ConnectionError, TimeoutError)
-
-
-def is_transient(e: BaseException) -> bool:
-  """Whether a failed read is worth another try: HTTP 429/5xx, a dropped or timed-out connection, a short read
-  (never a wrong answer: those are not retried)."""
-  return isinstance(e, _transient_types())
-
-
-_transient = is_transient
+  options.policy.call(attempt, f"{obj.path}: bytes [{start}, {stop})", on_error=failed)
 
 
 def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCheck] = (),
-             options: DownloadOptions = DownloadOptions()) -> DownloadStats:
+             options: DownloadOptions = DownloadOptions(),
+             pool: concurrent.futures.Executor | None = None) -> DownloadStats:
   """Downloads `obj` to the local file `dest`, verified, resuming an earlier partial download.
 
   Args:
@@ -308,7 +301,9 @@ def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCh
     dest: the local file (its folder is created). Renamed into place only when verified.
     sha256: the expected hex SHA-256 of the whole object.
     checks: ranges whose CRC32C is checked as their bytes arrive.
-    options: streams, chunk size, retries, progress.
+    options: streams, chunk size, the retry policy of each range, progress.
+    pool: the threads that run the ranged reads (a caller downloading many objects shares one); None: a pool
+      of `options.streams` threads for this call. Either way at most `options.streams` reads are in flight.
 
   Returns:
     What was fetched.
@@ -317,7 +312,8 @@ def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCh
     NotEnoughSpaceError: the disk of `dest` lacks room for what is still missing (checked before anything is written).
     CorruptRecordError: a range's CRC32C or the SHA-256 differs; the partial download is deleted.
     SourceChangedError: the object was replaced or deleted meanwhile; the partial download is deleted.
-    ConnectionError: a chunk kept failing; the partial download stays, and the next call resumes it.
+    formats.storage.retry.RetryExhausted: (a ConnectionError) a range kept failing; the partial download stays,
+      and the next call resumes it.
 
   Two processes downloading into the same `dest` do not race: they take turns on `dest + ".lock"` (a file
   never deleted, so both always lock the same one). The second waits, then returns the copy the first
@@ -344,7 +340,7 @@ def download(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCh
     _remove(dest)
     for attempt in (1, 2):
       try:
-        _download_locked(obj, dest, sha256, checks, options, stats)
+        _download_locked(obj, dest, sha256, checks, options, stats, pool)
         break
       except (CorruptRecordError, SourceChangedError):
         _discard(dest)
@@ -369,7 +365,7 @@ def _fetched(dest: str, sha256: str) -> bool:
 
 
 def _download_locked(obj: RemoteObject, dest: str, sha256: str, checks: Sequence[RangeCheck],
-                     options: DownloadOptions, stats: DownloadStats) -> None:
+                     options: DownloadOptions, stats: DownloadStats, pool: concurrent.futures.Executor | None) -> None:
   """One attempt of `download`, with the lock held: resumes a partial that matches, else starts over."""
   folder = os.path.dirname(os.path.abspath(dest))
   done = _resumable_ranges(dest, obj)
@@ -380,7 +376,7 @@ def _download_locked(obj: RemoteObject, dest: str, sha256: str, checks: Sequence
     if not done:
       _start_over(fd, obj, dest, preallocate=options.durable)
     stats.bytes_resumed = sum(b - a for a, b in done)
-    _Run(obj, dest, fd, sha256, checks, options, stats, done).go()
+    _Run(obj, dest, fd, sha256, checks, options, stats, done, pool).go()
     with open(dest + FETCHED_SUFFIX + ".tmp", "w") as f:  # the stamp first: a dest is never there without it
       f.write(sha256)
     os.replace(dest + FETCHED_SUFFIX + ".tmp", dest + FETCHED_SUFFIX)
@@ -394,8 +390,9 @@ class _Run:
   """One call's chunks in flight, the in-order verifier and the progress report."""
 
   def __init__(self, obj: RemoteObject, dest: str, fd: int, sha256: str, checks: Sequence[RangeCheck],
-               options: DownloadOptions, stats: DownloadStats, done: list[tuple[int, int]]):
-    self.obj, self.dest, self.fd, self.options, self.stats = obj, dest, fd, options, stats
+               options: DownloadOptions, stats: DownloadStats, done: list[tuple[int, int]],
+               pool: concurrent.futures.Executor | None):
+    self.obj, self.dest, self.fd, self.options, self.stats, self.pool = obj, dest, fd, options, stats, pool
     self.done = list(done)
     self.lock = threading.Lock()
     self.stop = threading.Event()
@@ -410,12 +407,17 @@ class _Run:
 
   def go(self) -> None:
     step = self.options.chunk_bytes
-    missing = [(a, min(a + step, hi)) for lo, hi in _missing(self.done, self.obj.size) for a in range(lo, hi, step)]
-    pool = concurrent.futures.ThreadPoolExecutor(self.options.streams, thread_name_prefix="gcs-download")
+    todo = iter([(a, min(a + step, hi)) for lo, hi in _missing(self.done, self.obj.size) for a in range(lo, hi, step)])
+    own = self.pool is None
+    pool = self.pool or concurrent.futures.ThreadPoolExecutor(self.options.streams, thread_name_prefix="gcs-download")
+    pending: set[concurrent.futures.Future] = set()
     ok = False
     try:
-      pending = {pool.submit(self._fetch, a, b) for a, b in missing}
-      while pending:
+      while True:
+        for a, b in itertools.islice(todo, self.options.streams - len(pending)):  # `streams` reads in flight
+          pending.add(pool.submit(self._fetch, a, b))
+        if not pending:
+          break
         finished, pending = concurrent.futures.wait(pending, timeout=_BAR_EVERY_S,
                                                     return_when=concurrent.futures.FIRST_COMPLETED)
         for f in finished:
@@ -432,7 +434,11 @@ class _Run:
       ok = True
     finally:
       self.stop.set()
-      pool.shutdown(wait=True, cancel_futures=True)
+      for f in pending:
+        f.cancel()
+      concurrent.futures.wait(pending)  # the reads in flight end before the file is closed
+      if own:
+        pool.shutdown(wait=True)
       self.progress.close(ok, self.stats)
 
   def _fetch(self, start: int, stop: int) -> None:
@@ -559,50 +565,60 @@ class _Verifier:
                                f"{self.expected[:12]}... (corrupt or changed); the download was discarded")
 
 
+class _Bar(tqdm.tqdm):
+  """tqdm with the download's fields: megabytes, and the rate of this call's bytes in MB/s; no monitor thread."""
+
+  monitor_interval = 0
+
+  @property
+  def format_dict(self):
+    d = super().format_dict
+    rate = (d["n"] - d["initial"]) / max(d["elapsed"], 1e-9)
+    return {**d, "have": _mb(d["n"]), "size": _mb(d["total"] or 0), "mb_per_s": f"{rate / 1e6:.1f}"}
+
+
+class _LogLines:
+  """Where the bar is drawn when stderr is not a terminal: each line tqdm draws is logged instead."""
+
+  def write(self, text: str) -> None:
+    line = text.strip("\r\n ")
+    if line:
+      logger.info("%s", line)
+
+  def flush(self) -> None:
+    pass
+
+
 class _Progress:
-  """A bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds."""
+  """tqdm's bar on stderr when it is a terminal (redrawn every _BAR_EVERY_S), else its line logged every
+  LOG_EVERY_S seconds; a summary line logged at the end."""
+
+  _FORMAT = "{desc}: {have} / {size} ({percentage:.0f}%), {mb_per_s} MB/s, ETA {remaining}"
 
   def __init__(self, label: str, total: int, resumed: int, options: DownloadOptions):
-    self.label, self.total, self.resumed, self.streams = label, total, resumed, options.streams
-    self.enabled = options.progress
-    self.tty = self.enabled and sys.stderr.isatty()
-    self.start = self.last = time.monotonic()
-    self.have = resumed
-    if self.enabled and not self.tty:
+    self.label, self.total, self.streams = label, total, options.streams
+    self.start = time.monotonic()
+    self.bar = None
+    if not options.progress:
+      return
+    tty = sys.stderr.isatty()
+    if not tty:
       logger.info("%s: downloading %s with %d streams%s", label, _mb(total), options.streams,
                   f", {_mb(resumed)} already on disk" if resumed else "")
-
-  def _line(self, now: float) -> str:
-    rate = (self.have - self.resumed) / max(now - self.start, 1e-9)
-    left = self.total - self.have
-    eta = f"{left / rate:.0f} s" if rate > 0 else "?"
-    pct = 100.0 * self.have / self.total if self.total else 100.0
-    return f"{self.label}: {_mb(self.have)} / {_mb(self.total)} ({pct:.0f}%), {rate / 1e6:.1f} MB/s, ETA {eta}"
+    self.bar = _Bar(total=total, initial=resumed, desc=label, bar_format=self._FORMAT, smoothing=0,
+                    file=sys.stderr if tty else _LogLines(), mininterval=_BAR_EVERY_S if tty else LOG_EVERY_S)
 
   def update(self, have: int) -> None:
-    self.have = have
-    if not self.enabled:
-      return
-    now = time.monotonic()
-    if now - self.last < (_BAR_EVERY_S if self.tty else LOG_EVERY_S):
-      return
-    self.last = now
-    if self.tty:
-      sys.stderr.write("\r" + self._line(now) + "\x1b[K")
-      sys.stderr.flush()
-    else:
-      logger.info("%s", self._line(now))
+    if self.bar is not None and have > self.bar.n:
+      self.bar.update(have - self.bar.n)
 
   def close(self, ok: bool, stats: DownloadStats) -> None:
-    if not self.enabled:
+    if self.bar is None:
       return
-    now = time.monotonic()
     if ok:
-      self.have = self.total
-    if self.tty:
-      sys.stderr.write("\r" + self._line(now) + "\x1b[K\n")
-      sys.stderr.flush()
-    elapsed = now - self.start
+      self.update(self.total)
+    self.bar.close()
+    elapsed = time.monotonic() - self.start
     logger.info("%s: %s %s in %.1f s (%.1f MB/s, %d streams, %d retries)", self.label,
                 "downloaded" if ok else "stopped after", _mb(stats.bytes_fetched), elapsed,
                 stats.bytes_fetched / max(elapsed, 1e-9) / 1e6, self.streams, stats.retries)

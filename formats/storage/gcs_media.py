@@ -20,11 +20,13 @@ credentials, refreshed by google-auth); against STORAGE_EMULATOR_HOST no
 credentials are sent, as google-cloud-storage does. An HTTPS proxy from the
 environment (`https_proxy`, `no_proxy`) is tunnelled through (CONNECT).
 
-Errors: 404 FileNotFoundError, 412 GenerationMismatch, an object shorter than the range ObjectTooShort
-(its size), 408, 429 and 5xx TransientHTTPError, a dropped, timed-out, cut or
-refused connection, a TLS or name-resolution failure ConnectionError or
-TimeoutError (all transient: the caller retries), 401 (after one refresh of
-the credentials) and 403 PermissionError, any other answer OSError. A
+Each call is one attempt (formats.storage.retry classifies its errors; the
+caller's policy retries). Errors: 404 FileNotFoundError, 412 GenerationMismatch,
+an object shorter than the range ObjectTooShort (its size), 408, 429 and 5xx
+TransientHTTPError, a dropped, timed-out, cut or refused connection, a TLS or
+name-resolution failure ConnectionError or TimeoutError (all transient), 401
+(after one refresh of the credentials) and 403 PermissionError, any other
+answer OSError (none of those transient). A
 connection is reused only after its answer was read to the end, and not after
 _IDLE_S idle; one the far end closed while idle is replaced at once, without
 counting as a failed try. The pool is emptied in a forked child.
@@ -46,7 +48,7 @@ import urllib.request
 __all__ = ["DEFAULT_TIMEOUT_S", "GenerationMismatch", "MediaAnswer", "ObjectTooShort", "TransientHTTPError",
            "endpoint", "read_into"]
 
-# A socket read that waits longer than this fails (a stalled stream), and the caller's retry takes over.
+# A socket read that waits longer than this fails (a stalled stream), and the caller's retry policy takes over.
 DEFAULT_TIMEOUT_S = 60.0
 _GCS = "https://storage.googleapis.com"
 _SCOPES = ("https://www.googleapis.com/auth/devstorage.read_only",)
@@ -111,7 +113,7 @@ def read_into(path: str, start: int, buffer, *, generation: int | None = None,
   Raises:
     FileNotFoundError: no such object (HTTP 404).
     GenerationMismatch: `generation` is no longer the object's (HTTP 412), or another generation answered.
-    TransientHTTPError, ConnectionError, TimeoutError: worth another try.
+    TransientHTTPError, ConnectionError, TimeoutError: worth another try (formats.storage.retry.is_transient).
     PermissionError: HTTP 401 or 403.
     OSError: any other answer, or bytes past the object's end asked for.
   """

@@ -21,9 +21,10 @@ object-name prefix. Listing is recursive and literal:
 `read_input` reads a whole file, up to a cap (`ReadPolicy.max_bytes`). Errors
 that are properties of the file (not a regular file, vanished, permission
 denied, over the cap) raise `Unreadable`, a reject.
-Transient errors (HTTP 5xx/429, timeouts, connection resets or aborts) are
-retried with exponential backoff and jitter for up to `budget` seconds, then raise
-`TransientInputError`, which fails the job: a network blip never becomes a reject.
+Transient errors (formats.storage.retry: HTTP 408/429/5xx, timeouts, connection
+resets or aborts) are retried by the toolkit's one retry policy, each request for up
+to `budget` seconds (--transient_retry_seconds), then raise `TransientInputError`,
+which fails the job: a network blip never becomes a reject.
 Reasons never contain file contents or `str()` of an arbitrary exception.
 
 Only the `ListFiles` transform at the end needs Beam.
@@ -31,31 +32,23 @@ Only the `ListFiles` transform at the end needs Beam.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 import dataclasses
 import errno
 import os
-import random
 import stat
-import time
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import apache_beam as beam
 from google.api_core import exceptions as gexc
-from google.auth import exceptions as auth_exc
-from google.cloud.storage import exceptions as storage_exc
-import requests
-import urllib3
 
 from formats.storage import files as fs
+from formats.storage import retry
 
-DEFAULT_TRANSIENT_RETRY_SECONDS = 300.0
+DEFAULT_TRANSIENT_RETRY_SECONDS = retry.DEFAULT_DEADLINE_S
+TRANSIENT_RETRY_FLAG = "--transient_retry_seconds"
 # Largest input file read; a larger one is a reject, found before it is read into memory.
 DEFAULT_MAX_INPUT_BYTES = 2 << 30
-_ATTEMPT_TIMEOUT_S = 60.0  # one HTTP request; a stalled one is retried within the budget
-_FIRST_DELAY_S = 0.5
-_MAX_DELAY_S = 30.0
-_T = TypeVar("_T")
 
 
 class Unreadable(Exception):
@@ -65,8 +58,20 @@ class Unreadable(Exception):
   """
 
 
-class TransientInputError(RuntimeError):
-  """A transient error (5xx, timeout, connection reset) persisted past the retry budget."""
+class TransientInputError(retry.RetryExhausted):
+  """A transient error (5xx, timeout, connection reset) persisted past --transient_retry_seconds: the job fails."""
+
+
+def retry_policy(budget: float) -> retry.Policy:
+  """The retry policy of the inputs' reads and listings: a deadline of `budget` seconds per request.
+
+  Args:
+    budget: seconds (--transient_retry_seconds).
+
+  Returns:
+    The policy; it gives up with TransientInputError.
+  """
+  return retry.Policy(timeout=budget, flag=TRANSIENT_RETRY_FLAG, error=TransientInputError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +86,11 @@ class ReadPolicy:
       raise ValueError(f"retry_seconds must be >= 0 and finite, got {self.retry_seconds}")
     if self.max_bytes < 1:
       raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+
+  @property
+  def retry_policy(self) -> retry.Policy:
+    """The retry policy of the reads (`retry_policy(retry_seconds)`)."""
+    return retry_policy(self.retry_seconds)
 
   def read(self, path: str) -> bytes:
     """`read_input` under this policy.
@@ -339,17 +349,14 @@ def _list_gcs(root: str, budget: float, max_files: int | None = None) -> Listing
 def _list_gcs_prefix(bucket: str, prefix: str, budget: float, max_files: int | None = None) -> Listing:
   """Every object under exactly `prefix` (no folder rule applied: `a//` stays `a//`)."""
   root = f"gs://{bucket}/{prefix}"
-
-  def names(timeout: float) -> list[tuple[str, int]]:
-    blobs = fs.gcs_client().list_blobs(bucket, prefix=prefix, retry=None, timeout=timeout)
-    out = []
-    for b in blobs:  # page by page: stop as soon as the limit is passed
-      out.append((b.name, b.size or 0))
-      if max_files is not None and len(out) > max_files:
-        raise TooManyFiles(root, max_files)
-    return out
-
-  found = sorted(n for n in with_retries(names, f"listing {root}", budget) if not n[0].endswith("/"))
+  policy = retry_policy(budget)
+  names = []
+  for b in fs.gcs_client().list_blobs(bucket, prefix=prefix, retry=policy.named(f"listing {root}"),
+                                      timeout=policy.attempt_timeout()):  # each page retried
+    names.append((b.name, b.size or 0))
+    if max_files is not None and len(names) > max_files:  # page by page: stop as soon as the limit is passed
+      raise TooManyFiles(root, max_files)
+  found = sorted(n for n in names if not n[0].endswith("/"))
   return Listing([InputFile(f"gs://{bucket}/{n}") for n, _ in found], [], [size for _, size in found])
 
 
@@ -372,13 +379,11 @@ def list_gcs_level(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS)
   """
   bucket, name = fs.split_gcs(folder)
   prefix = name.rstrip("/") + "/" if name else ""
-
-  def level(timeout: float) -> tuple[list[tuple[str, int]], list[str]]:
-    it = fs.gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=None, timeout=timeout)
-    blobs = [(b.name, b.size or 0) for b in it]  # the prefixes are known once the pages are read
-    return blobs, sorted(it.prefixes)
-
-  blobs, prefixes = with_retries(level, f"listing {folder}", budget)
+  policy = retry_policy(budget)
+  it = fs.gcs_client().list_blobs(bucket, prefix=prefix, delimiter="/", retry=policy.named(f"listing {folder}"),
+                                  timeout=policy.attempt_timeout())
+  blobs = [(b.name, b.size or 0) for b in it]  # each page retried; the prefixes are known once the pages are read
+  prefixes = sorted(it.prefixes)
   found = sorted(b for b in blobs if not b[0].endswith("/"))
   return (Listing([InputFile(f"gs://{bucket}/{n}") for n, _ in found], [], [size for _, size in found]),
           [f"gs://{bucket}/{p}" for p in prefixes])
@@ -433,69 +438,6 @@ def list_tree(folder: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS, inpu
 
 # ---------------------------------------------------------------- reading
 
-_TRANSIENT_ERRNOS = frozenset(
-    getattr(errno, n) for n in ("ETIMEDOUT", "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EHOSTUNREACH",
-                                "ENETUNREACH", "ENETDOWN", "ENETRESET", "EPIPE", "ESTALE") if hasattr(errno, n))
-_TRANSIENT_TYPES = (
-    gexc.TooManyRequests, gexc.ServerError, requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError,
-    auth_exc.TransportError, storage_exc.DataCorruption, ConnectionError, TimeoutError,
-)
-
-
-def is_transient(e: BaseException) -> bool:
-  """True for errors that may pass on a retry: HTTP 5xx/429/408, timeouts, dropped connections.
-
-  Args:
-    e: the exception raised by a read or a listing.
-
-  Returns:
-    Whether to retry.
-  """
-  if isinstance(e, storage_exc.InvalidResponse):
-    status = getattr(getattr(e, "response", None), "status_code", 0) or 0
-    return status >= 500 or status in (408, 429)
-  if isinstance(e, _TRANSIENT_TYPES):
-    return True
-  return isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS
-
-
-def with_retries(fn: Callable[[float], _T], what: str, budget: float) -> _T:
-  """`fn(timeout)`, retried on transient errors with exponential backoff and full
-  jitter for up to `budget` seconds; then TransientInputError naming `what`.
-
-  Args:
-    fn: the call, given the timeout in seconds for this attempt.
-    what: what `fn` does, for the error message (never file contents).
-    budget: seconds to keep retrying.
-
-  Returns:
-    What `fn` returned.
-
-  Raises:
-    TransientInputError: transient errors persisted past `budget`.
-    Exception: any error that `is_transient` rejects, from `fn` unchanged.
-  """
-  deadline = time.monotonic() + budget
-  attempts = 0
-  while True:
-    attempts += 1
-    remaining = deadline - time.monotonic()
-    try:
-      return fn(max(1.0, min(_ATTEMPT_TIMEOUT_S, remaining)))
-    except Exception as e:
-      if not is_transient(e):
-        raise
-      remaining = deadline - time.monotonic()
-      if remaining <= 0:
-        raise TransientInputError(
-            f"{what}: transient {type(e).__name__} persisted after {attempts} attempts in "
-            f"{budget:g} s (--transient_retry_seconds)") from e
-      # Jitter spreads the retries of many workers; it is timing only, never data.
-      delay = random.uniform(0, min(_MAX_DELAY_S, _FIRST_DELAY_S * 2 ** (attempts - 1)))
-      time.sleep(min(delay, remaining))
-
-
 def _too_large(size: int | str, max_bytes: int) -> Unreadable:
   return Unreadable(f"file too large: {size} bytes > {max_bytes} (--max_input_bytes)")
 
@@ -504,37 +446,33 @@ def _read_local(location: str, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> byte
   """The bytes of a regular file. O_NONBLOCK: opening a FIFO or a device never waits."""
   try:
     fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+      st = os.fstat(fd)
+      if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(f"not a regular file ({'folder' if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)})")
+      if st.st_size > max_bytes:
+        raise _too_large(st.st_size, max_bytes)
+      chunks, total = [], 0
+      while chunk := os.read(fd, 1 << 24):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > max_bytes:  # it grew while being read
+          raise _too_large(f"more than {max_bytes}", max_bytes)
+      return b"".join(chunks)
+    finally:
+      os.close(fd)
   except OSError as e:
-    if e.errno in _TRANSIENT_ERRNOS:
+    if retry.is_transient(e):  # a network file system's fault (a timeout, a stale handle): retried
       raise
     raise Unreadable(_os_reason(e)) from None
-  try:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-      raise Unreadable(f"not a regular file ({'folder' if stat.S_ISDIR(st.st_mode) else _kind(st.st_mode)})")
-    if st.st_size > max_bytes:
-      raise _too_large(st.st_size, max_bytes)
-    chunks, total = [], 0
-    while chunk := os.read(fd, 1 << 24):
-      chunks.append(chunk)
-      total += len(chunk)
-      if total > max_bytes:  # it grew while being read
-        raise _too_large(f"more than {max_bytes}", max_bytes)
-    return b"".join(chunks)
-  except OSError as e:
-    if e.errno in _TRANSIENT_ERRNOS:
-      raise
-    raise Unreadable(_os_reason(e)) from None
-  finally:
-    os.close(fd)
 
 
-def _read_gcs(path: str, timeout: float, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
+def _read_gcs(path: str, policy: retry.Policy, max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> bytes:
   bucket, name = fs.split_gcs(path)
   try:
     # One byte past the cap tells a too-large object without downloading all of it.
     data = fs.gcs_client().bucket(bucket).blob(name).download_as_bytes(
-        start=0, end=max_bytes, retry=None, timeout=timeout)
+        start=0, end=max_bytes, retry=policy.named(f"reading {path}"), timeout=policy.attempt_timeout())
     if len(data) > max_bytes:
       raise _too_large(f"more than {max_bytes}", max_bytes)
     return data
@@ -550,7 +488,7 @@ def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS,
 
   Args:
     path: the file to read.
-    budget: seconds to retry transient errors.
+    budget: seconds to retry transient errors (the retry policy's deadline).
     max_bytes: the largest file accepted.
 
   Returns:
@@ -560,9 +498,10 @@ def read_input(path: str, budget: float = DEFAULT_TRANSIENT_RETRY_SECONDS,
     Unreadable: the file's own fault (a reject), including a file larger than `max_bytes`.
     TransientInputError: the job's: transient errors persisted for `budget` seconds.
   """
+  policy = retry_policy(budget)
   if is_gcs(path):
-    return with_retries(lambda timeout: _read_gcs(path, timeout, max_bytes), f"reading {path}", budget)
-  return with_retries(lambda _: _read_local(path, max_bytes), f"reading {printable(path)}", budget)
+    return _read_gcs(path, policy, max_bytes)
+  return policy.call(lambda _: _read_local(path, max_bytes), f"reading {printable(path)}")
 
 
 # ---------------------------------------------------------------- Beam

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from formats.storage import gcs_download, gcs_media
+from formats.storage import gcs_download, gcs_media, retry
 from formats.errors import CorruptRecordError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
@@ -123,4 +123,4 @@ def test_a_kept_connection_the_server_closed_is_replaced_and_network_errors_are_
   monkeypatch.setattr(socket, "create_connection", unreachable)
   with pytest.raises(ConnectionError, match="gaierror") as e:
     gcs_media.read_into(path, 0, buffer)
-  assert gcs_download.is_transient(e.value)  # retried by read_range, not reported as a bad object
+  assert retry.is_transient(e.value)  # retried by read_range, not reported as a bad object

@@ -509,25 +509,82 @@ def test_a_record_stream_nobody_uses_is_collected(many_shards, gcs_emulator, tmp
   assert not [f for _, _, fs in os.walk(tmp_path) for f in fs], "the private folder outlived the loader"
 
 
+def _wait_for(condition, seconds: float = 20.0) -> None:
+  deadline = time.monotonic() + seconds
+  while not condition():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.02)
+
+
 @pytest.mark.gcs
-def test_record_reads_that_failed_while_prefetched_are_read_again(many_shards, gcs_emulator, tmp_path, monkeypatch):
+def test_a_record_read_ahead_that_gave_up_is_read_again_for_its_batch(many_shards, gcs_emulator, tmp_path,
+                                                                      monkeypatch):
+  """One level of retries: a piece read ahead whose retry policy gave up (an outage while it was prefetched)
+  is read once more when its batch is asked for; a read that gives up while its batch waits is raised, and
+  the next ask of that batch reads it again."""
+  from formats.outputs.output import open_output
+  from formats.storage import retry
   from loaders._stream import RecordStream
 
   gs = f"gs://{gcs_emulator}/stream/raw_retry"
   upload_tree(many_shards, gs)
-  kw = {"batch_size": 4, "window_shards": 2, "order": "global", "shard_count": 2, "num_threads": 2, "seed": 1}
-  want = _batches(grain_loader.dataset(many_shards, **kw))
-  real, failed = RecordStream._fetch_piece, set()
+  info = load_manifest(many_shards).splits["train"].shards
+  order = WindowOrder([s.num_records for s in info], 2, 4, seed=1, order="global", shard_count=2)
+  real, outage = RecordStream._fetch_piece, threading.Event()
 
   def flaky(self, piece):
-    key = (piece.k, piece.first, piece.stop)
-    if key not in failed:  # every piece's first read fails, as after an outage that outlasted its retries
-      failed.add(key)
-      raise ConnectionError("an outage")
+    if outage.is_set():
+      raise retry.RetryExhausted(f"shard {piece.k}: an outage")
     return real(self, piece)
   monkeypatch.setattr(RecordStream, "_fetch_piece", flaky)
-  got = _batches(grain_loader.dataset(gs, cache_dir=str(tmp_path), **kw))
-  assert failed and _equal(got, want)
+  stream = RecordStream(open_output(gs), "train", order, order.batches_per_epoch, cache_dir=str(tmp_path), ahead=2)
+  outage.set()
+  with stream.batch(0) as indices:
+    with pytest.raises(retry.RetryExhausted, match="an outage"):
+      stream.raw(int(indices[0]))
+  _wait_for(lambda: 1 in stream._started and all(f.done() for f in stream._started[1].values()))
+  outage.clear()
+  for p in (1, 0):  # read ahead and gave up: read again; asked again after its error: read again
+    with stream.batch(p) as indices:
+      assert [stream.raw(int(i)) for i in indices] == [_local_record(many_shards, int(i)) for i in indices]
+  stream.close()
+
+
+@pytest.mark.gcs
+def test_a_shard_fetched_ahead_that_gave_up_is_fetched_again_for_its_batch(many_shards, gcs_emulator, tmp_path,
+                                                                          monkeypatch):
+  """As for record reads: a shard download that gave up before its batch was asked for is fetched once more
+  for it; one that gives up while a batch waits is raised to that batch."""
+  from formats.outputs.output import open_output
+  from formats.storage import retry
+  from loaders import _stream
+
+  gs = f"gs://{gcs_emulator}/stream/raw_shard_retry"
+  upload_tree(many_shards, gs)
+  info = load_manifest(many_shards).splits["train"].shards
+  order = WindowOrder([s.num_records for s in info], 2, 4, seed=2)
+  real, outage, calls = _stream.download, threading.Event(), []
+
+  def flaky(obj, dest, *a, **k):
+    calls.append(obj.path)
+    if outage.is_set():
+      raise retry.RetryExhausted(f"{obj.path}: an outage")
+    return real(obj, dest, *a, **k)
+  monkeypatch.setattr(_stream, "download", flaky)
+  stream = _stream.ShardStream(open_output(gs), "train", order, order.batches_per_epoch, cache_dir=str(tmp_path))
+  outage.set()
+  with pytest.raises(retry.RetryExhausted, match="an outage"):
+    with stream.batch(0):
+      pass
+  later = next(p for p in range(order.batches_per_epoch) if not set(order.shards(p)) & set(order.shards(0)))
+  wanted = set(order.shards(later))
+  _wait_for(lambda: all(stream._entries.get(k) is not None and stream._entries[k].error is not None
+                        for k in wanted))
+  outage.clear()
+  with stream.batch(later) as indices:
+    assert [stream.raw(int(i)) for i in indices] == [_local_record(many_shards, int(i)) for i in indices]
+  assert all(calls.count(stream.where_shard(k)) >= 2 for k in wanted)  # failed ahead, then fetched for the batch
+  stream.close()
 
 
 def test_a_batch_that_spans_more_than_two_windows_is_refused_up_front(many_shards, tmp_path):
