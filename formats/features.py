@@ -28,7 +28,33 @@ def _dims(shape: tuple[int | None, ...]) -> dict:
   return {"dimensions": [str(-1 if d is None else d) for d in shape]}
 
 
-class _OneKey:
+class _Spec:
+  """What every feature spec does: store a value in Example features, read it back, describe itself."""
+
+  kind: ClassVar[str]  # as in manifest.json's feature descriptions
+
+  def encode_into(self, name: str, value) -> dict[str, bytes]:
+    """The Example features holding one value of the feature `name`: Example key -> serialized Feature."""
+    raise NotImplementedError
+
+  def decode_from(self, name: str, raw) -> Any:
+    """The value of the feature `name` from a decoded Example (`decode_example`)."""
+    raise NotImplementedError
+
+  def keys(self, name: str) -> tuple[str, ...]:
+    """The Example keys the feature `name` uses."""
+    raise NotImplementedError
+
+  def to_json(self) -> dict:
+    """The JSON object describing this feature in manifest.json."""
+    raise NotImplementedError
+
+  def to_tfds(self) -> dict:
+    """The JSON object describing this feature in TFDS's features.json."""
+    raise NotImplementedError
+
+
+class _OneKey(_Spec):
   """Features stored under their own name as one Example feature (all but unknown-shape Tensors).
 
   A subclass defines `encode(value) -> bytes`, the serialized Feature holding
@@ -37,12 +63,15 @@ class _OneKey:
   """
 
   def encode_into(self, name: str, value) -> dict[str, bytes]:
+    """See _Spec.encode_into."""
     return {name: self.encode(value)}
 
   def decode_from(self, name: str, raw) -> Any:
+    """See _Spec.decode_from."""
     return self.decode(raw[name])
 
   def keys(self, name: str) -> tuple[str, ...]:
+    """See _Spec.keys."""
     return (name,)
 
 
@@ -69,19 +98,11 @@ class Image(_OneKey):
     return value[0]
 
   def to_json(self) -> dict:
-    """This feature's description in manifest.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_json."""
     return {"kind": self.kind, "shape": list(self.shape), "dtype": "uint8", "encoding": self.encoding}
 
   def to_tfds(self) -> dict:
-    """This feature's description in TFDS's features.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_tfds."""
     return {
         "pythonClassName": _TFDS + "image_feature.Image",
         "image": {"shape": _dims(self.shape), "dtype": "uint8", "encodingFormat": self.encoding},
@@ -89,7 +110,7 @@ class Image(_OneKey):
 
 
 @dataclasses.dataclass(frozen=True)
-class Tensor:
+class Tensor(_Spec):
   """An array, as TFDS `Tensor` stores it.
 
   encoding="bytes": the raw little-endian bytes in a bytes_list; a shape with more
@@ -193,19 +214,11 @@ class Tensor:
     return (f"{name}/shape", f"{name}/value") if self.dynamic else (name,)
 
   def to_json(self) -> dict:
-    """This feature's description in manifest.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_json."""
     return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "encoding": self.encoding}
 
   def to_tfds(self) -> dict:
-    """This feature's description in TFDS's features.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_tfds."""
     shape = _dims(self.shape) if self.shape else {}
     return {
         "pythonClassName": _TFDS + "tensor_feature.Tensor",
@@ -248,19 +261,11 @@ class ClassLabel(_OneKey):
     return int(value[0])
 
   def to_json(self) -> dict:
-    """This feature's description in manifest.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_json."""
     return {"kind": self.kind, "dtype": "int64", "num_classes": self.num_classes, "names": list(self.names)}
 
   def to_tfds(self) -> dict:
-    """This feature's description in TFDS's features.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_tfds."""
     return {
         "pythonClassName": _TFDS + "class_label_feature.ClassLabel",
         "classLabel": {"numClasses": str(self.num_classes)},
@@ -282,19 +287,11 @@ class Text(_OneKey):
     return bytes(value[0]).decode("utf-8")
 
   def to_json(self) -> dict:
-    """This feature's description in manifest.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_json."""
     return {"kind": self.kind, "dtype": "string"}
 
   def to_tfds(self) -> dict:
-    """This feature's description in TFDS's features.json.
-
-    Returns:
-      A JSON object.
-    """
+    """See _Spec.to_tfds."""
     return {"pythonClassName": _TFDS + "text_feature.Text", "text": {}}
 
 

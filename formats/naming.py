@@ -75,6 +75,14 @@ def check_split_name(split: str) -> str:
   return split
 
 
+def _check_split_of(name: str, split: str, file_format: str) -> None:
+  """Checks the names and format that every shard of one split shares."""
+  check_dataset_name(name)
+  check_split_name(split)
+  if file_format not in FILE_FORMATS:
+    raise ValueError(f"file_format must be one of {FILE_FORMATS}, got {file_format!r}")
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class ShardName:
   """One shard of one split: formats itself to, and parses from, a file name.
@@ -92,12 +100,7 @@ class ShardName:
   num_shards: int
 
   def __post_init__(self):
-    check_dataset_name(self.name)
-    check_split_name(self.split)
-    if self.file_format not in FILE_FORMATS:
-      raise ValueError(
-          f"file_format must be one of {FILE_FORMATS}, got {self.file_format!r}"
-      )
+    _check_split_of(self.name, self.split, self.file_format)
     if not 0 <= self.index < self.num_shards:
       raise ValueError(
           f"shard index {self.index} is outside [0, {self.num_shards})"
@@ -132,10 +135,7 @@ class ShardName:
     Raises:
       ValueError: a name or the format is invalid.
     """
-    check_dataset_name(name)
-    check_split_name(split)
-    if file_format not in FILE_FORMATS:
-      raise ValueError(f"file_format must be one of {FILE_FORMATS}, got {file_format!r}")
+    _check_split_of(name, split, file_format)
     return f"{name}-{split}.{adapters.get(file_format).suffix}-*-of-*"
 
   @classmethod
@@ -185,9 +185,7 @@ class ShardName:
     """Every shard name of one split, in order.
 
     Args:
-      name: the dataset name.
-      split: the split name.
-      file_format: a name in FILE_FORMATS.
+      name, split, file_format: the split, as `pattern` takes it.
       num_shards: how many shards the split has.
 
     Returns:

@@ -94,11 +94,8 @@ def seeded_patch_start(shape, patch_size, seed: int, position: int, slot: int) -
   """`random_patch_start` with `element_rng(seed, position, slot)`: what every loader draws.
 
   Args:
-    shape: the volume's shape (D, H, W).
-    patch_size: the patch's shape.
-    seed: the loader's seed.
-    position: the batch's position, counted over all epochs.
-    slot: the example's place in the batch.
+    shape, patch_size: as `random_patch_start` takes them.
+    seed, position, slot: as `element_rng` takes them.
 
   Returns:
     The start per axis.
@@ -129,8 +126,7 @@ def jpeg_draft_scale(height: int, width: int, size: tuple[int, int]) -> int:
   ceil(width / s) x ceil(height / s), never below the target.
 
   Args:
-    height: the JPEG's height.
-    width: the JPEG's width.
+    height, width: the JPEG's size, from its header.
     size: the target (H, W).
 
   Returns:
@@ -144,8 +140,7 @@ def fit_box(height: int, width: int, size: tuple[int, int]) -> tuple[float, floa
   """(left, top, right, bottom) of the centred region with the aspect ratio of `size` (H, W); Pillow's ImageOps.fit.
 
   Args:
-    height: the image's height.
-    width: the image's width.
+    height, width: the image's size.
     size: the target (H, W).
 
   Returns:
@@ -208,9 +203,7 @@ def resize_plan(height: int, width: int, size: tuple[int, int]) -> tuple[np.ndar
   """(row_first, row_weights, col_first, col_weights): the taps of resizing `fit_box` of an image to `size`.
 
   Args:
-    height: the image's height.
-    width: the image's width.
-    size: the target (H, W).
+    height, width, size: as `fit_box` takes them.
 
   Returns:
     The row taps and the column taps (`bilinear_taps`).
