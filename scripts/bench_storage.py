@@ -15,7 +15,8 @@ Each library runs in a worker process of its own (this script with
 threads, and the children of transfer_manager's process pool) is measured
 apart from the others' and from the server's. The operations, each timed
 once per variant per round, the variants in a rotated order every round, one
-warm-up round first (imports, connections, credentials) that is not counted:
+warm-up round first at a tenth of the items (imports, connections,
+credentials; downloads are not repeated there) that is not counted:
   list      every object under list/ (recursive), names sorted;
   small     2,000 whole-object reads, `--threads` at once (the library's own
             batch call where it has one, with the same concurrency);
@@ -44,7 +45,7 @@ both), so the gcsfs worker rewrites the line ends of its multipart uploads.
 
 Every variant's bytes are compared with the reference's (SHA-256 per item).
 Prints per operation and variant the medians of wall time and client CPU per
-item, their ratios to the reference, requests and MB the server sent per item.
+item, their ratios to the reference, requests and KB the server sent per item.
 `run(...)` returns the figures as a dict (tests/test_bench_storage.py runs it small).
 """
 
@@ -571,7 +572,6 @@ class Worker:
     self._log = open(log_path, "ab")
     self.proc = subprocess.Popen([python, os.path.abspath(__file__), f"--worker={name}"], cwd=REPO, env=env,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
-    self.lock = threading.Lock()
     self.versions = self._answer(120.0)["versions"]
 
   def ask(self, command: dict, timeout: float = _COMMAND_TIMEOUT_S) -> dict:
