@@ -521,10 +521,10 @@ def _fields(buf: bytes, what: str) -> dict[int, int | bytes]:
   pos, end = 0, len(buf)
   try:
     while pos < end:
-      k, a, pos = protowire.field(buf, pos, end)
-      if k >> 3 == 0:
+      tag, a, pos = protowire.field(buf, pos, end)
+      if tag >> 3 == 0:
         raise CorruptRecordError(f"{what}: field number 0")
-      fields[k >> 3] = a if k & 7 == protowire.VARINT else buf[a:pos]
+      fields[tag >> 3] = a if tag & 7 == protowire.VARINT else buf[a:pos]
   except WireFormatError as e:
     if e.field is None:
       raise CorruptRecordError(f"{what}: {_BAD_VARINT}") from None

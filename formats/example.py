@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from formats.errors import ExampleDecodeError, WireFormatError
-from formats.protowire import I32, LEN, VARINT, field, key, varint
+from formats.protowire import I32, LEN, VARINT, field, tag, varint
 
 
 # --------------------------------------------------------------------------- encode
@@ -135,9 +135,9 @@ def encode_example(features: Mapping[str, bytes]) -> bytes:
 # What a Feature holds, as `FeatureFinder` reports it: its list (the Feature's oneof field number), or none.
 NO_LIST, BYTES_LIST, FLOAT_LIST, INT64_LIST = 0, 1, 2, 3
 _EMPTY = (NO_LIST, None)  # a map entry without a value
-# The keys of field 1 (Example.features, Features.feature, a map entry's key, a list's values) and 2 and 3.
-_LEN_1, _LEN_2, _LEN_3 = key(1, LEN), key(2, LEN), key(3, LEN)
-_VARINT_1, _I32_1 = key(1, VARINT), key(1, I32)
+# The tags of field 1 (Example.features, Features.feature, a map entry's key, a list's values), 2 and 3.
+_LEN_1, _LEN_2, _LEN_3 = tag(1, LEN), tag(2, LEN), tag(3, LEN)
+_VARINT_1, _I32_1 = tag(1, VARINT), tag(1, I32)
 
 
 def _signed64(n: int) -> int:
@@ -160,40 +160,40 @@ def _feature(data, pos: int, end: int, build: bool) -> tuple[int, object]:
   """
   kind, values = NO_LIST, None
   while pos < end:
-    k, a, pos = field(data, pos, end)
-    if k & 7 != LEN:
-      raise ExampleDecodeError(f"Feature field {k >> 3} has wire type {k & 7}")
-    if k == _LEN_1:  # BytesList: field 1 of any width is a value
+    t, a, pos = field(data, pos, end)
+    if t & 7 != LEN:
+      raise ExampleDecodeError(f"Feature field {t >> 3} has wire type {t & 7}")
+    if t == _LEN_1:  # BytesList: field 1 of any width is a value
       spans = []
       while a < pos:
-        k, x, a = field(data, a, pos)
-        if k & 7 == VARINT:
-          raise ExampleDecodeError(f"BytesList field {k >> 3} has wire type {VARINT}")
-        if k >> 3 == 1:
+        t, x, a = field(data, a, pos)
+        if t & 7 == VARINT:
+          raise ExampleDecodeError(f"BytesList field {t >> 3} has wire type {VARINT}")
+        if t >> 3 == 1:
           spans.append((x, a))
       kind, values = BYTES_LIST, spans if build else None
-    elif k == _LEN_2:  # FloatList: packed or one float32 per field
+    elif t == _LEN_2:  # FloatList: packed or one float32 per field
       chunks = []
       while a < pos:
-        k, x, a = field(data, a, pos)
-        if k == _LEN_1:
+        t, x, a = field(data, a, pos)
+        if t == _LEN_1:
           if (a - x) % 4:
             raise ExampleDecodeError("packed float list length is not a multiple of 4")
           chunks.append((x, a))
-        elif k == _I32_1:
+        elif t == _I32_1:
           chunks.append((x, a))
-        elif k == _VARINT_1:
+        elif t == _VARINT_1:
           raise ExampleDecodeError(f"FloatList field 1 has wire type {VARINT}")
       if build:
         view = memoryview(data)
         values = (np.concatenate([np.frombuffer(view[x:y], dtype="<f4") for x, y in chunks]).astype(np.float32)
                   if chunks else np.zeros(0, np.float32))
       kind = FLOAT_LIST
-    elif k == _LEN_3:  # Int64List: packed or one varint per field
+    elif t == _LEN_3:  # Int64List: packed or one varint per field
       ints: list[int] = []
       while a < pos:
-        k, x, a = field(data, a, pos)
-        if k == _LEN_1:
+        t, x, a = field(data, a, pos)
+        if t == _LEN_1:
           while x < a:
             v = data[x]
             if v < 0x80:
@@ -202,7 +202,7 @@ def _feature(data, pos: int, end: int, build: bool) -> tuple[int, object]:
               v, x = varint(data, x, a)
               v = _signed64(v)
             ints.append(v)
-        elif k == _VARINT_1:
+        elif t == _VARINT_1:
           ints.append(_signed64(x))
       kind, values = INT64_LIST, ints if build else None
   return kind, values
@@ -230,23 +230,23 @@ def _walk(data, slots, found) -> None:
   pos = 0
   try:
     while pos < end:  # Example: Features at field 1
-      k, a, pos = field(data, pos, end)
-      if k != _LEN_1:
+      t, a, pos = field(data, pos, end)
+      if t != _LEN_1:
         continue
       while a < pos:  # Features: map entries at field 1
-        k, e, a = field(data, a, pos)
-        if k != _LEN_1:
+        t, e, a = field(data, a, pos)
+        if t != _LEN_1:
           continue
         slot = key = None
         value, built, vx, ve = _EMPTY, True, 0, 0
         while e < a:  # one entry: key = 1, value = 2
-          k, x, e = field(data, e, a)
-          if k == _LEN_1:
+          t, x, e = field(data, e, a)
+          if t == _LEN_1:
             key = data[x:e]
             slot = slots.get(key)
             if slot is None:
               str(key, "utf-8")  # a key not wanted is only checked
-          elif k == _LEN_2:
+          elif t == _LEN_2:
             built = key is None or slot is not None  # a value for a key not wanted is only checked
             value, vx, ve = _feature(data, x, e, built), x, e
         if key is None:

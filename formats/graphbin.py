@@ -22,8 +22,8 @@ Layout, every integer little-endian::
                   crc32c    u32 of the section's bytes
 
 The two versions differ only in the width of an entry's name. A writer writes
-version 1 when every name fits 56 bytes (the bytes of files written before
-version 2 existed) and version 2 otherwise; readers accept both.
+version 1 when every name fits 56 bytes (so that a reader knowing only
+version 1 opens those files) and version 2 otherwise; readers accept both.
 
 The table sits after the data so a writer can stream sections of unknown size
 and write the header last. A reader that fetches ranges (a gs:// download)

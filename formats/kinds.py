@@ -4,7 +4,7 @@ A kind names the features every record of it must have (each with the
 feature class it must be), and the constants that are part of its on-disk
 contract. Readers choose a transform by kind, not by guessing from feature
 names; the manifest records the kind (`"kind": "volume"`) and `kind_of`
-infers it for manifests written before kinds existed.
+infers it for a manifest that records none.
 
     image     an encoded image (or uint8 [H, W, 3] pixels), its class and file name
     volume    a CT series: HU voxels [depth, rows, columns] and its geometry
@@ -24,15 +24,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 import dataclasses
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from formats.features import ClassLabel, Features, Tensor, Text
 
-if TYPE_CHECKING:  # annotations only: the manifest module imports this one
-  from formats.manifest import Manifest
-
 __all__ = [
-    "CT_DISPLAY_WINDOW_HU", "CT_PADDING_HU", "GENERIC", "KINDS", "RecordKind", "check", "get", "infer",
+    "CT_DISPLAY_WINDOW_HU", "CT_PADDING_HU", "GENERIC", "KINDS", "Described", "RecordKind", "check", "get", "infer",
     "kind_of",
 ]
 
@@ -150,7 +147,7 @@ def check(kind: str, features: Features) -> None:
 
 
 def infer(features: Features) -> str:
-  """The kind of records with these features, judged by their names (manifests without a kind).
+  """The kind of records with these features, judged by their names (for a manifest that records no kind).
 
   Args:
     features: the schema of the records.
@@ -174,11 +171,24 @@ def infer(features: Features) -> str:
   raise ValueError(f"no record kind fits features {sorted(features)}")
 
 
-def kind_of(manifest: Manifest) -> str:
+class Described(Protocol):
+  """What `kind_of` reads of an output's manifest (a formats.manifest.Manifest, which imports this module)."""
+
+  @property
+  def kind(self) -> str: ...  # "" when the manifest records no kind
+
+  @property
+  def file_format(self) -> str: ...
+
+  @property
+  def features(self) -> Features: ...
+
+
+def kind_of(manifest: Described) -> str:
   """The record kind of an output: the one its manifest records, else inferred.
 
   Args:
-    manifest: an output's manifest.
+    manifest: an output's manifest (`Manifest`).
 
   Returns:
     A name in `KINDS`: `manifest.kind` when set; "graphbin" for a graph file

@@ -291,7 +291,7 @@ class Manifest:
   warnings: tuple[str, ...] = ()
   files: tuple[FileInfo, ...] = ()  # non-shard data files
   graph: Mapping[str, Any] | None = None  # graph outputs: layout, node and edge counts
-  kind: str = ""  # the record kind (formats.kinds); "" in manifests written before kinds existed
+  kind: str = ""  # the record kind (formats.kinds); "" when the manifest records none (kinds.kind_of infers it)
 
   def __post_init__(self):
     if not isinstance(self.name, str):

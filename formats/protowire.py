@@ -1,16 +1,16 @@
 """The protocol buffer wire format, walked in place: varints and the fields of a message.
 
-A message is a run of fields, each a varint key (`key(number, wire type)`:
+A message is a run of fields, each a varint tag (`tag(number, wire type)`:
 number << 3 | wire type) and a value: a varint (VARINT), 8 or 4 bytes (I64,
 I32), or a varint length and that many bytes (LEN: a nested message, bytes or
-a packed list). `field` reads one field at a position and returns its key and
+a packed list). `field` reads one field at a position and returns its tag and
 where its value lies, so a caller walks a nested message as a span of its
 parent, copying nothing:
 
     pos, end = 0, len(data)
     while pos < end:
-      k, a, pos = protowire.field(data, pos, end)
-      if k == protowire.key(1, protowire.LEN):
+      t, a, pos = protowire.field(data, pos, end)
+      if t == protowire.tag(1, protowire.LEN):
         ...  # field 1 is data[a:pos]: walk [a, pos) the same way
 
 Every read stays inside [pos, end) and every step advances, so any bytes end;
@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from formats.errors import WireFormatError
 
-__all__ = ["I32", "I64", "LEN", "VARINT", "WireFormatError", "field", "key", "varint"]
+__all__ = ["I32", "I64", "LEN", "VARINT", "WireFormatError", "field", "tag", "varint"]
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
-def key(number: int, wire_type: int) -> int:
-  """The key of field `number` with `wire_type`, as `field` returns it (number = key >> 3, wire type = key & 7)."""
+def tag(number: int, wire_type: int) -> int:
+  """The tag of field `number` with `wire_type`, as `field` returns it (number = tag >> 3, wire type = tag & 7)."""
   return number << 3 | wire_type
 
 
@@ -67,33 +67,33 @@ def varint(data, pos: int, end: int) -> tuple[int, int]:
 
 
 def field(data, pos: int, end: int) -> tuple[int, int, int]:
-  """Reads the field at `pos` < `end`: (key, a, b).
+  """Reads the field at `pos` < `end`: (tag, a, b).
 
   The field ends at b. A LEN, I64 or I32 value is data[a:b]; a VARINT's value
-  is a itself. The key is returned whole (callers compare it with `key(...)`
-  constants, one comparison for number and wire type). One-byte keys and
+  is a itself. The tag is returned whole (callers compare it with `tag(...)`
+  constants, one comparison for number and wire type). One-byte tags and
   varints and lengths of 1 to 3 bytes (any LEN value under 2 MiB) are read
   without a further call: this runs for every field of every record a loader
   reads.
 
   Args:
     data: bytes-like, indexable to ints.
-    pos: where the field's key starts (< end).
+    pos: where the field's tag starts (< end).
     end: where the message holding it ends.
 
   Returns:
-    (key, a, b) as above.
+    (tag, a, b) as above.
 
   Raises:
     WireFormatError: the field runs past `end` (`field` set), a varint is
       malformed (`field` None) or the wire type is a group or unknown (`field`
       and `wire_type` set).
   """
-  k = data[pos]
+  t = data[pos]
   pos += 1
-  if k >= 0x80:
-    k, pos = varint(data, pos - 1, end)
-  wire_type = k & 7
+  if t >= 0x80:
+    t, pos = varint(data, pos - 1, end)
+  wire_type = t & 7
   if wire_type == LEN:
     if pos < end and data[pos] < 0x80:
       a = pos + 1
@@ -109,15 +109,15 @@ def field(data, pos: int, end: int) -> tuple[int, int, int]:
       b = a + n
   elif wire_type == VARINT:
     if pos < end and data[pos] < 0x80:
-      return k, data[pos], pos + 1
+      return t, data[pos], pos + 1
     value, b = varint(data, pos, end)
-    return k, value, b
+    return t, value, b
   elif wire_type == I64 or wire_type == I32:
     a = pos
     b = pos + (8 if wire_type == I64 else 4)
   else:
-    raise WireFormatError(f"unsupported wire type {wire_type} at byte {pos}", field=k >> 3, wire_type=wire_type)
+    raise WireFormatError(f"unsupported wire type {wire_type} at byte {pos}", field=t >> 3, wire_type=wire_type)
   if b > end:
-    raise WireFormatError(f"field {k >> 3} of {b - a} bytes runs past the end at byte {a}", field=k >> 3)
-  return k, a, b
+    raise WireFormatError(f"field {t >> 3} of {b - a} bytes runs past the end at byte {a}", field=t >> 3)
+  return t, a, b
 
