@@ -344,6 +344,21 @@ def _at_pixel_data(tag, _vr, _length) -> bool:
   return tag in (0x7FE00010, 0x7FE00008, 0x7FE00009)
 
 
+def _past_file_meta(tag, _vr, _length) -> bool:
+  return tag >> 16 != 0x0002
+
+
+def read_file_meta(fileobj: BinaryIO) -> pydicom.dataset.FileMetaDataset:
+  """The File Meta Information group (0002,xxxx) at the stream's position (after the preamble).
+
+  PS3.10 7.1 encodes it in Explicit VR Little Endian whatever the data set's
+  syntax (pydicom's `read_dataset` also reads a non-conformant implicit VR
+  one). The stream is left at the first element after the group.
+  """
+  return pydicom.dataset.FileMetaDataset(pydicom.filereader.read_dataset(
+      fileobj, is_implicit_VR=False, is_little_endian=True, stop_when=_past_file_meta))
+
+
 def _inflate(data: bytes, limit: int) -> bytes:
   inflater = zlib.decompressobj(-zlib.MAX_WBITS)
   try:
@@ -376,7 +391,7 @@ def read_dataset(fileobj: BinaryIO, max_inflated: int, *, stop_before_pixels: bo
   """
   start = fileobj.tell()
   preamble = pydicom.filereader.read_preamble(fileobj, False)
-  meta = pydicom.filereader._read_file_meta_info(fileobj)  # noqa: SLF001 (no public stream variant)
+  meta = read_file_meta(fileobj)
   if meta.get("TransferSyntaxUID") != DEFLATED:
     fileobj.seek(start)
     return pydicom.dcmread(fileobj, stop_before_pixels=stop_before_pixels), fileobj

@@ -312,7 +312,7 @@ def test_a_deflate_bomb_is_rejected_without_inflating_it(tmp_path):
   (path,) = build_series(str(tmp_path), "deflated_le")[:1]
   with open(path, "rb") as f:
     pydicom.filereader.read_preamble(f, False)
-    pydicom.filereader._read_file_meta_info(f)
+    ct_headers.read_file_meta(f)
     meta_end = f.tell()
     data = f.seek(0) or f.read()
   body = zlib.decompress(data[meta_end:], -zlib.MAX_WBITS)
