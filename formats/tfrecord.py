@@ -139,14 +139,14 @@ def _read_at_most(f: BinaryIO, n: int, chunk: int = 16 << 20) -> bytes:
 
 
 def read_file(path: str, verify: bool = True) -> Iterator[bytes]:
-  """Yields the records of a local TFRecord file, in order.
+  """`read_records` of a local TFRecord file, whose path its errors name.
 
   Args:
     path: a local file.
-    verify: check both CRCs of every record.
+    verify: as `read_records`.
 
   Yields:
-    Each record's payload.
+    The file's payloads, in order.
 
   Raises:
     TFRecordCorruptError: as `read_records`, naming `path`.
