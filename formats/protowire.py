@@ -47,7 +47,9 @@ def varint(data, pos: int, end: int) -> tuple[int, int]:
     end: where the bytes it may use end.
 
   Returns:
-    (value, the position after it); at most 10 bytes (a 64-bit value).
+    (value, the position after it). A varint has at most 10 bytes; their
+    value may reach 70 bits, where protobuf keeps the low 64: a caller that
+    wants an int64 checks the range.
 
   Raises:
     WireFormatError: the varint runs past `end` or past 10 bytes (`field` None).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from formats import adapters, tfrecord
@@ -26,6 +28,25 @@ def test_write_then_read_sequentially_and_by_index(tmp_path, file_format):
     with pytest.raises(IndexError, match="record 4 outside"):
       f.read(4)
   assert adapter.locate_damage(path) is None
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "tfrecord"])
+def test_a_reader_closes_when_its_block_ends_and_when_it_is_collected(tmp_path, file_format, monkeypatch):
+  adapter = adapters.get(file_format)
+  path = str(tmp_path / f"x.{adapter.suffix}")
+  adapter.write_file(path, PAYLOADS)
+  with adapter.open_random(path) as f:
+    f.read(1)
+  with pytest.raises(ValueError, match="closed"):
+    f.read(1)
+  f.close()  # twice is fine
+  closed = []
+  reader = adapter.open_random(path)
+  real_close = type(reader).close
+  monkeypatch.setattr(type(reader), "close", lambda self: (closed.append(self.path), real_close(self)))
+  del reader
+  gc.collect()
+  assert closed == [path]
 
 
 def test_the_table_refuses_unknown_formats():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -338,3 +339,23 @@ def test_compressed_footers_are_refused_as_unsupported(tmp_path):
   with pytest.raises(ValueError, match="zstd-compressed") as raised:
     shard.index()
   assert not isinstance(raised.value, CorruptRecordError)
+
+
+@pytest.mark.parametrize("message, why", [
+    (b"\x08\xff", "a varint runs past its bytes or over 64 bits"),
+    (b"\x08" + b"\xff" * 10, "a varint runs past its bytes or over 64 bits"),
+    (b"\x0a\x05ab", "field 1 runs past the message's 4 bytes"),
+    (b"\x0d\x01", "field 1 runs past the message's 2 bytes"),
+    (b"\x0b", "field 1 has wire type 3"),
+    (b"\x00\x01", "field number 0"),
+])
+def test_a_malformed_proto_in_the_tail_is_named(message, why):
+  """The footer's and postscript's protos go through formats.protowire; its refusals keep their wording here."""
+  with pytest.raises(CorruptRecordError, match=f"^footer: {re.escape(why)}$"):
+    ai._fields(message, "footer")
+
+
+def test_a_malformed_record_size_varint_is_named():
+  chunk = ai._Chunk(0, 64, ai._SIMPLE, 1, 0, b"\x00\x80", b"")  # uncompressed, sizes_len cut short
+  with pytest.raises(CorruptRecordError, match=r"^footer: a varint runs past its bytes or over 64 bits$"):
+    ai._simple_records(chunk, "footer")

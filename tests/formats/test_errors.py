@@ -1,10 +1,10 @@
-"""formats.errors holds every error type; the old modules re-export the same objects."""
+"""formats.errors holds every error type; the modules that raise them export the same objects."""
 
 from __future__ import annotations
 
 import pytest
 
-from formats import errors, example, graphbin, tfrecord
+from formats import errors, example, graphbin, protowire, tfrecord
 from formats.outputs import commit
 
 
@@ -12,9 +12,10 @@ from formats.outputs import commit
     (example, "ExampleDecodeError"),
     (tfrecord, "TFRecordCorruptError"),
     (graphbin, "GraphBinError"),
+    (protowire, "WireFormatError"),
     (commit, "CommitConflict"),
 ])
-def test_old_import_paths_name_the_same_class(module, name):
+def test_the_raising_modules_name_the_same_class(module, name):
   assert getattr(module, name) is getattr(errors, name)
 
 
@@ -23,6 +24,7 @@ def test_old_import_paths_name_the_same_class(module, name):
     ("TFRecordCorruptError", errors.CorruptRecordError),
     ("ExampleDecodeError", ValueError),
     ("GraphBinError", ValueError),
+    ("WireFormatError", ValueError),
     ("NotAnOutputError", FileNotFoundError),
     ("CommitConflict", RuntimeError),
 ])

@@ -1,4 +1,4 @@
-"""Record kinds: required features, inference for manifests without a kind, the manifest field."""
+"""Record kinds: required features, inference for a manifest that records no kind, the manifest field."""
 
 from __future__ import annotations
 
@@ -94,12 +94,26 @@ def test_manifest_kind_round_trip():
   assert Manifest.loads(m.dumps()) == m and kinds.kind_of(m) == "image"
 
 
-def test_an_old_manifest_has_no_kind_and_it_is_inferred():
+def test_a_manifest_without_a_kind_has_it_inferred():
   m = _manifest()
   assert "kind" not in json.loads(m.dumps())
   assert Manifest.loads(m.dumps()).kind == "" and kinds.kind_of(m) == "image"
   assert kinds.kind_of(_manifest(features=Features({}), file_format="graphbin")) == "graphbin"
   assert kinds.kind_of(_manifest("tensors")) == "tensors"  # the recorded kind wins over the names
+
+
+def test_kind_of_reads_any_object_described_as_a_manifest_is():
+  """kinds does not import the manifest module: kind_of takes what has kind, file_format and features."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Described:
+    kind: str
+    file_format: str
+    features: Features
+
+  assert kinds.kind_of(Described("", "array_record", VOLUMES)) == "volume"
+  assert kinds.kind_of(Described("tensors", "tfrecord", IMAGES)) == "tensors"
+  assert kinds.kind_of(Described("", "graphbin", Features({}))) == "graphbin"
 
 
 def test_a_manifest_whose_features_do_not_fit_its_kind_is_refused():
