@@ -81,7 +81,7 @@ def test_index_dtype_is_int32_while_every_index_fits():
 
 # --------------------------------------------------------------------------- versions
 
-# The file `_short_names` writes, as formats/graphbin.py wrote it before version 2 existed.
+# The version 1 file `_short_names` writes, byte for byte (what a reader knowing only version 1 reads).
 V1_SHA256 = "02fdc75220debff88508044faf5a047b27ad19b10a244a0e60e1da1bda7ba4d1"
 LONG = "rel/institution___rev_affiliated_with___author/edge/reltype"  # ogbn-mag's reverse: 59 bytes
 
