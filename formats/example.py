@@ -219,9 +219,10 @@ class _EveryKey:
 def _walk(data, slots, found) -> None:
   """Walks a serialized Example and puts each wanted feature's (kind, values) in `found[slots.get(key)]`.
 
-  Every byte is checked, entries of keys not wanted too, so a record is
-  refused the same way whatever is wanted. The last entry of a key repeated
-  wins. `slots.get(key)` is None for a key not wanted.
+  `key` is the entry's key as bytes (a slice of `data`); `slots.get(key)` is
+  None for a key not wanted. Every byte is checked, entries of keys not
+  wanted too, so a record is refused the same way whatever is wanted. The
+  last entry of a key repeated wins.
 
   Raises:
     ExampleDecodeError: the bytes are not a well-formed Example.
