@@ -97,7 +97,9 @@ def test_metadata_matches_the_emulator(world):
     assert b.size == len(blob)
     assert b.crc32c == base64.b64encode(google_crc32c.value(blob).to_bytes(4, "big")).decode()
     assert b.md5_hash == base64.b64encode(hashlib.md5(blob).digest()).decode()
-    assert b.generation > 0 and b.metageneration == 1 and b.bucket.name == bucket
+    assert b.generation > 0
+    assert b.metageneration == 1
+    assert b.bucket.name == bucket
 
 
 def test_full_downloads_match_the_emulator(world, tmp_path):
@@ -221,7 +223,8 @@ def test_toolkit_listing_matches_the_emulator(world):
   with bench_server.active():
     got = {f: (files.list_dir(f"gs://{bucket}/{PREFIX}/{f}"), files.walk(f"gs://{bucket}/{PREFIX}/{f}"))
            for f in folders}
-    assert files.is_dir(f"gs://{bucket}/{PREFIX}/nested") and not files.is_dir(f"gs://{bucket}/{PREFIX}/nope")
+    assert files.is_dir(f"gs://{bucket}/{PREFIX}/nested")
+    assert not files.is_dir(f"gs://{bucket}/{PREFIX}/nope")
   assert got == want
   assert got[""][0] == (["dir", "dir-", "list", "nested", "unicodé"], sorted(
       n for n in SIZES if "/" not in n))
@@ -234,7 +237,8 @@ def test_listing_offsets_and_page_tokens(world):
   assert names == [f"list/p{i:03d}" for i in range(3, 7)]
   # Prefixes count towards a page and a page ends on a prefix without repeating it on the next one.
   _, prefixes, pages = _listing(bench, bucket, prefix=f"{PREFIX}/", delimiter="/", page_size=1)
-  assert prefixes == ["dir-/", "dir/", "list/", "nested/", "unicodé/"] and pages >= 5
+  assert prefixes == ["dir-/", "dir/", "list/", "nested/", "unicodé/"]
+  assert pages >= 5
 
 
 def test_listing_pages_of_a_large_tree(world, tmp_path):
@@ -310,7 +314,8 @@ def test_uploads_enforce_preconditions(world):
     blob.upload_from_string(b"stale", if_generation_match=g1 + 1)
   blob.upload_from_string(b"second", if_generation_match=g1)
   g2 = bench.bucket(bucket).get_blob(blob.name).generation
-  assert g2 > g1 and blob.download_as_bytes() == b"second"
+  assert g2 > g1
+  assert blob.download_as_bytes() == b"second"
   with pytest.raises(PreconditionFailed):
     blob.delete(if_generation_match=g1)
   # Larger than 8 MiB: google-cloud-storage switches to a resumable upload (a session, then PUTs).
@@ -328,7 +333,8 @@ def test_uploads_enforce_preconditions(world):
     assert not files.exists(f"gs://{bucket}/{PREFIX}/writes/toolkit.txt")
   blob.delete(if_generation_match=g2)
   large.delete()
-  assert not blob.exists() and not large.exists()
+  assert not blob.exists()
+  assert not large.exists()
 
 
 def test_racing_creates_let_exactly_one_win(world):
@@ -352,7 +358,8 @@ def test_racing_creates_let_exactly_one_win(world):
   for t in threads:
     t.join()
   winners = [r for r in results if r is not None]
-  assert len(results) == 6 and len(winners) == 1
+  assert len(results) == 6
+  assert len(winners) == 1
   assert _client(bench_server.host).bucket(bucket).blob(name).download_as_bytes() == f"writer {winners[0]}".encode()
 
 
@@ -371,7 +378,8 @@ def test_a_replaced_file_gets_a_new_generation(world):
     f.write(b"two!")
   os.replace(path + ".tmp", path)
   fresh = bench.bucket(bucket).get_blob(blob.name)
-  assert fresh.generation != g1 and fresh.size == 4
+  assert fresh.generation != g1
+  assert fresh.size == 4
   assert fresh.crc32c == base64.b64encode(google_crc32c.value(b"two!").to_bytes(4, "big")).decode()
   from google.api_core.exceptions import NotFound
 
@@ -411,7 +419,8 @@ def test_path_escapes_are_refused(world, tmp_path):
                    f"/download/storage/v1/b/{bucket}/o/{quote(name)}?alt=media"):
       status, _, body = _raw(bench_server.host, "GET", target)
       assert status == want, (name, target)
-      assert b"outside the root" not in body and json.loads(body)["error"]["code"] == want
+      assert b"outside the root" not in body
+      assert json.loads(body)["error"]["code"] == want
   for target in ("/storage/v1/b/../o/x", "/storage/v1/b/%2E%2E/o/x", "/storage/v1/b/.bench_tmp/o"):
     assert _raw(bench_server.host, "GET", target)[0] in (400, 404), target
   # A link that stays inside the root is an ordinary object; the ones leading out are neither listed nor read.
@@ -426,12 +435,15 @@ def test_errors_have_gcs_shape_and_unknown_calls_answer_501(world):
 
   status, headers, body = _raw(bench_server.host, "GET", f"/storage/v1/b/{bucket}/o/{PREFIX}%2Fmissing")
   error = json.loads(body)["error"]
-  assert status == 404 and error["code"] == 404 and error["errors"][0]["reason"] == "notFound"
+  assert status == 404
+  assert error["code"] == 404
+  assert error["errors"][0]["reason"] == "notFound"
   assert headers["content-type"].startswith("application/json")
   for method, target in [("GET", "/nothing/here"), ("PATCH", f"/storage/v1/b/{bucket}/o/x"),
                          ("POST", f"/storage/v1/b/{bucket}/o/x/compose"), ("GET", f"/storage/v1/b/{bucket}/acl")]:
     status, _, body = _raw(bench_server.host, method, target)
-    assert status == 501 and json.loads(body)["error"]["code"] == 501, (method, target)
+    assert status == 501, (method, target)
+    assert json.loads(body)["error"]["code"] == 501, (method, target)
   src = bench.bucket(bucket).blob(f"{PREFIX}/one.bin")
   with pytest.raises(MethodNotImplemented):
     bench.bucket(bucket).blob(f"{PREFIX}/composed").compose([src, src])
@@ -439,12 +451,17 @@ def test_errors_have_gcs_shape_and_unknown_calls_answer_501(world):
   status, headers, body = _raw(bench_server.host, "GET", f"/download/storage/v1/b/{bucket}/o/{PREFIX}%2Fbig.bin"
                                "?alt=media", {"Range": "bytes=-5"})
   size = SIZES["big.bin"]
-  assert status == 206 and headers["content-range"] == f"bytes {size - 5}-{size - 1}/{size}" and len(body) == 5
-  assert headers["x-goog-stored-content-length"] == str(size) and headers["x-goog-hash"].startswith("crc32c=")
-  assert int(headers["x-goog-generation"]) > 0 and headers["x-goog-metageneration"] == "1"
+  assert status == 206
+  assert headers["content-range"] == f"bytes {size - 5}-{size - 1}/{size}"
+  assert len(body) == 5
+  assert headers["x-goog-stored-content-length"] == str(size)
+  assert headers["x-goog-hash"].startswith("crc32c=")
+  assert int(headers["x-goog-generation"]) > 0
+  assert headers["x-goog-metageneration"] == "1"
   status, headers, _ = _raw(bench_server.host, "GET", f"/storage/v1/b/{bucket}/o/{PREFIX}%2Fbig.bin?alt=media",
                             {"Range": f"bytes={size}-"})
-  assert status == 416 and headers["content-range"] == f"bytes */{size}"
+  assert status == 416
+  assert headers["content-range"] == f"bytes */{size}"
   bucket_json = bench.get_bucket(bucket)
   assert bucket_json.name == bucket
 
@@ -457,14 +474,17 @@ def test_flags_take_effect(world):
     client = _client(capped.host)
     assert client.bucket(bucket).blob(f"{PREFIX}/big.bin").download_as_bytes() == data["big.bin"]
     stats = capped.stats()
-    assert stats["throttle_sleeps"] > 0 and stats["latency_sleeps"] == stats["requests"] == capped.requests()
+    assert stats["throttle_sleeps"] > 0
+    assert stats["latency_sleeps"] == stats["requests"] == capped.requests()
     assert stats["bytes_sent"] == len(data["big.bin"])
     assert capped.server_cpu_seconds() >= 0.0
   with bench_bucket.BenchBucket(world[2].root, latency_ms=0.0, mbps=0.0) as free:
     before = bench_bucket.client_cpu_seconds()
     _client(free.host).bucket(bucket).blob(f"{PREFIX}/big.bin").download_as_bytes()
     stats = free.stats()
-    assert stats["throttle_sleeps"] == 0 and stats["latency_sleeps"] == 0 and stats["requests"] >= 1
+    assert stats["throttle_sleeps"] == 0
+    assert stats["latency_sleeps"] == 0
+    assert stats["requests"] >= 1
     assert bench_bucket.client_cpu_seconds() > before
   with pytest.raises(ValueError, match="mbps"):
     bench_bucket.ServerOptions(mbps=-1)
@@ -496,6 +516,7 @@ def test_stage_links_files_and_names_the_prefix(tmp_path):
   assert bench_bucket.stage(str(root), "bkt2", str(src)) == "gs://bkt2"
   staged = root / "bkt" / "p" / "q"
   assert os.stat(staged / "a" / "b" / "f.bin").st_ino == os.stat(src / "a" / "b" / "f.bin").st_ino
-  assert not os.path.islink(staged / "link.bin") and (staged / "link.bin").read_bytes() == b"y"
+  assert not os.path.islink(staged / "link.bin")
+  assert (staged / "link.bin").read_bytes() == b"y"
   with pytest.raises(ValueError):
     bench_bucket.stage(str(root), "Bad_Bucket!", str(src))

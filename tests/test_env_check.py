@@ -79,7 +79,8 @@ def test_cli_clean_and_bad_argument(tmp_path):
   r = subprocess.run([sys.executable, SCRIPT, "--site-packages", str(site)], capture_output=True, text=True)
   assert (r.returncode, r.stdout) == (0, "")
   r = subprocess.run([sys.executable, SCRIPT, "--site-packages", str(tmp_path / "nope")], capture_output=True, text=True)
-  assert r.returncode == 2 and "is not a folder" in r.stderr
+  assert r.returncode == 2
+  assert "is not a folder" in r.stderr
 
 
 def test_this_environment_is_whole():

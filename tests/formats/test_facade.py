@@ -17,8 +17,10 @@ def test_every_public_name_imports():
 
 
 def test_the_facade_reexports_the_defining_objects():
-  assert formats.open_output is output.open_output and formats.load_manifest is output.load_manifest
-  assert formats.NotAnOutputError is errors.NotAnOutputError and formats.KINDS is kinds.KINDS
+  assert formats.open_output is output.open_output
+  assert formats.load_manifest is output.load_manifest
+  assert formats.NotAnOutputError is errors.NotAnOutputError
+  assert formats.KINDS is kinds.KINDS
 
 
 def test_old_inspect_names_still_import():

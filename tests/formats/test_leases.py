@@ -64,7 +64,8 @@ def test_a_lease_expires_after_its_ttl_and_only_then_is_removed(output):
   assert leases.remove_expired(output) == []  # fresh: kept
   later = time.time() + leases.LEASE_TTL_SECONDS + 1
   (info,) = leases.list_leases(output, now=later)
-  assert info.expired and info.age_seconds > leases.LEASE_TTL_SECONDS
+  assert info.expired
+  assert info.age_seconds > leases.LEASE_TTL_SECONDS
   assert leases.held_generations(output, now=later) == set()
   assert leases.remove_expired(output, now=later) == [lease.id]
   assert leases.list_leases(output) == []
@@ -113,7 +114,9 @@ def test_a_failed_refresh_warns_without_paths_and_the_next_beat_retries(tmp_path
     _wait_for(lambda: len(calls) >= 2, "the beat after a failure did not run")
     lease.release()
   (warning,) = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
-  assert lease.id in warning and "PermissionError" in warning and "secret-patient-folder" not in warning
+  assert lease.id in warning
+  assert "PermissionError" in warning
+  assert "secret-patient-folder" not in warning
 
 
 def test_a_collected_lease_is_released_and_a_pickled_copy_does_not_own_it(output):

@@ -48,7 +48,8 @@ def test_a_folder_without_a_manifest_is_not_an_output(tmp_path):
   message = f"{os.path.join(path, 'manifest.json')} not found: {path} is not a complete output"
   with pytest.raises(NotAnOutputError) as e:
     open_output(path)
-  assert str(e.value) == message and isinstance(e.value, FileNotFoundError)
+  assert str(e.value) == message
+  assert isinstance(e.value, FileNotFoundError)
   with pytest.raises(NotAnOutputError):
     load_manifest(str(tmp_path / "missing"))
   (tmp_path / "a_file").write_bytes(b"x")
@@ -61,7 +62,8 @@ def test_open_output_paths_and_records(tmp_path, file_format):
   root = str(tmp_path / "out")
   manifest = make_output(root, file_format)
   out = open_output(root)
-  assert is_output(root) and out == Output(root, manifest)
+  assert is_output(root)
+  assert out == Output(root, manifest)
   assert (out.kind, out.file_format, sorted(out.splits)) == ("image", file_format, ["train"])
   assert out.adapter is adapters.get(file_format)
   shards = out.shards("train")
@@ -69,7 +71,8 @@ def test_open_output_paths_and_records(tmp_path, file_format):
   assert out.shard_path(shards[1]) == os.path.join(root, shards[1].path)
   assert out.local_copy(shards[1]) == out.shard_path(shards[1])  # a local output is its own copy
   records = out.open_records("train")
-  assert len(records) == 5 and records.locate(3) == (1, 0)
+  assert len(records) == 5
+  assert records.locate(3) == (1, 0)
   assert [FEATURES.decode(records.read(i))["file_name"] for i in range(5)] == [f"{i}.jpg" for i in range(5)]
   with pytest.raises(IndexError, match="record 5 outside"):
     records.read(5)
@@ -93,7 +96,8 @@ def test_verify_finds_a_flipped_byte(tmp_path):
   report = io.StringIO()
   assert open_output(root).verify(report) == 1
   lines = report.getvalue().splitlines()
-  assert lines[0].startswith(f"BAD {shard.path}: sha256 ") and "record 1 at byte" in lines[0]
+  assert lines[0].startswith(f"BAD {shard.path}: sha256 ")
+  assert "record 1 at byte" in lines[0]
   assert lines[-1] == "verify: 1/2 shards OK"
 
 
@@ -131,13 +135,16 @@ def test_a_graph_output_has_files_not_shards(tmp_path):
   manifest = Manifest("g", "graphbin", Features({}), {}, files=(info,))
   files.write_bytes(os.path.join(root, "manifest.json"), manifest.dumps())
   out = open_output(root)
-  assert out.kind == "graphbin" and out.files == (info,) and out.local_copy(info) == path
+  assert out.kind == "graphbin"
+  assert out.files == (info,)
+  assert out.local_copy(info) == path
   with pytest.raises(ValueError, match="holds a graphbin output, not record shards"):
     out.open_records("train")
   assert out.verify(io.StringIO()) == 0
   flip_byte(path, 70)
   report = io.StringIO()
-  assert out.verify(report) == 1 and "fails its checksum" in report.getvalue()
+  assert out.verify(report) == 1
+  assert "fails its checksum" in report.getvalue()
 
 
 @pytest.mark.gcs
@@ -154,7 +161,8 @@ def test_a_gs_output_is_copied_once_and_checked(tmp_path, gcs_emulator):
   assert out.shard_path(shard) == f"{gs_root}/{shard.path}"
   cache = str(tmp_path / "cache")
   local = out.local_copy(shard, cache_dir=cache)
-  assert local.startswith(cache) and sha256_file(local) == shard.sha256
+  assert local.startswith(cache)
+  assert sha256_file(local) == shard.sha256
   assert [len(out.open_records("train", cache_dir=cache))] == [5]
   assert out.verify(io.StringIO()) == 0
   files.write_bytes(out.shard_path(out.shards("train")[1]), b"not the shard")  # replaced behind the manifest
@@ -186,7 +194,8 @@ def test_a_gs_splits_shards_are_fetched_in_parallel_once_and_a_lying_one_keeps_n
   assert all(os.path.exists(p + ".verified") and p.startswith(cache) for p in paths)
   fetched = media() - before
   assert fetched >= len(shards)
-  assert out.local_copies(shards, cache_dir=cache) == paths and media() - before == fetched  # reused, not fetched
+  assert out.local_copies(shards, cache_dir=cache) == paths
+  assert media() - before == fetched  # reused, not fetched
   victim = shards[2]
   with open(os.path.join(local_root, victim.path), "rb") as f:
     data = bytearray(f.read())

@@ -364,7 +364,8 @@ def test_odd_but_readable_forms_read_as_before(tmp_path):
   source = ShardedRecords(write_output(str(tmp_path / "odd"), features, payloads, "image"))
   options = ExampleOptions()
   assert_same_batch(_fill_all(source), old_path(source, options, np.arange(len(source)), len(source), False))
-  assert _fill_all(source)["label"][3] == 2 and _fill_all(source)["label"][5] == 2  # the first of two labels
+  assert _fill_all(source)["label"][3] == 2
+  assert _fill_all(source)["label"][5] == 2  # the first of two labels
 
 
 def test_a_tensor_in_another_list_reads_as_before(tmp_path):
@@ -390,7 +391,8 @@ def test_a_graph_over_its_budget_raises_the_transforms_error(tmp_path):
     old_path(source, ExampleOptions(**options), np.arange(6), 6, False)
   with pytest.raises(ValueError) as new:
     _fill_all(source, **options)
-  assert type(new.value) is type(old.value) and str(new.value) == str(old.value)
+  assert type(new.value) is type(old.value)
+  assert str(new.value) == str(old.value)
   assert "exceeds max_nodes=8, max_edges=10" in str(new.value)
 
 
@@ -419,7 +421,8 @@ def test_each_thread_reads_through_its_own_readers(outputs):
   source = ShardedRecords(outputs["raw", "array_record"])
   records = source._records
   mine = records.shard(0)
-  assert records.shard(0) is mine and records.shard(1) is not mine
+  assert records.shard(0) is mine
+  assert records.shard(1) is not mine
   other = []
   t = threading.Thread(target=lambda: other.append(records.shard(0)))
   t.start()
@@ -493,10 +496,12 @@ def test_a_thread_keeps_within_its_share_of_the_descriptor_limit(tmp_path, monke
   before = _open_fds()
   for i in range(len(source)):  # 4 shards, read in turn
     source.raw(i)
-  assert _open_fds() == before + 2 and list(records._local.readers.readers) == [2, 3]  # the most recent two
+  assert _open_fds() == before + 2
+  assert list(records._local.readers.readers) == [2, 3]  # the most recent two
   source.raw(6)  # shard 2 again, then 0: shard 3 is the least recently used
   source.raw(0)
-  assert _open_fds() == before + 2 and list(records._local.readers.readers) == [2, 0]
+  assert _open_fds() == before + 2
+  assert list(records._local.readers.readers) == [2, 0]
   assert [source.raw(i) for i in range(len(source))] == payloads
   source.close()
   assert _open_fds() == before
@@ -528,5 +533,7 @@ def test_xla_device_loader_reads_graph_records_through_the_filler(outputs):
                      text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   got = json.loads(r.stdout.strip().splitlines()[-1])
-  assert got["batches"] == [23 // 8, 23 // 8] and got["same"]
-  assert got["keys"]["node_mask"] == [[8, 12], "bool"] and got["keys"]["edge_index"] == [[8, 2, 20], "int64"]
+  assert got["batches"] == [23 // 8, 23 // 8]
+  assert got["same"]
+  assert got["keys"]["node_mask"] == [[8, 12], "bool"]
+  assert got["keys"]["edge_index"] == [[8, 2, 20], "int64"]

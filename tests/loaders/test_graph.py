@@ -81,7 +81,8 @@ def test_load_over_gcs_downloads_and_checks_sections_once(graph_output, graph, g
   real = GraphBin.verify
   monkeypatch.setattr(GraphBin, "verify", lambda self, *a, **k: section_checks.append(self.path) or real(self, *a, **k))
   np.testing.assert_array_equal(lg.load(gs, cache_dir=cache).indices, graph.indices)
-  assert downloads == [] and section_checks == []
+  assert downloads == []
+  assert section_checks == []
 
 
 def _sampler(graph, **kw):
@@ -112,7 +113,8 @@ def test_shapes_are_static_including_the_last_partial_batch(graph):
   shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(s[i].items())) for i in range(len(s))}
   assert len(shapes) == 1
   last = s[len(s) - 1]
-  assert not last["seed_mask"].all() and last["seed_mask"].any()
+  assert not last["seed_mask"].all()
+  assert last["seed_mask"].any()
 
 
 def test_nodes_without_neighbours_give_masked_edges(graph):
@@ -155,7 +157,8 @@ def test_grain_dataset_threads_and_resume(graph):
   it2 = iter(ds)
   it2.set_state(state)
   resumed = [b["seeds"] for b in it2]
-  assert all(np.array_equal(a, b) for a, b in zip(rest, resumed)) and len(rest) == len(resumed)
+  assert all(np.array_equal(a, b) for a, b in zip(rest, resumed))
+  assert len(rest) == len(resumed)
 
 
 def test_each_live_node_has_one_local_id_and_ids_can_stay_on_device(graph):
@@ -164,7 +167,8 @@ def test_each_live_node_has_one_local_id_and_ids_can_stay_on_device(graph):
   live = b["node_ids"][b["node_mask"]]
   assert len(np.unique(live)) == len(live)
   lean = _sampler(graph, gather_features=False)[1]
-  assert "x" not in lean and all(np.array_equal(lean[k], b[k]) for k in lean)
+  assert "x" not in lean
+  assert all(np.array_equal(lean[k], b[k]) for k in lean)
 
 
 def test_node_budget_shrinks_batches_and_overflow_is_loud(graph):
@@ -173,8 +177,10 @@ def test_node_budget_shrinks_batches_and_overflow_is_loud(graph):
   worst = b + b * k0 + b * k0 * k1  # seeds, hop 0's new nodes, hop 1's new nodes: all distinct at worst
   assert worst < N + b  # the graph is large enough that the worst case is not capped by its size
   small = _sampler(graph, node_budget=200)
-  assert 200 < worst and full.budgets.nodes == worst
-  assert small[0]["x"].shape[0] == 200 and small[0]["node_mask"].sum() == full[0]["node_mask"].sum() < 200
+  assert 200 < worst
+  assert full.budgets.nodes == worst
+  assert small[0]["x"].shape[0] == 200
+  assert small[0]["node_mask"].sum() == full[0]["node_mask"].sum() < 200
   tiny = _sampler(graph, node_budget=16)
   with pytest.raises(RuntimeError, match="raise it"):
     tiny[0]
@@ -271,7 +277,9 @@ def _run_xla(graph_path: str) -> dict:
 def test_xla_loader_on_an_xla_cpu_device_gives_the_host_batches(graph_path):
   got = _run_xla(graph_path)
   assert got["batches"] == got["expected"] > 0
-  assert got["shapes"] == 1 and got["devices"] and all(d.startswith("xla") for d in got["devices"])
+  assert got["shapes"] == 1
+  assert got["devices"]
+  assert all(d.startswith("xla") for d in got["devices"])
   assert got["differ"] == []  # every device batch is the host sampler's batch, bit for bit
   assert got["edges"] == got["host_edges"] > 0
   assert not got["tf"]
@@ -281,7 +289,8 @@ def test_xla_loader_resumes_exactly(graph_path):
   """The state after k batches (inside the second epoch) gives a new loader exactly the batches that follow."""
   got = _run_xla(graph_path)
   assert got["k"] < got["expected"]
-  assert got["resumed"] == got["expected"] - got["k"] and got["resumed_differ"] == []
+  assert got["resumed"] == got["expected"] - got["k"]
+  assert got["resumed_differ"] == []
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -323,10 +332,12 @@ def test_x_is_never_overwritten_while_held_and_its_buffer_is_reused_once_dropped
   held = [s.batch(i) for i in range(len(s))]  # every x still referenced: no buffer may be reused
   for b in held:
     live = b["node_mask"]
-    assert np.array_equal(b["x"][live], feats[b["node_ids"][live]]) and not b["x"][~live].any()
+    assert np.array_equal(b["x"][live], feats[b["node_ids"][live]])
+    assert not b["x"][~live].any()
   assert len({id(b["x"]) for b in held}) == len(held)  # all alive at once: all distinct
   pool = s._gather._buffers._buffers  # the pool's own list (another list would hold the buffers too)
-  assert all(any(b["x"] is p for p in pool) for b in held) and len(pool) == len(held)
+  assert all(any(b["x"] is p for p in pool) for b in held)
+  assert len(pool) == len(held)
   del held, b
   for i in range(3 * len(s)):  # each batch dropped at once: one of the pooled buffers again, no new one
     x = s.batch(i % len(s))["x"]
@@ -374,7 +385,8 @@ def test_without_numba_the_sampler_names_the_extra_to_install(graph_path):
             f"lg.NeighborSampler(lg.Graph({graph_path!r}), fanouts=[2], batch_size=4)\n")
   r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
   assert r.returncode == 1
-  assert "need numba" in r.stderr and ".[graph]" in r.stderr
+  assert "need numba" in r.stderr
+  assert ".[graph]" in r.stderr
 
 
 def test_a_node_budget_bounds_the_later_frontiers_and_their_edges():
@@ -406,10 +418,13 @@ def test_the_in_memory_default_shares_the_memory_among_the_hosts_processes(monke
   monkeypatch.setattr(_features, "available_memory", lambda: 1000)
   monkeypatch.delenv("PJRT_LOCAL_PROCESS_COUNT", raising=False)
   monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-  assert _features.keep_in_memory(400, None) and not _features.keep_in_memory(600, None)
+  assert _features.keep_in_memory(400, None)
+  assert not _features.keep_in_memory(600, None)
   monkeypatch.setenv("PJRT_LOCAL_PROCESS_COUNT", "4")  # four processes, four copies
-  assert not _features.keep_in_memory(400, None) and _features.keep_in_memory(125, None)
-  assert _features.keep_in_memory(400, True) and not _features.keep_in_memory(1, False)
+  assert not _features.keep_in_memory(400, None)
+  assert _features.keep_in_memory(125, None)
+  assert _features.keep_in_memory(400, True)
+  assert not _features.keep_in_memory(1, False)
 
 
 def _elastic_run(make, schedule, epochs=2):
@@ -437,13 +452,18 @@ def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(graph):
     return _sampler(graph, order="global", global_batch_size=G, shard_index=h, shard_count=hosts)
 
   single = _sampler(graph, order="global", batch_size=G)
-  assert len(single) == 7 and all(len(make(h, n)) == 7 for n in (2, 4, 8) for h in range(n))
+  assert len(single) == 7
+  assert all(len(make(h, n)) == 7 for n in (2, 4, 8) for h in range(n))
   want = [single.batch(i % 7, i // 7)["seeds"][single.batch(i % 7, i // 7)["seed_mask"]] for i in range(14)]
   got = _elastic_run(make, [(4, 3), (2, 5), (8, 6)])  # into the second epoch, 14 steps in all
-  assert len(got) == 14 and all(np.array_equal(g, w) for g, w in zip(got, want))
-  assert sum(len(w) for w in want[:7]) == 150 and len(np.unique(np.concatenate(want[:7]))) == 150
+  assert len(got) == 14
+  assert all(np.array_equal(g, w) for g, w in zip(got, want))
+  assert sum(len(w) for w in want[:7]) == 150
+  assert len(np.unique(np.concatenate(want[:7]))) == 150
   last = make(7, 8).batch(6)  # the short last step: hosts past its end get padding only
-  assert not last["seed_mask"].any() and not last["node_mask"].any() and not last["edge_mask_0"].any()
+  assert not last["seed_mask"].any()
+  assert not last["node_mask"].any()
+  assert not last["edge_mask_0"].any()
 
 
 def test_global_batch_errors_and_the_global_order_is_the_default(graph):
@@ -455,7 +475,8 @@ def test_global_batch_errors_and_the_global_order_is_the_default(graph):
     _sampler(graph, order="elastic")
   assert _sampler(graph, shard_index=1, shard_count=3).order == "global"
   host = _sampler(graph, shard_index=1, shard_count=3, order="host")
-  assert host.per_shard == 50 and len(host) == 4  # every 3rd seed from 1 on
+  assert host.per_shard == 50
+  assert len(host) == 4  # every 3rd seed from 1 on
 
 
 def test_a_batch_size_that_disagrees_with_the_global_batch_is_refused(graph):

@@ -268,10 +268,13 @@ def test_a_chunk_that_keeps_failing_leaves_a_resumable_partial(remote, graph_out
   with pytest.raises(ConnectionError, match=r"failed 3 times") as e:
     gcs_download.download(obj, dest, sha256_file(os.path.join(graph_output, "g.graphbin")), options=options)
   assert not isinstance(e.value, CorruptRecordError)
-  assert os.path.exists(dest + ".partial") and os.path.exists(dest + ".partial.json") and not os.path.exists(dest)
+  assert os.path.exists(dest + ".partial")
+  assert os.path.exists(dest + ".partial.json")
+  assert not os.path.exists(dest)
   proxy.clear_faults()
   stats = gcs_download.download(obj, dest, sha256_file(os.path.join(graph_output, "g.graphbin")), options=options)
-  assert stats.bytes_fetched == obj.size and stats.bytes_resumed == 0
+  assert stats.bytes_fetched == obj.size
+  assert stats.bytes_resumed == 0
   with open(dest, "rb") as f:
     assert f.read() == _original(graph_output)
 
@@ -287,7 +290,9 @@ def test_a_disk_too_small_is_named_before_anything_is_written(remote, graph_outp
     lg.load(gs, cache_dir=cache, **OPTS)
   size = len(_original(graph_output))
   message = str(e.value)
-  assert "\n" not in message and f"needs {size:,} bytes" in message and "1,000 free" in message
+  assert "\n" not in message
+  assert f"needs {size:,} bytes" in message
+  assert "1,000 free" in message
   assert os.path.join(cache, "") in message
   assert isinstance(e.value, OSError)
   assert not os.path.exists(cache)
@@ -303,7 +308,8 @@ def test_progress_is_a_bar_on_a_terminal_a_log_line_otherwise_and_can_be_off(rem
   caplog.set_level(logging.INFO, logger="formats.storage.gcs_download")
   lg.load(gs, cache_dir=str(tmp_path / "logged"), streams=2, chunk_bytes=CHUNK)
   lines = [r.getMessage() for r in caplog.records]
-  assert any("MB/s" in m and "ETA" in m for m in lines) and any(m.endswith("0 retries)") for m in lines)
+  assert any("MB/s" in m and "ETA" in m for m in lines)
+  assert any(m.endswith("0 retries)") for m in lines)
   assert capsys.readouterr().err == ""
 
   class Terminal(io.StringIO):
@@ -315,13 +321,18 @@ def test_progress_is_a_bar_on_a_terminal_a_log_line_otherwise_and_can_be_off(rem
   monkeypatch.setattr(gcs_download, "_BAR_EVERY_S", 0.0)
   lg.load(gs, cache_dir=str(tmp_path / "bar"), streams=2, chunk_bytes=CHUNK)
   bar = terminal.getvalue()
-  assert bar.startswith("\r") and bar.endswith("\n") and "(100%)" in bar and "MB/s" in bar and "ETA" in bar
+  assert bar.startswith("\r")
+  assert bar.endswith("\n")
+  assert "(100%)" in bar
+  assert "MB/s" in bar
+  assert "ETA" in bar
 
   caplog.clear()
   quiet = Terminal()
   monkeypatch.setattr(sys, "stderr", quiet)
   lg.load(gs, cache_dir=str(tmp_path / "quiet"), streams=2, chunk_bytes=CHUNK, progress=False)
-  assert quiet.getvalue() == "" and caplog.records == []
+  assert quiet.getvalue() == ""
+  assert caplog.records == []
 
 
 def test_options_are_checked():

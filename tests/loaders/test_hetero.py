@@ -49,11 +49,13 @@ def _same(a: dict, b: dict) -> bool:
 def test_every_relation_including_the_reverse_ones_is_sampled_from_paper_seeds(mag):
   s = _sampler(mag)
   assert s.seed_type == "paper"
-  assert "paper___rev_writes___author" in s.relations and "author___writes___paper" in s.relations
+  assert "paper___rev_writes___author" in s.relations
+  assert "author___writes___paper" in s.relations
   hop0 = {k.split("/")[1] for k in s[0] if k.startswith("edge_index/") and k.endswith("/0")}
   assert hop0 == {r for r in s.relations if r.startswith("paper___")}  # the seeds' out-relations
   b = s[0]
-  assert b["node_mask/author"].any() and b["node_mask/institution"].any()  # via rev_writes, then affiliated_with
+  assert b["node_mask/author"].any()
+  assert b["node_mask/institution"].any()  # via rev_writes, then affiliated_with
 
 
 def test_sampled_edges_exist_and_ids_and_masks_are_consistent(mag):
@@ -62,14 +64,16 @@ def test_sampled_edges_exist_and_ids_and_masks_are_consistent(mag):
     b = s[i]
     for t in s.types:
       live = b[f"node_ids/{t}"][b[f"node_mask/{t}"]]
-      assert len(np.unique(live)) == len(live) and (live < s.num_nodes[t]).all()
+      assert len(np.unique(live)) == len(live)
+      assert (live < s.num_nodes[t]).all()
       assert not b[f"node_ids/{t}"][~b[f"node_mask/{t}"]].any()
     for key in [k for k in b if k.startswith("edge_index/")]:
       _, r, hop = key.split("/")
       head, _, tail = r.split("___")
       indptr, indices = (np.asarray(a) for a in mag.relation(r))
       ei, m = b[key], b[f"edge_mask/{r}/{hop}"]
-      assert b[f"node_mask/{tail}"][ei[0, m]].all() and b[f"node_mask/{head}"][ei[1, m]].all()
+      assert b[f"node_mask/{tail}"][ei[0, m]].all()
+      assert b[f"node_mask/{head}"][ei[1, m]].all()
       assert not ei[:, ~m][0].any()
       src, dst = b[f"node_ids/{tail}"][ei[0, m]], b[f"node_ids/{head}"][ei[1, m]]
       for u, v in zip(dst.tolist(), src.tolist()):
@@ -87,7 +91,8 @@ def test_features_years_labels_and_seeds_come_from_the_graph(mag):
   train = set(np.asarray(mag.split("train")).tolist())
   b = s[1]
   live = b["node_mask/paper"]
-  assert np.array_equal(b["x/paper"][live], feats[b["node_ids/paper"][live]]) and not b["x/paper"][~live].any()
+  assert np.array_equal(b["x/paper"][live], feats[b["node_ids/paper"][live]])
+  assert not b["x/paper"][~live].any()
   assert np.array_equal(b["year/paper"][live], years[b["node_ids/paper"][live]])
   assert np.array_equal(b["y"][b["seed_mask"]], labels[b["seeds"][b["seed_mask"]]])
   assert set(b["seeds"][b["seed_mask"]].tolist()) <= train
@@ -97,7 +102,8 @@ def test_features_years_labels_and_seeds_come_from_the_graph(mag):
 def test_shapes_are_static_and_batches_are_the_same_on_any_thread(mag):
   s = _sampler(mag)
   shapes = {tuple((k, v.shape, v.dtype.str) for k, v in sorted(s.batch(i, 1).items())) for i in range(len(s))}
-  assert len(shapes) == 1 and s.per_shard % s.batch_size  # the last batch is short and padded
+  assert len(shapes) == 1
+  assert s.per_shard % s.batch_size  # the last batch is short and padded
   alone = [s.batch(i, epoch=1) for i in range(len(s))]
   other = _sampler(mag)
   order = [int(i) for i in np.random.default_rng(3).permutation(len(s))]
@@ -172,10 +178,12 @@ def test_node_budgets_from_observed_batches_and_a_loud_overflow_that_leaves_no_t
 def test_node_budgets_bound_the_later_frontiers_and_their_edges():
   fanouts = {"p___cites___p": [4, 3], "p___rev_writes___a": [2, 2], "a___writes___p": [5, 5]}
   worst = lg.hetero_budgets(10, "p", fanouts, {"p": 10**6, "a": 10**6})
-  assert worst.frontier == {"a": (0, 20), "p": (10, 40)} and worst.nodes == {"a": 20 + 80, "p": 10 + 40 + 220}
+  assert worst.frontier == {"a": (0, 20), "p": (10, 40)}
+  assert worst.nodes == {"a": 20 + 80, "p": 10 + 40 + 220}
   assert worst.edges == {"a___writes___p": (0, 100), "p___cites___p": (40, 120), "p___rev_writes___a": (20, 80)}
   tight = lg.hetero_budgets(10, "p", fanouts, {"p": 10**6, "a": 10**6}, node_budget={"p": 10 + 30, "a": 15})
-  assert tight.frontier == {"a": (0, 15), "p": (10, 30)} and tight.nodes == {"a": 15, "p": 40}
+  assert tight.frontier == {"a": (0, 15), "p": (10, 30)}
+  assert tight.nodes == {"a": 15, "p": 40}
   assert tight.edges == {"a___writes___p": (0, 75), "p___cites___p": (40, 90), "p___rev_writes___a": (20, 60)}
 
 
@@ -207,7 +215,8 @@ def test_grain_feed_resumes_exactly(mag):
   first = [next(it) for _ in range(len(s) + 1)]
   state = it.get_state()
   rest = list(_resumed(ds, state))
-  assert all(_same(a, b) for a, b in zip(first + rest, want)) and len(first) + len(rest) == len(want)
+  assert all(_same(a, b) for a, b in zip(first + rest, want))
+  assert len(first) + len(rest) == len(want)
 
 
 def _resumed(ds, state):
@@ -274,9 +283,12 @@ def test_xla_feed_on_an_xla_cpu_device_gives_the_host_batches_and_resumes(mag_pa
                      env=env, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   got = json.loads(r.stdout.strip().splitlines()[-1])
-  assert got["batches"] == got["expected"] > 0 and got["differ"] == []
-  assert got["devices"] and all(d.startswith("xla") for d in got["devices"])
-  assert got["resumed"] == got["expected"] - got["k"] and got["resumed_differ"] == []
+  assert got["batches"] == got["expected"] > 0
+  assert got["differ"] == []
+  assert got["devices"]
+  assert all(d.startswith("xla") for d in got["devices"])
+  assert got["resumed"] == got["expected"] - got["k"]
+  assert got["resumed_differ"] == []
 
 
 def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(mag):
@@ -295,4 +307,5 @@ def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(mag):
     b = single.batch(i % n, i // n)
     want.append(b["seeds"][b["seed_mask"]])
   got = _elastic_run(make, [(4, 3), (2, n - 1), (8, n - 2)])
-  assert len(got) == 2 * n and all(np.array_equal(g, w) for g, w in zip(got, want))
+  assert len(got) == 2 * n
+  assert all(np.array_equal(g, w) for g, w in zip(got, want))

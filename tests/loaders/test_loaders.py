@@ -91,7 +91,8 @@ def test_seeded_order_and_reshuffle_per_epoch(outputs):
   assert a == order(7)
   assert a != order(8)
   first, second = a[:len(a) // 2], a[len(a) // 2:]
-  assert first != second and sorted(first) == sorted(second)
+  assert first != second
+  assert sorted(first) == sorted(second)
 
 
 def test_resume_continues_exactly(outputs):
@@ -117,9 +118,11 @@ def test_usable_from_grain_dataloader(outputs):
       worker_count=0)
   batches = list(loader)
   half = len(source) // 2  # ShardOptions(0, 2): this process reads one half of the records
-  assert len(batches) == half // 4 and {b["image"].shape for b in batches} == {(4, 32, 32, 3)}
+  assert len(batches) == half // 4
+  assert {b["image"].shape for b in batches} == {(4, 32, 32, 3)}
   ids = [int(i) for b in batches for i in b["record_index"]]
-  assert len(ids) == len(set(ids)) == len(batches) * 4 and set(ids) <= set(range(len(source)))
+  assert len(ids) == len(set(ids)) == len(batches) * 4
+  assert set(ids) <= set(range(len(source)))
   for b in batches:
     for i, label in zip(b["record_index"], b["label"]):
       assert source[int(i)]["label"] == label
@@ -129,10 +132,12 @@ def test_ct_patches_static_and_padded(outputs):
   batches = _all(grain_loader.dataset(outputs["ct_array_record"], batch_size=2, patch_size=(8, 80, 80),
                                       hu_window=(-1000.0, 1000.0)))
   records = ShardedRecords(outputs["ct_array_record"])
-  assert len(batches) == len(records) // 2 and {b["volume"].shape for b in batches} == {(2, 8, 80, 80)}
+  assert len(batches) == len(records) // 2
+  assert {b["volume"].shape for b in batches} == {(2, 8, 80, 80)}
   padded = 0
   for b in batches:
-    assert b["volume"].min() >= 0.0 and b["volume"].max() <= 1.0
+    assert b["volume"].min() >= 0.0
+    assert b["volume"].max() <= 1.0
     for v, idx in zip(b["volume"], b["record_index"]):
       width = records[int(idx)]["volume"].shape[2]
       if width < 80:  # beyond the volume: padding, -1024 HU, clipped to the window's low end → 0
@@ -186,7 +191,8 @@ def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
       outputs["tfrecord"], batch_size=3, image_size=(8, 8), seed=2).as_numpy_iterator()]
   remote = [b["record_index"].tolist() for b in tfdata.dataset(
       gs, batch_size=3, image_size=(8, 8), seed=2, cache_dir=str(tmp_path / "tf_cache")).as_numpy_iterator()]
-  assert local == remote and local
+  assert local == remote
+  assert local
   raw = f"gs://{gcs_emulator}/loaders/raw_for_xla"
   upload_tree(outputs["raw"], raw)
   env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO, "HOME": str(tmp_path)}  # a fresh shard cache
@@ -194,7 +200,8 @@ def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
                      timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   got = json.loads(r.stdout.strip().splitlines()[-1])
-  assert got["batches"] == N_IMAGES // 4 and all(d.startswith("xla") for d in got["devices"])
+  assert got["batches"] == N_IMAGES // 4
+  assert all(d.startswith("xla") for d in got["devices"])
 
 
 def test_tfdata_images_and_volumes(outputs):
@@ -202,7 +209,9 @@ def test_tfdata_images_and_volumes(outputs):
   assert len(batches) == N_IMAGES // 4
   assert {b["image"].shape for b in batches} == {(4, 20, 20, 3)}
   idx = sorted(int(i) for b in batches for i in b["record_index"])
-  assert len(idx) == N_IMAGES - N_IMAGES % 4 and len(set(idx)) == len(idx) and set(idx) <= set(range(N_IMAGES))
+  assert len(idx) == N_IMAGES - N_IMAGES % 4
+  assert len(set(idx)) == len(idx)
+  assert set(idx) <= set(range(N_IMAGES))
   records = ShardedRecords(outputs["tfrecord"])
   for b in batches:
     for i, label in zip(b["record_index"], b["label"]):
@@ -210,9 +219,11 @@ def test_tfdata_images_and_volumes(outputs):
   shards = [sorted(int(i) for b in tfdata.dataset(outputs["tfrecord"], batch_size=1, shard_index=k, shard_count=2,
                                                    image_size=(8, 8)).as_numpy_iterator() for i in b["record_index"])
             for k in range(2)]
-  assert not set(shards[0]) & set(shards[1]) and len(shards[0]) == len(shards[1])
+  assert not set(shards[0]) & set(shards[1])
+  assert len(shards[0]) == len(shards[1])
   vols = list(tfdata.dataset(outputs["ct_tfrecord"], batch_size=1, patch_size=(4, 32, 32)).as_numpy_iterator())
-  assert vols and {v["volume"].shape for v in vols} == {(1, 4, 32, 32)}
+  assert vols
+  assert {v["volume"].shape for v in vols} == {(1, 4, 32, 32)}
 
 
 _XLA_SCRIPT = r"""
@@ -245,7 +256,9 @@ def test_xla_device_loader_on_cpu(outputs):
                      env=env, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   got = json.loads(r.stdout.strip().splitlines()[-1])
-  assert got["batches"] == N_IMAGES // 4 and got["shapes"] == 1 and not got["tf"]
+  assert got["batches"] == N_IMAGES // 4
+  assert got["shapes"] == 1
+  assert not got["tf"]
   assert all(d.startswith("xla") for d in got["devices"])
   assert len(set(got["ids"])) == len(got["ids"]) == got["batches"] * 4
   assert got["head"] + got["resumed"] == got["ids"]  # same seed: same order; resume continues exactly
@@ -275,7 +288,8 @@ def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(outputs, key,
   got = _global_steps(make, [(4, 2), (2, total // 2 - 2), (8, total - total // 2)])
   assert len(got) == total
   for g, want in zip(got, single):
-    assert sorted(g) == sorted(want) and all(np.array_equal(g[k], want[k]) for k in want)
+    assert sorted(g) == sorted(want)
+    assert all(np.array_equal(g[k], want[k]) for k in want)
   first_epoch = np.concatenate([b["record_index"] for b in single[:steps_per_epoch]])
   assert len(np.unique(first_epoch)) == len(first_epoch) == steps_per_epoch * global_batch
   with pytest.raises(ValueError, match="global_batch_size 8 is not divisible by shard_count 3"):

@@ -81,7 +81,9 @@ def test_tfdata_damaged_record_names_the_shard_and_record(outputs, tmp_path):
   with pytest.raises(CorruptRecordError) as e:
     _ids(tfdata.dataset(out, batch_size=1, image_size=(8, 8), shuffle=False))
   msg = str(e.value)
-  assert shard in msg and "record 1 " in msg and "sha256" in msg
+  assert shard in msg
+  assert "record 1 " in msg
+  assert "sha256" in msg
 
 
 def test_tfdata_damaged_framing_names_the_shard_at_verify_size(outputs, tmp_path):
@@ -160,7 +162,8 @@ def _point_train_at_validation(out: str) -> tuple[str, str, str]:
   """The manifest's train shard path now names the validation shard (same size, other records)."""
   m = _manifest(out)
   train, valid = m["splits"]["train"]["shards"][0], m["splits"]["validation"]["shards"][0]
-  assert train["num_bytes"] == valid["num_bytes"] and train["num_records"] == valid["num_records"]
+  assert train["num_bytes"] == valid["num_bytes"]
+  assert train["num_records"] == valid["num_records"]
   train["path"] = valid["path"]
   _write_manifest(out, m)
   return os.path.join(out, valid["path"]), train["sha256"], valid["sha256"]
@@ -176,7 +179,9 @@ def test_swapped_shard_of_equal_size_is_refused_by_default(outputs, tmp_path):
       with pytest.raises(CorruptRecordError) as e:
         load(**verify)
       msg = str(e.value)
-      assert shard in msg and expected[:12] in msg and actual[:12] in msg, msg
+      assert shard in msg, msg
+      assert expected[:12] in msg, msg
+      assert actual[:12] in msg, msg
     for verify in ("size", "none", False):  # the cheaper levels trust the manifest's paths, as documented
       assert len(ShardedRecords(out, verify=verify)) == 18
 
@@ -260,8 +265,11 @@ def test_xla_loader_refuses_a_swapped_shard(outputs, tmp_path):
                      timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   got = json.loads(r.stdout.strip().splitlines()[-1])
-  assert shard in got["refused"] and expected[:12] in got["refused"] and actual[:12] in got["refused"]
-  assert got["batches"] == 9 and not got["tf"]
+  assert shard in got["refused"]
+  assert expected[:12] in got["refused"]
+  assert actual[:12] in got["refused"]
+  assert got["batches"] == 9
+  assert not got["tf"]
 
 
 @pytest.mark.gcs

@@ -94,13 +94,14 @@ def _tfdata(outputs, case) -> list[dict]:
 
 
 def _assert_same_batches(got: list[dict], want: list[dict], what: str) -> None:
-  assert len(got) == len(want) and want, f"{what}: {len(got)} batches, grain has {len(want)}"
+  assert len(got) == len(want), f"{what}: {len(got)} batches, grain has {len(want)}"
+  assert want, f"{what}: {len(got)} batches, grain has {len(want)}"
   for n, (g, w) in enumerate(zip(got, want)):
     assert sorted(g) == sorted(w), f"{what} batch {n}: keys {sorted(g)} != grain's {sorted(w)}"
     for k in w:
       g_k, w_k = np.asarray(g[k]), np.asarray(w[k])
-      assert g_k.dtype == w_k.dtype and g_k.shape == w_k.shape, (
-          f"{what} batch {n} {k}: {g_k.dtype}{g_k.shape} != grain's {w_k.dtype}{w_k.shape}")
+      assert g_k.dtype == w_k.dtype, f"{what} batch {n} {k}: {g_k.dtype}{g_k.shape} != grain's {w_k.dtype}{w_k.shape}"
+      assert g_k.shape == w_k.shape, f"{what} batch {n} {k}: {g_k.dtype}{g_k.shape} != grain's {w_k.dtype}{w_k.shape}"
       if not np.array_equal(g_k, w_k):
         diff = np.abs(g_k.astype(np.float64) - w_k.astype(np.float64))
         raise AssertionError(f"{what} batch {n} {k}: {int((diff > 0).sum())} values differ, max {diff.max()}")

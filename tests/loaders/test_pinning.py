@@ -95,7 +95,8 @@ def test_a_loader_finishes_every_epoch_on_its_generation_across_two_reruns_and_a
   commit.cleanup(out, keep_replaced_seconds=0)
   assert first in leases.held_generations(out)
   got += list(it)
-  assert len(got) == len(want) == 3 * (24 // 4) and _equal(got, want)
+  assert len(got) == len(want) == 3 * (24 // 4)
+  assert _equal(got, want)
   ds.close()
   del it, ds
   assert first not in leases.held_generations(out)
@@ -122,12 +123,17 @@ def rerun(images, tmp_path):
 def test_a_grain_state_of_another_generation_is_refused_unless_asked(rerun):
   out, state, old = rerun
   new = open_output(out).generation
-  assert state["data"]["generation"] == old and state["epoch"] == 1 and state["data"]["split"] == "train"
+  assert state["data"]["generation"] == old
+  assert state["epoch"] == 1
+  assert state["data"]["split"] == "train"
   it = iter(grain_loader.dataset(out, "train", **ARGS))
   with pytest.raises(StateMismatchError) as e:
     it.set_state(state)
   message = str(e.value)
-  assert old in message and new in message and "\n" not in message and isinstance(e.value, ValueError)
+  assert old in message
+  assert new in message
+  assert "\n" not in message
+  assert isinstance(e.value, ValueError)
   ds = grain_loader.dataset(out, "train", **ARGS, on_new_data="restart_epoch")
   it = iter(ds)
   it.set_state(state)
@@ -165,7 +171,8 @@ def test_a_dataset_holds_a_lease_while_it_lives(images, tmp_path):
   gen = open_output(out).generation
   for options in ({}, {"window_shards": 2}):
     ds = grain_loader.dataset(out, "train", batch_size=4, **options)
-    assert _names(out) == {"loaders.grain train"} and leases.held_generations(out) == {gen}
+    assert _names(out) == {"loaders.grain train"}
+    assert leases.held_generations(out) == {gen}
     ds.close()
     assert not leases.list_leases(out)
     ds = grain_loader.dataset(out, "train", batch_size=4, **options)
@@ -182,11 +189,13 @@ def test_a_dataset_holds_a_lease_while_it_lives(images, tmp_path):
       time.sleep(0.1)
     assert not leases.list_leases(out)  # collected: released
   records = ShardedRecords(out)
-  assert records.identity.generation == gen and _names(out) == {"loaders.ShardedRecords train"}
+  assert records.identity.generation == gen
+  assert _names(out) == {"loaders.ShardedRecords train"}
   records.close()
   assert not leases.list_leases(out)
   ds = grain_loader.dataset(out, "train", batch_size=4, lease=False)
-  assert not leases.list_leases(out) and ds.identity.generation == gen
+  assert not leases.list_leases(out)
+  assert ds.identity.generation == gen
 
 
 def test_the_pinned_manifest_is_read_once(images, tmp_path, monkeypatch):
@@ -202,7 +211,8 @@ def test_the_pinned_manifest_is_read_once(images, tmp_path, monkeypatch):
     ds = grain_loader.dataset(out, "train", **ARGS, **options)
     opened = len(reads)
     assert opened == 2  # the read, and the one that proves the lease came in time
-    assert len(list(ds)) == 3 * 6 and len(reads) == opened
+    assert len(list(ds)) == 3 * 6
+    assert len(reads) == opened
     reads.clear()
 
 
@@ -232,19 +242,22 @@ def test_a_graph_feeder_state_of_another_generation_is_refused_unless_asked(tmp_
   out = str(tmp_path / "graph")
   old = _graph_output(out, 200, 0)
   graph = lg.load(out)
-  assert graph.identity.generation == old and graph.identity.file == f"{old}/g.graphbin"
+  assert graph.identity.generation == old
+  assert graph.identity.file == f"{old}/g.graphbin"
   assert _names(out) == {"loaders.graph"}
   sampler = lg.NeighborSampler(graph, fanouts=[3, 2], batch_size=16, seed=1)
   it = iter(lg.grain_dataset(sampler, num_epochs=2, num_threads=1))
   for _ in range(len(sampler) + 2):
     next(it)
   state = json.loads(json.dumps(it.get_state()))
-  assert state["epoch"] == 1 and state["data"]["file_sha256"] == graph.identity.file_sha256
+  assert state["epoch"] == 1
+  assert state["data"]["file_sha256"] == graph.identity.file_sha256
   new = _graph_output(out, 240, 1)
   sampler2 = lg.NeighborSampler(lg.load(out), fanouts=[3, 2], batch_size=16, seed=1)
   with pytest.raises(StateMismatchError) as e:
     iter(lg.grain_dataset(sampler2, num_epochs=2, num_threads=1)).set_state(state)
-  assert old in str(e.value) and new in str(e.value)
+  assert old in str(e.value)
+  assert new in str(e.value)
   it2 = iter(lg.grain_dataset(sampler2, num_epochs=2, num_threads=1, on_new_data="restart_epoch"))
   it2.set_state(state)
   first = next(it2)
@@ -310,10 +323,14 @@ def test_torch_xla_states_of_another_generation_are_refused_unless_asked(rerun, 
                      capture_output=True, text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   got = json.loads(r.stdout.strip().splitlines()[-1])
-  assert old in got["records"] and new in got["records"], got["records"]
+  assert old in got["records"], got["records"]
+  assert new in got["records"], got["records"]
   fresh = [b["record_index"].tolist() for b in grain_loader.dataset(out, "train", **ARGS)]
-  assert got["restarted"] == fresh[21 // 4:] and got["saved"] == new  # epoch 1 over, on the new data
-  assert "seed_nodes" not in got["graph"] and "no generation" not in got["graph"] and got["graph"] != "accepted"
+  assert got["restarted"] == fresh[21 // 4:]
+  assert got["saved"] == new  # epoch 1 over, on the new data
+  assert "seed_nodes" not in got["graph"]
+  assert "no generation" not in got["graph"]
+  assert got["graph"] != "accepted"
   assert got["graph_restarted"] == got["graph_want"]
 
 
@@ -332,7 +349,8 @@ def test_a_read_only_output_loads_with_one_warning(where, images, tmp_path, requ
   assert len(batches) == 24 // 4
   warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
   assert len(warned) == 1, [r.getMessage() for r in warned]
-  assert "without a lease" in warned[0].getMessage() and "retention" in warned[0].getMessage()
+  assert "without a lease" in warned[0].getMessage()
+  assert "retention" in warned[0].getMessage()
   if where == "local":
     os.remove(os.path.join(out, leases.LEASES_FOLDER))
   shutil.rmtree(tmp_path / "cache", ignore_errors=True)

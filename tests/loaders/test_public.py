@@ -28,7 +28,8 @@ def _frameworks_after_import(module: str) -> list[str]:
 
 
 def test_every_public_name_exists():
-  assert loaders.__all__ and len(set(loaders.__all__)) == len(loaders.__all__)
+  assert loaders.__all__
+  assert len(set(loaders.__all__)) == len(loaders.__all__)
   for name in loaders.__all__:
     assert getattr(loaders, name) is not None, name
   assert not [n for n in loaders.__all__ if n.startswith("_")]

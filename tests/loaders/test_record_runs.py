@@ -69,7 +69,8 @@ def test_runs_are_consecutive_records_of_one_shard_and_every_record_comes_once_p
     # are exactly 4 (a shard's first and last runs may be shorter; neighbouring runs may happen to join)
     breaks = np.flatnonzero((np.diff(stream) != 1) | (np.diff(shard) != 0)) + 1
     lengths = np.diff(np.concatenate([[0], breaks, [len(stream)]]))
-    assert lengths.max() <= 8 and np.median(lengths) >= 3
+    assert lengths.max() <= 8
+    assert np.median(lengths) >= 3
   assert not np.array_equal(epochs[0], epochs[1])  # reshuffled every epoch
   # the cuts move from epoch to epoch: the same pairs of neighbours are not always together
   together = [{(int(a), int(b)) for a, b in zip(s[:-1], s[1:]) if b == a + 1} for s in epochs]
@@ -124,7 +125,8 @@ def test_coalesced_record_reads_equal_local_across_4_2_8_hosts_through_faults(sh
   assert not gcs_faults._faults, "the faults were never hit"
   assert len(remote) == len(local) == epochs * per_epoch
   for r, l in zip(remote, local):
-    assert len(r) == len(l) and all(_same(a, b) for a, b in zip(r, l))
+    assert len(r) == len(l)
+    assert all(_same(a, b) for a, b in zip(r, l))
   # and each step, whatever the host count, is the single-host step of the same global order
   single = list(make(shards, "single")(0, 1))
   for step, want in zip(local, single):

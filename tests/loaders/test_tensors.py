@@ -46,7 +46,8 @@ def test_grain_batches_hold_every_tensor_and_label_as_stored(outputs, fmt):
 def test_grain_pads_the_last_tensors_batch(outputs):
   batches = list(grain_loader.dataset(outputs["array_record"], batch_size=5, shuffle=False, drop_remainder=False))
   n = len(ShardedRecords(outputs["array_record"]))
-  assert len(batches) == -(-n // 5) and int(batches[-1]["mask"].sum()) == n % 5
+  assert len(batches) == -(-n // 5)
+  assert int(batches[-1]["mask"].sum()) == n % 5
   _check_batch(batches[-1], n % 5)
 
 
@@ -57,7 +58,8 @@ def test_tfdata_equals_grain_on_tensors(outputs):
   for g, w in zip(got, want):
     assert sorted(g) == sorted(w)
     for k in w:
-      assert g[k].dtype == w[k].dtype and np.array_equal(g[k], w[k]), k
+      assert g[k].dtype == w[k].dtype, k
+      assert np.array_equal(g[k], w[k]), k
 
 
 def test_a_tensor_without_a_static_shape_is_refused_by_name(tmp_path):
@@ -85,13 +87,15 @@ def test_a_generic_converters_output_loads(tmp_path, fmt):
   array_folder.run([f"--input={tmp_path / 'in'}", f"--output={out}", f"--format={fmt}", "--shape=3,4",
                     "--dtype=int16", "--num_shards=2"])
   records = ShardedRecords(out)
-  assert records.kind == "tensors" and len(records) == len(arrays)
+  assert records.kind == "tensors"
+  assert len(records) == len(arrays)
   loaders = [list(grain_loader.dataset(out, batch_size=4, shuffle=False, num_threads=2))]
   if fmt == "tfrecord":
     loaders.append(list(tfdata.dataset(out, batch_size=4, shuffle=False).as_numpy_iterator()))
   for batches in loaders:
     assert len(batches) == len(arrays) // 4
     for b in batches:
-      assert sorted(b) == ["array", "record_index"] and b["array"].dtype == np.int16
+      assert sorted(b) == ["array", "record_index"]
+      assert b["array"].dtype == np.int16
       for i, arr in zip(b["record_index"], b["array"]):
         np.testing.assert_array_equal(arr, arrays[records[int(i)]["file_name"]])

@@ -30,7 +30,9 @@ def test_raw_images_pass_through_with_an_int64_label():
   out = t({"image": pixels, "label": 2, "file_name": "a.png", "record_index": np.int64(7)})
   assert sorted(out) == ["image", "label", "record_index"]  # the file name is not batched
   np.testing.assert_array_equal(out["image"], pixels)
-  assert out["label"].dtype == np.int64 and out["label"] == 2 and out["record_index"] == 7
+  assert out["label"].dtype == np.int64
+  assert out["label"] == 2
+  assert out["record_index"] == 7
   assert not t.needs_rng
 
 
@@ -41,7 +43,8 @@ def test_encoded_images_are_fitted_to_image_size():
   pixels = np.random.default_rng(0).integers(0, 256, (30, 50, 3), dtype=np.uint8)
   out = example_transform("image", features, ExampleOptions(image_size=(12, 16)))({"image": _png(pixels), "label": 0})
   want = ImageOps.fit(PILImage.fromarray(pixels), (16, 12), method=PILImage.Resampling.BILINEAR)
-  assert out["image"].dtype == np.uint8 and out["image"].shape == (12, 16, 3)
+  assert out["image"].dtype == np.uint8
+  assert out["image"].shape == (12, 16, 3)
   np.testing.assert_array_equal(out["image"], np.asarray(want))
 
 
@@ -61,7 +64,8 @@ def test_volumes_are_cut_padded_clipped_and_normalised():
   out = t({"volume": vol, "spacing": spacing, "record_index": np.int64(1)})
   assert not t.needs_rng
   assert out["patch_start"].tolist() == [0, 1, 1]  # max(shape - patch, 0) // 2
-  assert out["volume"].dtype == np.float32 and out["volume"].shape == (4, 4, 4)
+  assert out["volume"].dtype == np.float32
+  assert out["volume"].shape == (4, 4, 4)
   np.testing.assert_array_equal(out["volume"][:2], np.full((2, 4, 4), 0.75, np.float32))  # (500 + 1000) / 2000
   padding = (max(CT_PADDING_HU, -1000.0) + 1000.0) / 2000.0
   np.testing.assert_array_equal(out["volume"][2:], np.full((2, 4, 4), padding, np.float32))
@@ -69,7 +73,8 @@ def test_volumes_are_cut_padded_clipped_and_normalised():
   raw = example_transform("volume", features, ExampleOptions(patch_size=(2, 6, 6), patch="center", normalize=False,
                                                               hu_window=(-1000.0, 1000.0)))({"volume": vol,
                                                                                               "spacing": spacing})
-  assert raw["volume"][0, 0, 0] == 1000.0 and raw["volume"][1, 0, 0] == 500.0
+  assert raw["volume"][0, 0, 0] == 1000.0
+  assert raw["volume"][1, 0, 0] == 500.0
 
 
 def test_random_patches_follow_the_rng():
@@ -95,7 +100,9 @@ def test_graphs_are_padded_to_their_budgets():
   assert out["edge_index"].tolist() == [[0, 1, 2, 0], [1, 2, 0, 0]]
   assert out["edge_mask"].tolist() == [True, True, True, False]
   assert out["node_mask"].tolist() == [True, True, True, False, False]
-  assert out["node_feat"].shape == (5, 2) and out["node_feat"][3:].sum() == 0 and out["num_nodes"] == 3
+  assert out["node_feat"].shape == (5, 2)
+  assert out["node_feat"][3:].sum() == 0
+  assert out["num_nodes"] == 3
   with pytest.raises(ValueError, match="exceeds max_nodes=2"):
     example_transform("graph", features, ExampleOptions(max_nodes=2, max_edges=4))(rec)
 
@@ -110,7 +117,8 @@ def test_tensors_keep_their_static_shape_and_dtype_and_leave_text_out():
     assert out[name].dtype == np.dtype(tensors_output.FEATURES[name].dtype), name
     assert out[name].shape == tensors_output.FEATURES[name].shape, name
     np.testing.assert_array_equal(out[name], want[name])
-  assert out["label"].dtype == np.int64 and out["label"] == 1
+  assert out["label"].dtype == np.int64
+  assert out["label"] == 1
 
 
 def test_tensors_without_a_static_shape_cannot_be_batched():
@@ -129,13 +137,17 @@ def test_fill_batch_copies_pads_and_masks():
   examples = [{"a": np.full((2, 3), i, np.int16), "b": np.float32(i + 0.5)} for i in range(1, 4)]
   out = fill_batch(iter(examples), 5, with_mask=True)
   assert sorted(out) == ["a", "b", "mask"]
-  assert out["a"].shape == (5, 2, 3) and out["a"].dtype == np.int16 and out["b"].dtype == np.float32
-  assert out["a"][:, 0, 0].tolist() == [1, 2, 3, 0, 0] and out["b"].tolist() == [1.5, 2.5, 3.5, 0.0, 0.0]
+  assert out["a"].shape == (5, 2, 3)
+  assert out["a"].dtype == np.int16
+  assert out["b"].dtype == np.float32
+  assert out["a"][:, 0, 0].tolist() == [1, 2, 3, 0, 0]
+  assert out["b"].tolist() == [1.5, 2.5, 3.5, 0.0, 0.0]
   assert out["mask"].tolist() == [True, True, True, False, False]
   examples[0]["a"][0, 0] = 99  # a copy, not a view
   assert out["a"][0, 0, 0] == 1
   full = fill_batch(examples, 3, with_mask=False)
-  assert "mask" not in full and full["a"][:, 1, 2].tolist() == [1, 2, 3]
+  assert "mask" not in full
+  assert full["a"][:, 1, 2].tolist() == [1, 2, 3]
 
 
 def _jpeg(array, **save) -> bytes:

@@ -30,7 +30,9 @@ def test_a_changed_byte_is_refused_at_sha256_naming_the_record(tmp_path):
   with pytest.raises(CorruptRecordError) as e:
     ShardedRecords(out)
   msg = str(e.value)
-  assert msg.startswith(f"{shard}: sha256 ") and "differs from the manifest's" in msg and "record 0" in msg
+  assert msg.startswith(f"{shard}: sha256 ")
+  assert "differs from the manifest's" in msg
+  assert "record 0" in msg
   for verify in ("size", "none", False):  # the cheaper levels trust the bytes; the read still checks the CRC
     records = ShardedRecords(out, verify=verify)
     with pytest.raises(CorruptRecordError, match=rf"{os.path.basename(shard)}: record 0: bad data checksum"):
@@ -70,7 +72,8 @@ def test_sha256_is_computed_once_per_shard_per_process(tmp_path, monkeypatch):
   st = os.stat(shard)
   os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # touched: proven again
   ShardedRecords(out)
-  assert hashed[-1] == shard and len(hashed) == len(paths) + 1
+  assert hashed[-1] == shard
+  assert len(hashed) == len(paths) + 1
 
 
 def test_a_bare_graphbin_is_proven_by_its_section_checksums(tmp_path):

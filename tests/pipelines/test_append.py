@@ -142,9 +142,14 @@ def test_changed_and_vanished_inputs_are_named_and_kept_as_converted(tmp_path):
   assert after.num_records == before.num_records  # kept, neither dropped nor converted again
   changed = [w for w in after.warnings if "changed since they were converted" in w]
   vanished = [w for w in after.warnings if "vanished since they were converted" in w]
-  assert changed and changed[0].startswith("1 inputs") and f"train/cat/{good[0]}" in changed[0]
-  assert vanished and vanished[0].startswith("1 inputs") and f"train/cat/{good[1]}" in vanished[0]
-  assert "changed" in proc.stdout and "vanished" in proc.stdout  # the summary's warning lines
+  assert changed
+  assert changed[0].startswith("1 inputs")
+  assert f"train/cat/{good[0]}" in changed[0]
+  assert vanished
+  assert vanished[0].startswith("1 inputs")
+  assert f"train/cat/{good[1]}" in vanished[0]
+  assert "changed" in proc.stdout
+  assert "vanished" in proc.stdout  # the summary's warning lines
 
 
 def test_append_refuses_what_it_cannot_do_and_writes_nothing(tmp_path):
@@ -152,17 +157,22 @@ def test_append_refuses_what_it_cannot_do_and_writes_nothing(tmp_path):
   assert _run(f"--input={root}", f"--output={out}", "--num_shards=2").returncode == 0
   listing = sorted(os.listdir(out))
   other = _run(f"--input={root}", f"--output={out}", "--mode=append", "--image_size=16,16")
-  assert other.returncode == 2 and "converted with other settings (image_size: None now [16, 16])" in other.stderr
+  assert other.returncode == 2
+  assert "converted with other settings (image_size: None now [16, 16])" in other.stderr
   quality = _run(f"--input={root}", f"--output={out}", "--mode=append", "--jpeg_quality=50")
-  assert quality.returncode == 2 and "(jpeg_quality: 95 now 50)" in quality.stderr
+  assert quality.returncode == 2
+  assert "(jpeg_quality: 95 now 50)" in quality.stderr
   fmt = _run(f"--input={root}", f"--output={out}", "--mode=append", "--format=tfrecord")
-  assert fmt.returncode == 2 and "--mode=append" in fmt.stderr
+  assert fmt.returncode == 2
+  assert "--mode=append" in fmt.stderr
   bad_mode = _run(f"--input={root}", f"--output={out}", "--mode=merge")
-  assert bad_mode.returncode == 2 and "--mode must be rebuild or append" in bad_mode.stderr
+  assert bad_mode.returncode == 2
+  assert "--mode must be rebuild or append" in bad_mode.stderr
   generation = _manifest(out).splits["train"].shards[0].path.split("/")[0]
   shutil.rmtree(os.path.join(out, generation, "_toolkit_shards"))  # as an output written before appends existed
   old = _run(f"--input={root}", f"--output={out}", "--mode=append")
-  assert old.returncode == 2 and "run --mode=rebuild once" in old.stderr
+  assert old.returncode == 2
+  assert "run --mode=rebuild once" in old.stderr
   assert sorted(os.listdir(out)) == listing  # no generation claimed, nothing written
 
 
@@ -221,7 +231,8 @@ def test_ct_append_keeps_every_patient_in_its_split(tmp_path):
                          (("--id_salt=s", "--splits=train=0.8,validation=0.2", "--num_shards=2"),
                           "converted with other settings (splits:")):
     refused = _run(f"--input={root}", f"--output={out}", *other, "--mode=append", module="pipelines.ct_volumes")
-    assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-1500:]
+    assert refused.returncode == 2, refused.stderr[-1500:]
+    assert message in refused.stderr, refused.stderr[-1500:]
     assert sorted(os.listdir(out)) == listing  # nothing claimed or written
   proc = _run(f"--input={root}", f"--output={out}", *flags, "--mode=append", module="pipelines.ct_volumes")
   assert proc.returncode == 0, proc.stderr
@@ -282,7 +293,8 @@ def test_kills_and_503s_on_gcs_leave_the_previous_output_and_the_retry_completes
     proc = _run(f"--input={src}", f"--output={out}", "--mode=append", fault=point)
     assert proc.returncode == -9, (point, proc.stderr[-2000:])
     now = _manifest(out)
-    assert verify_output(out, now) == 0 and shards(now) == shards(old), point
+    assert verify_output(out, now) == 0, point
+    assert shards(now) == shards(old), point
   gcs_faults.add_fault("_toolkit_shards", 503, times=3, method="GET")
   gcs_faults.add_fault("copyTo", 503, times=1)
   gcs_faults.add_fault("rewriteTo", 503, times=1)
@@ -291,4 +303,5 @@ def test_kills_and_503s_on_gcs_leave_the_previous_output_and_the_retry_completes
   now = _manifest(out)
   assert verify_output(out, now) == 0
   assert shards(now) == shards(want)
-  assert now.features == want.features and now.warnings == want.warnings
+  assert now.features == want.features
+  assert now.warnings == want.warnings

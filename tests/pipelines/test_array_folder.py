@@ -64,12 +64,14 @@ def test_arrays_become_records_and_bad_files_rejects(tmp_path, file_format):
   array_folder.run([f"--input={root}", f"--output={out}", f"--format={file_format}", *flags])
   with open(os.path.join(out, MANIFEST_FILENAME), "rb") as f:
     m = Manifest.loads(f.read())
-  assert m.kind == "tensors" and sorted(m.splits) == ["train", "validation"]
+  assert m.kind == "tensors"
+  assert sorted(m.splits) == ["train", "validation"]
   assert (m.splits["train"].num_records, m.splits["validation"].num_records) == (5, 2)
   train = _records(out, m, "train")
   for r in train:
     expected = np.load(os.path.join(root, "train", r["file_name"].split("/", 1)[1]))
-    assert r["array"].dtype == np.float32 and np.array_equal(r["array"], expected)
+    assert r["array"].dtype == np.float32
+    assert np.array_equal(r["array"], expected)
   with open(os.path.join(out, m.rejected.path)) as f:
     rejects = {os.path.relpath(j["input"], root): j["reason"] for j in map(json.loads, f)}
   assert rejects == {
@@ -90,7 +92,8 @@ def test_a_rerun_is_byte_identical(tmp_path):
     array_folder.run([f"--input={root}", f"--output={tmp_path / out}", "--num_shards=2", *flags])
     m = Manifest.loads((tmp_path / out / MANIFEST_FILENAME).read_bytes())
     digests.append([s.sha256 for split in m.splits.values() for s in split.shards])
-  assert digests[0] == digests[1] and len(digests[0]) == 4
+  assert digests[0] == digests[1]
+  assert len(digests[0]) == 4
 
 
 @pytest.mark.parametrize("flags,message", [

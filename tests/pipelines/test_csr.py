@@ -55,7 +55,8 @@ def test_index_width_follows_formats_graphbin_index_dtype():
   wide = 2**31  # a column count past int32: the indices widen, as a reader expects
   assert index_dtype(wide) == np.int64
   indptr, indices, order = csr_from_coo(src, np.array([wide - 1, 0]), 2, num_cols=wide)
-  assert indices.dtype == order.dtype == np.int64 and indptr.dtype == np.int64
+  assert indices.dtype == order.dtype == np.int64
+  assert indptr.dtype == np.int64
   np.testing.assert_array_equal(indices, [wide - 1, 0])
 
 

@@ -77,7 +77,8 @@ def test_bad_stacks_are_rejected_with_reasons(zs, reason):
 
 def test_gantry_tilt_is_rejected():
   plans, rejected = plan_volumes(_slices([0, 1, 2, 3], shift=(0, math.tan(math.radians(10)))))
-  assert not plans and "gantry tilt: the stack runs 10.00 degrees" in rejected[0][1]
+  assert not plans
+  assert "gantry tilt: the stack runs 10.00 degrees" in rejected[0][1]
 
 
 def test_small_jitter_within_tolerance_is_accepted():
@@ -89,7 +90,8 @@ def test_contrast_phases_split_by_acquisition():
   a = [dataclasses.replace(s, acquisition="acq=1") for s in _slices([0, 1, 2])]
   b = [dataclasses.replace(s, acquisition="acq=2", path=s.path + "b") for s in _slices([0, 1, 2])]
   plans, rejected = plan_volumes(a + b)
-  assert not rejected and sorted(p.stack for p in plans) == ["acq=1", "acq=2"]
+  assert not rejected
+  assert sorted(p.stack for p in plans) == ["acq=1", "acq=2"]
   assert len({p.key for p in plans}) == 2
 
 
@@ -97,7 +99,8 @@ def test_repeated_positions_without_labels_become_duplicates():
   s = _slices([0, 1, 2])
   copy = dataclasses.replace(s[1], path="copy")
   plan = _plan(s + [copy])
-  assert len(plan.slices) == 3 and len(plan.duplicates) == 1
+  assert len(plan.slices) == 3
+  assert len(plan.duplicates) == 1
   assert {plan.slices[1].path, plan.duplicates[0][1].path} == {"f001", "copy"}  # ties broken by path
 
 
@@ -113,17 +116,21 @@ def test_instance_number_fallback_says_so():
   s = [dataclasses.replace(x, position=None, spacing_between_slices=-2.5) for x in _slices([0, 1, 2])]
   s = list(reversed(s))
   plan = _plan(s)
-  assert plan.sorted_by == "instance_number" and plan.spacing[0] == 2.5
-  assert [x.instance_number for x in plan.slices] == [1, 2, 3] and all(math.isnan(v) for v in plan.origin)
+  assert plan.sorted_by == "instance_number"
+  assert plan.spacing[0] == 2.5
+  assert [x.instance_number for x in plan.slices] == [1, 2, 3]
+  assert all(math.isnan(v) for v in plan.origin)
   plans, rejected = plan_volumes([dataclasses.replace(x, spacing_between_slices=None) for x in s])
-  assert not plans and "SpacingBetweenSlices" in rejected[0][1]
+  assert not plans
+  assert "SpacingBetweenSlices" in rejected[0][1]
 
 
 def test_several_patients_in_one_series_are_rejected():
   s = _slices([0, 1, 2])
   s[1] = dataclasses.replace(s[1], patient_id="other")
   plans, rejected = plan_volumes(s)
-  assert not plans and "several patients" in rejected[0][1]
+  assert not plans
+  assert "several patients" in rejected[0][1]
 
 
 def test_stored_values_respect_bits_stored_and_sign():
@@ -180,7 +187,8 @@ def test_read_volume_drops_identical_and_rejects_conflicting_duplicates(monkeypa
   monkeypatch.setattr(asm, "read_dataset", fake_read_dataset)
   plan = _plan(s + [dataclasses.replace(s[1], path="copy")])
   vol, dropped = read_volume(plan, _Opened, "int16")
-  assert vol.shape == (3, 4, 5) and vol[1, 0, 0] == 1001 - 1024
+  assert vol.shape == (3, 4, 5)
+  assert vol[1, 0, 0] == 1001 - 1024
   assert dropped == [("f001", "identical duplicate of another slice (dropped)")]  # "copy" sorts first
   plan = _plan(s + [dataclasses.replace(s[1], path="bad")])
   with pytest.raises(SeriesRejected, match="conflicting duplicate"):

@@ -103,7 +103,8 @@ def test_every_good_series_becomes_exactly_its_true_volume(tree, converted):
     np.testing.assert_allclose(r["origin"], t.origin, atol=1e-3, err_msg=t.name)
     # truth.direction has one axis per row; the record stores axes as columns (ITK's layout)
     np.testing.assert_allclose(r["direction"], np.asarray(t.direction).T, atol=1e-6, err_msg=t.name)
-    assert int(r["num_slices"]) == t.hu.shape[0] and r["sorted_by"] == "position"
+    assert int(r["num_slices"]) == t.hu.shape[0]
+    assert r["sorted_by"] == "position"
 
 
 def test_volume_dtype_is_float32_when_a_rescale_is_not_integral(converted):
@@ -155,11 +156,13 @@ def test_splits_are_per_patient(tree, converted):
     by_patient[r["patient_id"]].add(split)
   # every patient with a good series, by its salted id (the hard-coded 3 held for any 3 patients)
   patients = {salted_hash(SALT, "patient", t.patient_id) for t in tree[1] if t.expected == ct.VOLUME}
-  assert set(by_patient) == patients and len(patients) > 1
+  assert set(by_patient) == patients
+  assert len(patients) > 1
   assert all(len(s) == 1 for s in by_patient.values())
   # Splits no patient landed in are left out (TFDS cannot describe an empty split) and named in a warning.
   filled = {split for split, _ in rows}
-  assert set(m.splits) == filled and filled <= {"train", "validation", "test"}
+  assert set(m.splits) == filled
+  assert filled <= {"train", "validation", "test"}
   empty = sorted({"train", "validation", "test"} - filled)
   assert not empty or f"empty splits left out: {', '.join(empty)} (no records)" in m.warnings
 
@@ -167,7 +170,8 @@ def test_splits_are_per_patient(tree, converted):
 def test_split_assignment_follows_the_fractions():
   splits = ct_volumes.parse_splits("train=0.8,validation=0.1,test=0.1")
   counts = collections.Counter(ct_volumes.split_of(salted_hash("s", str(i)), splits) for i in range(5000))
-  assert abs(counts["train"] / 5000 - 0.8) < 0.03 and abs(counts["test"] / 5000 - 0.1) < 0.02
+  assert abs(counts["train"] / 5000 - 0.8) < 0.03
+  assert abs(counts["test"] / 5000 - 0.1) < 0.02
 
 
 def test_equal_to_simpleitk_on_regular_series(tree, converted):
@@ -209,8 +213,10 @@ def test_int16_forced_rounds_and_tfds_loads_it(tree, tmp_path):
   rows = list(tfds.as_numpy(builder.as_dataset(split="train")))
   assert len(rows) == m.num_records == sum(t.expected == ct.VOLUME for t in truths)
   for r in rows:
-    assert r["volume"].dtype == np.int16 and r["volume"].shape[0] == r["num_slices"]
-    assert r["spacing"].shape == (3,) and r["direction"].shape == (3, 3)
+    assert r["volume"].dtype == np.int16
+    assert r["volume"].shape[0] == r["num_slices"]
+    assert r["spacing"].shape == (3,)
+    assert r["direction"].shape == (3, 3)
 
 
 def test_reruns_are_byte_identical(tree, converted, tmp_path):
@@ -230,7 +236,8 @@ def test_a_series_unit_carries_its_split_key_and_size(tree):
   splits = ct_volumes.parse_splits("train=0.5,validation=0.25,test=0.25")
   unit = plan_unit(plan, splits, "int16")
   assert (unit.split, unit.key, unit.unit) == (ct_volumes.split_of(plan.patient_id, splits), plan.key, plan)
-  assert unit.nbytes == t.hu.size * 2 and plan_unit(plan, splits, "float32").nbytes == t.hu.size * 4
+  assert unit.nbytes == t.hu.size * 2
+  assert plan_unit(plan, splits, "float32").nbytes == t.hu.size * 4
 
 
 class _Pcollections(PipelineVisitor):
@@ -288,7 +295,8 @@ def test_no_volume_crosses_a_stage(tmp_path, monkeypatch):
   result = ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--splits=train=1.0",
                            "--num_shards=1"])
   m = Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
-  assert m.num_records == 3 and m.splits["train"].shards[0].num_bytes > 3 * volume_bytes
+  assert m.num_records == 3
+  assert m.splits["train"].shards[0].num_bytes > 3 * volume_bytes
   sizes = {r.key.metric.name: r.committed.max
            for r in result.metrics().query(MetricsFilter().with_namespace("element_bytes"))["distributions"]}
   assert {"ReadHeaders/ParDo(_ReadHeadersFn)", "PlanVolumes/ParDo(_PlanFn)"} <= set(sizes) <= set(probed)

@@ -54,7 +54,8 @@ def array_record_output(class_folder, tmp_path_factory):
 
 def test_array_record_output_is_complete(array_record_output):
   out, m = array_record_output
-  assert m.name == "pets" and m.file_format == "array_record"
+  assert m.name == "pets"
+  assert m.file_format == "array_record"
   assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
   assert sorted(s.num_records for s in m.splits["train"].shards) == [4, 4, 5, 5]
   assert m.features["label"].names == tuple(CLASSES)
@@ -87,7 +88,8 @@ def test_images_are_rgb_and_orientation_applied(array_record_output):
   import io
   for r in read_split(out, m, "train"):
     im = Image.open(io.BytesIO(r["image"]))
-    assert im.mode == "RGB" and im.format == "JPEG"
+    assert im.mode == "RGB"
+    assert im.format == "JPEG"
     if r["file_name"].endswith("_00005.jpg"):  # variant 5 carries EXIF orientation 6 (90° turn)
       src = Image.open(os.path.join(m.source["input"], r["file_name"]))
       assert im.size == (src.height, src.width)
@@ -139,7 +141,8 @@ def test_files_outside_class_folders_are_rejected_not_dropped(class_folder, tmp_
   m = convert(src, str(tmp_path / "out"))
   errors = [json.loads(l) for l in open(tmp_path / "out" / m.rejected.path)]
   assert {"input": os.path.join(src, "README.txt"), "reason": "not inside a class folder", "split": ""} in errors
-  assert m.rejected.count == CORRUPT + 1 and m.splits["train"].num_records == len(CLASSES) * PER_CLASS
+  assert m.rejected.count == CORRUPT + 1
+  assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
 
 
 def test_raw_encoding_fixed_size(class_folder, tmp_path):
@@ -157,7 +160,8 @@ def test_reruns_are_byte_identical_whatever_the_parallelism(class_folder, tmp_pa
   convert(class_folder, b, "--num_shards=3", "--image_size=32,32", "--seed=5",
           "--direct_num_workers=2", "--direct_running_mode=multi_threading")
   da, db = shard_digests(a), shard_digests(b)
-  assert len(da) == 3 and da == db
+  assert len(da) == 3
+  assert da == db
   def without_generation(out):  # each run writes its own generation folder; the rest is identical
     text = open(os.path.join(out, "manifest.json")).read()
     (generation,) = [d for d in os.listdir(out) if d.startswith("gen-")]
@@ -206,14 +210,17 @@ def test_metrics_count_what_happened(class_folder, tmp_path):
   assert counters["images_converted"] == counters["records_written"] == len(CLASSES) * PER_CLASS
   assert counters["images_rejected"] == CORRUPT
   assert counters["shards_written"] == 2
-  assert counters["bytes_written"] > 0 and counters["bytes_read"] > 0
+  assert counters["bytes_written"] > 0
+  assert counters["bytes_read"] > 0
 
 
 def test_a_run_prints_a_summary(class_folder, tmp_path, capsys):
   out = str(tmp_path / "out")
   image_folder.run([f"--input={class_folder}", f"--output={out}", "--format=tfrecord"])
   summary = [l for l in capsys.readouterr().out.splitlines() if l.startswith("pipelines.image_folder:")]
-  assert summary and f"{len(CLASSES) * PER_CLASS} records" in summary[0] and f"{CORRUPT} rejected" in summary[0]
+  assert summary
+  assert f"{len(CLASSES) * PER_CLASS} records" in summary[0]
+  assert f"{CORRUPT} rejected" in summary[0]
 
 
 def test_multi_frame_images_keep_their_first_frame_and_are_a_manifest_warning(tmp_path):
@@ -229,13 +236,15 @@ def test_multi_frame_images_keep_their_first_frame_and_are_a_manifest_warning(tm
   frames[1].save(src / "still" / "d.tif")
   out = str(tmp_path / "out")
   m = convert(str(src), out, "--image_size=10,12", "--encoding=raw")
-  assert m.num_records == 4 and m.rejected.count == 0
+  assert m.num_records == 4
+  assert m.rejected.count == 0
   assert "2 multi-frame images: first frame kept" in m.warnings
   reds = [r for r in read_split(out, m, "train") if r["file_name"].startswith("anim/")]
   assert len(reds) == 2
   for r in reds:
     pixels = np.frombuffer(r["image"], np.uint8).reshape(10, 12, 3)
-    assert pixels[..., 0].min() > 200 and pixels[..., 1].max() < 60  # red: the first frame
+    assert pixels[..., 0].min() > 200
+    assert pixels[..., 1].max() < 60  # red: the first frame
   still = tmp_path / "in2" / "still"
   still.mkdir(parents=True)
   frames[1].save(still / "c.png")
@@ -257,8 +266,10 @@ def test_the_workers_plan_writes_the_launchers_bytes(class_folder, tmp_path, sha
   a, b = str(tmp_path / "a"), str(tmp_path / "b")
   ma = convert(class_folder, a, shards_flag, "--image_size=32,32", "--seed=5", "--plan=launcher")
   mb = convert(class_folder, b, shards_flag, "--image_size=32,32", "--seed=5", "--plan=workers")
-  assert shard_digests(a) == shard_digests(b) and len(shard_digests(a)) == (3 if shards_flag.endswith("3") else 1)
-  assert ma.rejected == dataclasses.replace(mb.rejected, path=ma.rejected.path) and ma.rejected.count >= CORRUPT
+  assert shard_digests(a) == shard_digests(b)
+  assert len(shard_digests(a)) == (3 if shards_flag.endswith("3") else 1)
+  assert ma.rejected == dataclasses.replace(mb.rejected, path=ma.rejected.path)
+  assert ma.rejected.count >= CORRUPT
   assert ma.warnings == mb.warnings
   assert [s.num_records for s in ma.splits["train"].shards] == [s.num_records for s in mb.splits["train"].shards]
 
@@ -284,7 +295,8 @@ def test_a_split_whose_every_file_is_rejected_leaves_no_shard_behind(tmp_path):
     (root / "validation" / "cat" / bad).write_bytes(b"not an image")
   out = str(tmp_path / "out")
   m = convert(str(root), out, "--num_shards=2")
-  assert list(m.splits) == ["train"] and m.rejected.count == 2
+  assert list(m.splits) == ["train"]
+  assert m.rejected.count == 2
   assert any("empty splits left out: validation" in w for w in m.warnings)
   names = [os.path.basename(p) for p in glob.glob(os.path.join(out, "gen-*", "*"))]
   assert not [n for n in names if "validation" in n]

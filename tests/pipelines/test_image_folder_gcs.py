@@ -33,7 +33,8 @@ def test_gcs_in_gcs_out_matches_a_local_run(gs_input, gcs_emulator, class_folder
   assert m.splits["train"].num_records == len(CLASSES) * PER_CLASS
   assert m.rejected.count == CORRUPT
   errors = [json.loads(l) for l in files.read_bytes(files.join(out, m.rejected.path)).splitlines()]
-  assert all(e["input"].startswith(gs_input + "/") for e in errors) and len(errors) == CORRUPT
+  assert all(e["input"].startswith(gs_input + "/") for e in errors)
+  assert len(errors) == CORRUPT
   folders, listed = files.list_dir(out)
   assert {"dataset_info.json", "features.json", "label.labels.txt", "manifest.json"} <= set(listed)
   assert not [f for f in listed if ".tmp-" in f]

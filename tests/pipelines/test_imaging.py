@@ -35,7 +35,8 @@ def test_every_mode_becomes_rgb(mode, fmt):
   im = _gradient().convert(mode) if mode != "I;16" else Image.fromarray(
       (np.arange(1200).reshape(30, 40) * 50).astype(np.uint16))
   out = _decode(convert(_encode(im, fmt), ImageOptions()))
-  assert out.shape == (30, 40, 3) and out.dtype == np.uint8
+  assert out.shape == (30, 40, 3)
+  assert out.dtype == np.uint8
 
 
 def test_exif_orientation_is_applied():
@@ -50,7 +51,8 @@ def test_resize_keeps_aspect_and_center_crops():
   im.paste(Image.new("RGB", (100, 100), "blue"), (100, 0))  # blue center third
   out = np.frombuffer(convert(_encode(im, "PNG"), ImageOptions(size=(50, 50), encoding="raw")), np.uint8)
   out = out.reshape(50, 50, 3)
-  assert out[:, 5:45, 2].min() > 200 and out[:, 5:45, 0].max() < 60  # only the blue middle survives
+  assert out[:, 5:45, 2].min() > 200
+  assert out[:, 5:45, 0].max() < 60  # only the blue middle survives
 
 
 def test_raw_encoding_has_fixed_shape():
@@ -112,7 +114,8 @@ def test_image_under_the_cap_but_over_pillows_limit_is_converted():
   buf = io.BytesIO()
   Image.new("L", (9500, 9500), 128).save(buf, "PNG")
   out = convert(buf.getvalue(), ImageOptions(size=(4, 4), encoding="raw"))
-  assert len(out) == 4 * 4 * 3 and set(out) == {128}
+  assert len(out) == 4 * 4 * 3
+  assert set(out) == {128}
 
 
 # --------------------------------------------------------------------------- multi-frame files, true reasons
@@ -143,10 +146,12 @@ def _patch_first_ifd(data: bytes, tag: int, value: int) -> bytes:
 def test_multi_frame_files_keep_the_first_frame_and_say_so(fmt, kw):
   data = _pages(3, fmt, **kw)
   result = convert_image(data, ImageOptions(size=(8, 10), encoding="raw"))
-  assert result.num_frames == 3 and result.multi_frame
+  assert result.num_frames == 3
+  assert result.multi_frame
   assert set(result.data[:3]) == {20}  # the first frame's gray
   single = convert_image(_pages(1, fmt), ImageOptions(size=(8, 10), encoding="raw"))
-  assert single.num_frames == 1 and not single.multi_frame
+  assert single.num_frames == 1
+  assert not single.multi_frame
 
 
 @pytest.mark.parametrize("tag,value,reason", [
@@ -157,4 +162,5 @@ def test_a_valid_tiff_pillow_cannot_open_is_not_called_unrecognised(tag, value, 
   data = _patch_first_ifd(_pages(2, "TIFF"), tag, value)
   with pytest.raises(BadImage) as e:
     convert(data, ImageOptions())
-  assert str(e.value).startswith(reason) and "not recognised" not in str(e.value)
+  assert str(e.value).startswith(reason)
+  assert "not recognised" not in str(e.value)

@@ -43,7 +43,8 @@ def test_tfds_as_data_source_reads_array_record(outputs):
     assert len(source) == m.splits[split].num_records
     for i in range(len(source)):
       ex = source[i]
-      assert ex["image"].ndim == 3 and ex["image"].shape[2] == 3
+      assert ex["image"].ndim == 3
+      assert ex["image"].shape[2] == 3
       assert _label_ok(m.features["label"].names, ex["label"], ex["file_name"].decode())
 
 
@@ -54,7 +55,8 @@ def test_tfds_as_dataset_reads_tfrecord(outputs):
     rows = list(tfds.as_numpy(builder.as_dataset(split=split)))
     assert len(rows) == m.splits[split].num_records
     for ex in rows:
-      assert ex["image"].dtype == np.uint8 and ex["image"].shape[2] == 3
+      assert ex["image"].dtype == np.uint8
+      assert ex["image"].shape[2] == 3
       assert _label_ok(m.features["label"].names, ex["label"], ex["file_name"].decode())
 
 
@@ -110,7 +112,8 @@ def test_a_split_without_records_is_absent_from_manifest_tfds_and_loaders_alike(
   (src / "validation" / "dog" / "broken.jpg").write_bytes(b"not a jpeg")
   out = str(tmp_path / "out")
   m = convert(str(src), out, f"--format={file_format}")
-  assert sorted(m.splits) == ["train"] and m.rejected.count == 1
+  assert sorted(m.splits) == ["train"]
+  assert m.rejected.count == 1
   assert any("empty splits left out: validation" in w for w in m.warnings)
   builder = tfds.builder_from_directory(out)
   assert sorted(builder.info.splits) == sorted(m.splits)
@@ -147,11 +150,15 @@ def test_shards_left_empty_by_rejects_open_in_tfds_and_the_loaders(tmp_path, fil
   out = str(tmp_path / "out")
   m = convert(str(tmp_path / "in"), out, f"--format={file_format}", "--num_shards=8")
   counts = [s.num_records for s in m.splits["train"].shards]
-  assert len(counts) == 8 and sum(counts) == 4 and 0 in counts and m.rejected.count == 4
+  assert len(counts) == 8
+  assert sum(counts) == 4
+  assert 0 in counts
+  assert m.rejected.count == 4
   builder = tfds.builder_from_directory(out)
   if file_format == "array_record":
     source = builder.as_data_source("train")
-    assert len(source) == 4 and sorted(int(source[i]["label"]) for i in range(4)) == [0, 0, 0, 0]
+    assert len(source) == 4
+    assert sorted(int(source[i]["label"]) for i in range(4)) == [0, 0, 0, 0]
     assert len(ShardedRecords(out, "train")) == 4
   else:
     assert len(list(builder.as_dataset(split="train"))) == 4

@@ -63,7 +63,8 @@ def test_homogeneous_matches_ogb_reader(data, outputs, name):
       additional_edge_files=list(t.edge_extra))[0]
   n = ref["num_nodes"]
   indptr, indices, order = _expected_csr(ref["edge_index"][0], ref["edge_index"][1], n)
-  assert g.num_nodes == n and g.meta["add_inverse_edges"] == t.add_inverse_edge
+  assert g.num_nodes == n
+  assert g.meta["add_inverse_edges"] == t.add_inverse_edge
   np.testing.assert_array_equal(g.indptr, indptr)
   np.testing.assert_array_equal(g.indices, indices)
   assert g.indices.dtype == np.int32
@@ -183,7 +184,8 @@ def test_bad_csv_row_names_file_and_line(data, tmp_path, kind):
   r = _cli(f"--input={folder}", f"--output={tmp_path}/out")
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
-  assert last.startswith("pipelines.ogb_graphs: error: ") and f"edge.csv.gz: line {line}" in last, last
+  assert last.startswith("pipelines.ogb_graphs: error: "), last
+  assert f"edge.csv.gz: line {line}" in last, last
   assert not os.path.exists(tmp_path / "out" / "manifest.json")
 
 

@@ -82,7 +82,8 @@ def test_write_mag_is_deterministic_and_skewed(mag, tmp_path):
   again = mo.write_mag(str(tmp_path / "again"), seed=11, scale=SCALE)
   assert again.files == mag.files
   _, mismatch, errors = filecmp.cmpfiles(mag.folder, again.folder, mag.files, shallow=False)
-  assert not mismatch and not errors
+  assert not mismatch
+  assert not errors
   cites = mag.edge_index_dict[("paper", "cites", "paper")]
   in_degree = np.sort(np.bincount(cites[1], minlength=736))[::-1]
   assert in_degree[:8].sum() > 0.1 * cites.shape[1]  # the top 1% of papers hold over 10% of the citations
@@ -141,7 +142,8 @@ def test_paper_features_labels_years_and_splits(mag, converted):
 def test_with_csc_every_relation_has_its_transpose(mag, converted_csc):
   out, m = converted_csc
   g = lg.load(out)
-  assert m.graph["csc"] is True and g.bin.header.version == 2
+  assert m.graph["csc"] is True
+  assert g.bin.header.version == 2
   for relation, reverse in zip(RELATIONS, REVERSES):
     for name, other in ((relation, reverse), (reverse, relation)):
       np.testing.assert_array_equal(g.bin[f"csc/rel/{name}/indptr"], g.relation(other)[0])

@@ -119,7 +119,10 @@ def test_nonfinite_nan_keeps_nan_and_empty_cells_but_not_inf():
 
 def test_nonfinite_allow_keeps_both():
   arr = _chunks("inf,nan\n,-inf\n", "float", nonfinite="allow")[0][1]
-  assert np.isposinf(arr[0, 0]) and np.isnan(arr[0, 1]) and np.isnan(arr[1, 0]) and np.isneginf(arr[1, 1])
+  assert np.isposinf(arr[0, 0])
+  assert np.isnan(arr[0, 1])
+  assert np.isnan(arr[1, 0])
+  assert np.isneginf(arr[1, 1])
 
 
 def test_bad_arguments_and_a_broken_gzip():
@@ -149,7 +152,8 @@ def test_read_csv_all_joins_the_chunks():
                                             ("str", object)])
 def test_read_csv_all_of_an_empty_file(dtype, expected):
   arr = read_csv_all(_gz(""), "f", dtype, ncols=3)
-  assert arr.shape == (0, 3) and arr.dtype == expected
+  assert arr.shape == (0, 3)
+  assert arr.dtype == expected
   assert read_csv_all(_gz(""), "f", dtype).shape == (0, 1)
 
 
@@ -188,7 +192,9 @@ def npz(request, tmp_path):
 def test_npz_member_reads_shape_dtype_and_row_ranges(npz):
   f, arrays = npz
   m = NpzMember(f, "data.npz", "node_feat")
-  assert m.name == "data.npz:node_feat" and m.shape == (4, 3) and m.dtype == np.float32
+  assert m.name == "data.npz:node_feat"
+  assert m.shape == (4, 3)
+  assert m.dtype == np.float32
   np.testing.assert_array_equal(m.read(0, 4), arrays["node_feat"])
   np.testing.assert_array_equal(m.read(1, 3), arrays["node_feat"][1:3])
   e = NpzMember(f, "data.npz", "edge_index")

@@ -38,7 +38,9 @@ def test_the_log_line_counts_every_thread_of_the_process_per_run(monkeypatch, ca
       t.join()
     stage[0].add(bytes_out=5_000_000)
   line = caplog.records[-1].getMessage()
-  assert "stage: 40/100 units on this worker" in line and "ETA" in line and "processes" not in line
+  assert "stage: 40/100 units on this worker" in line
+  assert "ETA" in line
+  assert "processes" not in line
 
 
 def test_a_bad_progress_interval_falls_back_with_a_warning(monkeypatch, caplog):
@@ -62,7 +64,8 @@ def test_a_run_prints_its_stage_rates_after_the_summary(class_folder, tmp_path):
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.strip().splitlines()
   assert lines[0].startswith("pipelines.image_folder: 18 records in 1 shards")
-  assert lines[1].startswith("pipelines.image_folder: rates over ") and "convert_shards 21 units" in lines[1]
+  assert lines[1].startswith("pipelines.image_folder: rates over ")
+  assert "convert_shards 21 units" in lines[1]
 
 
 @pytest.mark.parametrize("plan", ["launcher", "workers"])
@@ -73,4 +76,6 @@ def test_workers_log_progress_against_the_plan_however_it_was_made(class_folder,
       env={**os.environ, "TOOLKIT_PROGRESS_SECONDS": "0"})
   assert proc.returncode == 0, proc.stderr
   lines = [ln for ln in proc.stderr.splitlines() if "convert_shards: " in ln]
-  assert lines and "convert_shards: 21/21 units on this worker" in lines[-1] and "ETA 0s" in lines[-1]
+  assert lines
+  assert "convert_shards: 21/21 units on this worker" in lines[-1]
+  assert "ETA 0s" in lines[-1]

@@ -88,7 +88,8 @@ def test_a_changed_input_or_flag_is_converted_again(images, tmp_path):
   assert _reused(other_seed) == 0, _summary(other_seed)
   off = _run(f"--input={images}", f"--output={out}", "--overwrite=true", "--reuse_shards=false", *FLAGS[:1],
              "--seed=4")
-  assert off.returncode == 0 and _reused(off) == 0
+  assert off.returncode == 0
+  assert _reused(off) == 0
 
 
 def test_a_shard_whose_bytes_disagree_with_its_record_is_converted_again(images, clean, tmp_path):
@@ -182,7 +183,8 @@ def test_the_job_graph_carries_only_where_reusable_shards_are(images, tmp_path):
   spec = OutputSpec(output=out, name="pets", file_format="array_record", features=image_features(["cat"], _Opts()),
                     splits=("train",), generation="gen-20990101T000000-00000000")
   fn = shards.ConvertShards(object(), spec, "x")._fn
-  assert len(fn._reusable) == 8 and all(
+  assert len(fn._reusable) == 8
+  assert all(
       isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p)
       for places in fn._reusable.values() for p in places)
 
@@ -210,7 +212,8 @@ def test_a_graph_rerun_after_a_kill_reuses_the_node_pieces_and_matches_a_clean_r
   rerun = _run(f"--input={root}", f"--output={out}", module=module)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   line = next(x for x in rerun.stdout.splitlines() if ".graphbin (" in x)
-  assert "pieces reused from earlier runs" in line and not line.endswith("(0 pieces reused from earlier runs)"), line
+  assert "pieces reused from earlier runs" in line, line
+  assert not line.endswith("(0 pieces reused from earlier runs)"), line
   assert fingerprint(out, root) == fingerprint(clean_out, root)
   if writer != "homogeneous":
     return
@@ -285,5 +288,7 @@ def test_a_shard_is_copied_under_a_lease_on_its_source(images, tmp_path, monkeyp
   found = reuse.find_reusable(out, exclude=g)
   (first, *_), = list(found.values())[:1]
   info = reuse.adopt(out, g, first)
-  assert seen == [True] and info is not None and os.path.isdir(os.path.join(out, killed))
+  assert seen == [True]
+  assert info is not None
+  assert os.path.isdir(os.path.join(out, killed))
   assert killed not in leases.held_generations(out)  # released after the copy
