@@ -306,7 +306,7 @@ def test_a_kill_in_a_retention_cleanup_leaves_the_output_and_the_next_cleanup_fi
   assert commit.generation_state(output, old) == "replaced"  # marked by the switch
   commit._write_marker(output, old, "committed")  # as if the switch had been killed before marking it
   before = files.read_bytes(files.join(output, "manifest.json"))
-  code = f"from formats import commit; commit.cleanup({output!r}, keep_replaced_seconds=0)"
+  code = f"from formats.outputs import commit; commit.cleanup({output!r}, keep_replaced_seconds=0)"
   killed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": REPO, commit.FAULT_POINT_ENV: step})
   assert killed.returncode == -9, killed.stderr  # the fault point was reached
@@ -358,9 +358,9 @@ def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_pa
   tmpdir.mkdir()
   # A runner need not call DoFn.teardown (Dataflow may not): run with every teardown a no-op.
   no_teardown = (
-      "import sys\nfrom pipelines import image_folder, ogb_graphs\nfrom pipelines.core import shards, sink\n"
+      "import sys\nfrom pipelines import image_folder, ogb_graphs\nfrom pipelines.core import shards\n"
       "from pipelines.ogb_graphs import assemble\n"
-      "for c in (sink._WriteShardFn, shards._ConvertShardFn, assemble._BuildPartFn, assemble._AssembleFn):\n"
+      "for c in (shards._ConvertShardFn, assemble._BuildPartFn, assemble._AssembleFn):\n"
       "  c.teardown = lambda self: None\n"
       "{'image': image_folder, 'graph': ogb_graphs}[sys.argv[1]].run(sys.argv[2:])\n")
 

@@ -15,6 +15,7 @@ import pytest
 
 import make_sample_ogb as mo
 from formats.storage import files as fs
+from formats.storage import retry
 from formats.graphbin import GraphBinWriter, crc32c_combine
 from formats.manifest import sha256_file
 from formats.outputs.output import load_manifest, verify
@@ -221,16 +222,16 @@ def test_gcs_a_503_on_a_piece_upload_gives_the_same_bytes_or_no_manifest(arxiv, 
 
 
 @pytest.mark.gcs
-def test_gcs_a_compose_that_keeps_failing_switches_no_manifest(arxiv, gcs_faults, monkeypatch):
+def test_gcs_a_compose_that_keeps_failing_switches_no_manifest(arxiv, gcs_faults):
   folder, local = arxiv
   src = f"gs://{gcs_faults.bucket}/pieces/fail/ogbn_arxiv"
   upload_tree(folder, src)
   out = f"gs://{gcs_faults.bucket}/pieces/out_fail"
   first = _convert(src, out, "--edges_per_partition=300")  # a complete earlier output
   gcs_faults.add_fault("/compose?", status=503)  # until cleared
-  monkeypatch.setattr(fs, "COMPOSE_RETRY_S", 2.0)
-  with pytest.raises(Exception, match="503"):  # after the client's retries
-    _convert(src, out, "--edges_per_partition=300", "--csc=true", "--overwrite=true")
+  with retry.using(retry.Policy(initial=0.01, maximum=0.05, timeout=1.0)):  # the process's policy, a short deadline
+    with pytest.raises(retry.RetryExhausted, match=r"composing gs://.*transient errors persisted.*503"):
+      _convert(src, out, "--edges_per_partition=300", "--csc=true", "--overwrite=true")
   assert gcs_faults.requests_seen("/compose?") >= 2
   gcs_faults.clear_faults()
   assert load_manifest(out) == first  # the earlier output stays the complete one
