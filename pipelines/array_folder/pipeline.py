@@ -26,10 +26,10 @@ from formats.storage import files as fs
 from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines.core import inputs
-from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter
+from pipelines.core.converter import Converter, FileUnits, OutputPlan, Sources, UnitConverter
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.records import Record, Reject
+from pipelines.core.records import Reject
 
 NAME = "array_folder"
 PIPELINE = f"pipelines.{NAME}"
@@ -94,32 +94,20 @@ def load_array(data: bytes, config: ArrayFolderConfig) -> np.ndarray:
   return arr
 
 
-class _ArrayUnits(UnitConverter):
+class _ArrayUnits(FileUnits):
   """(split, InputFile) → a Record of the array, or a Reject naming the file and the reason."""
 
   def __init__(self, root: str, features: Features, config: ArrayFolderConfig, read_policy: inputs.ReadPolicy):
-    self._root = inputs.printable(root).rstrip("/") + "/"
+    super().__init__(root, read_policy)
     self._features = features
     self._config = config
-    self._read_policy = read_policy
 
   def setup(self):
     self._bytes_read = Metrics.counter(PIPELINE, "bytes_read")
 
-  def input_paths(self, unit):
-    return [unit[1].location]
-
-  def convert(self, unit):
-    split, f = unit
-    rel = f.path[len(self._root):]
-    try:
-      data = self._read_policy.read(f.location)  # a transient error fails the job; the file's own fault is a reject
-      self._bytes_read.inc(len(data))
-      arr = load_array(data, self._config)
-    except (inputs.Unreadable, ValueError) as e:
-      yield Reject(f.path, str(e), split)
-      return
-    yield Record(split, rel, self._features.encode({"array": arr, "file_name": rel}))
+  def payload(self, key, rel: str, data: bytes) -> bytes:
+    self._bytes_read.inc(len(data))
+    return self._features.encode({"array": load_array(data, self._config), "file_name": rel})
 
 
 class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptions,

@@ -29,10 +29,10 @@ from formats import naming
 from formats.features import ClassLabel, Features, Tensor, Text
 from formats.storage import files as fs
 from pipelines.core import flags, inputs
-from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter
+from pipelines.core.converter import Converter, FileUnits, OutputPlan, Sources, UnitConverter
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.records import Record, Reject
+from pipelines.core.records import Reject
 
 NAME = "audio_folder"
 PIPELINE = f"pipelines.{NAME}"
@@ -123,30 +123,20 @@ def _pcm(frames: bytes, width: int) -> np.ndarray:
   return np.frombuffer(frames, {2: "<i2", 4: "<i4"}[width])
 
 
-class _ClipUnits(UnitConverter):
+class _ClipUnits(FileUnits):
   """((split, class name), InputFile) → a Record of the clip, or a Reject naming the file and the reason."""
 
   def __init__(self, root: str, class_names, features: Features, config: AudioFolderConfig,
                read_policy: inputs.ReadPolicy):
-    self._root = inputs.printable(root).rstrip("/") + "/"
+    super().__init__(root, read_policy)
     self._labels = {c: i for i, c in enumerate(class_names)}
     self._features = features
     self._config = config
-    self._read_policy = read_policy
 
-  def input_paths(self, unit):
-    return [unit[1].location]
-
-  def convert(self, unit):
-    (split, class_name), f = unit
-    rel = f.path[len(self._root):]
-    try:
-      samples, num = read_clip(self._read_policy.read(f.location), self._config)  # a transient error fails the job
-    except (inputs.Unreadable, ValueError) as e:
-      yield Reject(f.path, str(e), split)
-      return
-    yield Record(split, rel, self._features.encode(
-        {"audio": samples, "num_samples": num, "label": self._labels[class_name], "file_name": rel}))
+  def payload(self, key, rel: str, data: bytes) -> bytes:
+    samples, num = read_clip(data, self._config)
+    return self._features.encode({"audio": samples, "num_samples": num, "label": self._labels[key[1]],
+                                  "file_name": rel})
 
 
 @dataclasses.dataclass(frozen=True)

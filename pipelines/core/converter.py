@@ -305,7 +305,8 @@ class Converter(abc.ABC):
     """
     return OutputSpec(
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
-        splits=plan.splits, num_shards=common.num_shards, seed=common.seed, description=plan.description,
+        splits=plan.splits, num_shards=common.num_shards,
+        seed=common.seed, description=plan.description,
         source=plan.source, generation=common.generation, expected=common.expected,
         kind=plan.kind or self.kind, mode=common.mode, reuse_shards=common.reuse_shards,
         keep_replaced_seconds=common.keep_replaced_seconds, fingerprint=plan.fingerprint)
@@ -490,6 +491,53 @@ class UnitConverter(abc.ABC):
     Returns:
       The unit's `Record`s, `Reject`s and `Event`s (usually a generator).
     """
+
+
+class FileUnits(UnitConverter):
+  """A unit converter whose units are listed files, `(key, InputFile)` as the default `plan_unit` makes
+  them, each becoming one record.
+
+  `convert` reads the file by the read policy and hands its bytes to `payload`; the file's own fault
+  (unreadable, too large, or one of `rejected_errors` raised by `payload`) is a reject with the reason,
+  while a transient error fails the bundle, which the runner retries. The record's key is the path
+  relative to the input root.
+  """
+
+  rejected_errors: ClassVar[tuple[type[Exception], ...]] = (ValueError,)
+
+  def __init__(self, root: str, read_policy: inputs.ReadPolicy):
+    self._root = inputs.printable(root).rstrip("/") + "/"
+    self._read_policy = read_policy
+
+  def input_paths(self, unit):
+    return [unit[1].location]
+
+  @abc.abstractmethod
+  def payload(self, key, rel: str, data: bytes) -> bytes:
+    """One file's record payload.
+
+    Args:
+      key: the file's listing key (`Sources.folders`).
+      rel: its path relative to the input root.
+      data: its bytes.
+
+    Returns:
+      The encoded record.
+
+    Raises:
+      One of `rejected_errors`: the reason the file is a reject (its message is the reason).
+    """
+
+  def convert(self, unit):
+    key, f = unit
+    split = shards.split_of_key(key)
+    rel = f.path[len(self._root):]
+    try:
+      payload = self.payload(key, rel, self._read_policy.read(f.location))
+    except (inputs.Unreadable, *self.rejected_errors) as e:
+      yield Reject(f.path, str(e), split)
+      return
+    yield Record(split, rel, payload)
 
 
 def counters(namespace: str, *names: str) -> types.SimpleNamespace:

@@ -16,7 +16,8 @@ from pipelines.core.converter import UnitConverter
 from pipelines.core.records import Record
 from pipelines.core.shards import PlanUnit
 from pipelines.ogb_graphs.csr import interleave_inverse
-from pipelines.ogb_graphs.plan import GraphPlan, cast_like_ogb, csv_path, list_dir, open_input, read_counts, read_small
+from pipelines.ogb_graphs.plan import (
+    GraphPlan, cast_like_ogb, csv_path, list_dir, open_input, read_counts, read_graph_counts, read_small)
 from pipelines.ogb_graphs.read import OgbFormatError, OgbMissingFileError, check_rows, read_csv_chunks
 
 
@@ -60,10 +61,7 @@ def read_graph_property(plan: GraphPlan, feature_dtype: str):
       files, or a node or graph id out of range.
   """
   raw = csv_path(plan.root, "raw")
-  node_list, edge_list = csv_path(raw, "num-node-list.csv.gz"), csv_path(raw, "num-edge-list.csv.gz")
-  num_nodes, num_edges = read_counts(node_list), read_counts(edge_list)
-  if len(num_edges) != len(num_nodes):
-    check_rows(edge_list, len(num_edges), len(num_nodes), "graphs", node_list)
+  node_list, edge_list, num_nodes, num_edges = read_graph_counts(raw)
   _, raw_files = list_dir(raw)
 
   def read(file: str, dtype: str, ncols: int | None, expected: int, what: str, source: str, section: str,
@@ -149,9 +147,7 @@ def graph_units(plan: GraphPlan, features: Features) -> list[PlanUnit]:
   Raises:
     OgbFormatError: a malformed count or split file, or a graph id out of range.
   """
-  raw = csv_path(plan.root, "raw")
-  num_nodes = read_counts(csv_path(raw, "num-node-list.csv.gz"))
-  num_edges = read_counts(csv_path(raw, "num-edge-list.csv.gz"))
+  _, _, num_nodes, num_edges = read_graph_counts(csv_path(plan.root, "raw"))
   split_of = split_of_graphs(plan, len(num_nodes))
 
   def row_bytes(name: str) -> int:
