@@ -305,7 +305,7 @@ class Converter(abc.ABC):
     """
     return OutputSpec(
         output=common.output, name=common.name, file_format=common.file_format, features=plan.features,
-        splits=plan.splits, num_shards=common.num_shards,
+        splits=plan.splits, num_shards=common.num_shards, target_shard_bytes=common.target_shard_bytes,
         seed=common.seed, description=plan.description,
         source=plan.source, generation=common.generation, expected=common.expected,
         kind=plan.kind or self.kind, mode=common.mode, reuse_shards=common.reuse_shards,

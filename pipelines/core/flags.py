@@ -31,8 +31,10 @@ from formats.storage import files as fs
 from formats.outputs.output import is_output, load_manifest
 from pipelines.core import inputs, shards
 from pipelines.core.errors import UsageError
+from pipelines.core.sink import DEFAULT_TARGET_SHARD_BYTES
 
 MODES = ("rebuild", "append")
+DEFAULT_SHARD_SIZE_MB = DEFAULT_TARGET_SHARD_BYTES >> 20
 DEFAULT_KEEP_REPLACED = "7d"  # formats.outputs.commit.DEFAULT_KEEP_REPLACED_SECONDS, as a flag (a test checks they agree)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -217,7 +219,11 @@ class ConverterOptions(PipelineOptions):
     parser.add_argument("--output", help="Output folder, local or gs:// (required).")
     parser.add_argument("--format", dest="file_format", default="array_record", choices=naming.FILE_FORMATS,
                         help="Record file format: array_record (random access) or tfrecord.")
-    parser.add_argument("--num_shards", type=integer(0), default=0, help="Shards per split; 0 picks ~128 MB shards.")
+    parser.add_argument("--num_shards", type=integer(0), default=0,
+                        help="Shards per split; 0 (default) picks shards of about --shard_size_mb.")
+    parser.add_argument("--shard_size_mb", type=integer(1), default=DEFAULT_SHARD_SIZE_MB,
+                        help="The shard size aimed at when --num_shards is 0, in MiB of estimated output: smaller "
+                             "shards spread a split over more readers, larger ones mean fewer files.")
     parser.add_argument("--name", default=None, help="Dataset name in shard names; default: the input folder's name.")
     parser.add_argument("--seed", type=integer(0), default=0, help="Seed of the record order.")
     parser.add_argument("--plan", default="auto", choices=shards.PLAN_MODES,
@@ -535,7 +541,8 @@ class CommonConfig:
   output: str  # the output folder: an absolute local path or gs://...
   name: str  # the data set's name in shard names
   file_format: str
-  num_shards: int = 0  # per split; 0 picks ~128 MB shards
+  num_shards: int = 0  # per split; 0 picks shards of about `target_shard_bytes`
+  target_shard_bytes: int = DEFAULT_SHARD_SIZE_MB << 20  # --shard_size_mb
   seed: int = 0
   overwrite: bool = False
   read_policy: inputs.ReadPolicy = inputs.ReadPolicy()
@@ -578,7 +585,8 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
   root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind, append=c.mode == "append")
   return CommonConfig(
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
-      file_format=c.file_format, num_shards=c.num_shards, seed=c.seed, overwrite=overwrite,
+      file_format=c.file_format, num_shards=c.num_shards, target_shard_bytes=c.shard_size_mb << 20, seed=c.seed,
+      overwrite=overwrite,
       read_policy=read_policy(options), workers=worker_count(options), processes=process_count(options),
       plan=c.plan, mode=c.mode, reuse_shards=c.reuse_shards, keep_replaced_seconds=c.keep_replaced)
 

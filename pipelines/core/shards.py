@@ -33,7 +33,7 @@ The record converters' path at scale (docs/dataflow.md):
    other output (`sink.commit_output`).
 
 Shard count: `--num_shards` when given; otherwise enough shards for
-`target_shard_bytes` (128 MB) of estimated output, and at least two per worker
+`target_shard_bytes` (`--shard_size_mb`, 128 MiB) of estimated output, and at least two per worker
 the job may use (`min_shards`), so that the work balances, unless that makes
 shards smaller than `MIN_SHARD_BYTES` (4 MB); never more shards than units.
 """

@@ -53,8 +53,8 @@ class _NumbersConverter(Converter, name="numbers", kind="tensors", options=_NoFl
   def plan(self, common, config):
     return OutputPlan(FEATURES, ("train",), "numbers", {"pipeline": "numbers"})
 
-  def sources(self, common, config, plan):
-    return Sources(units=[PlanUnit("train", f"n{n:02d}", n, 10) for n in range(10)], num_inputs=10)
+  def sources(self, common, config, plan):  # each record estimated at 600 KiB
+    return Sources(units=[PlanUnit("train", f"n{n:02d}", n, 600 << 10) for n in range(10)], num_inputs=10)
 
   def unit_converter(self, common, config, plan):
     return _Numbers(self.lose_seven)
@@ -148,3 +148,11 @@ def test_listed_folders_give_the_same_output_planned_at_launch_or_on_the_workers
   assert [json.loads(line)["input"].rsplit("/", 1)[1] for line in open(os.path.join(out, m.rejected.path))] == ["4.txt"]
   assert sorted(w for w in m.warnings if "files" in w) == [
       "test/a: 1 files", "test/c: 1 files", "train/a: 2 files", "train/b: 1 files"]
+
+
+@pytest.mark.parametrize("flags,shards", [([], 1), (["--shard_size_mb=1"], 6)])
+def test_the_automatic_shard_count_aims_at_shard_size_mb(flags, shards, tmp_path):
+  """10 units of 600 KiB: one shard at the default 128 MiB; 6 (5.9 MiB / 1 MiB, rounded up) at 1 MiB."""
+  out = str(tmp_path / "out")
+  launch.run(_NumbersConverter(), [f"--input={_empty_input(tmp_path)}", f"--output={out}", *flags])
+  assert len(_manifest(out).splits["train"].shards) == shards
