@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import re
 
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -25,7 +24,7 @@ import numpy as np
 from formats.storage import files as fs
 from formats import naming
 from formats.features import Features, Tensor, Text
-from pipelines.core import inputs
+from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, FileUnits, OutputPlan, Sources, UnitConverter
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
@@ -42,7 +41,8 @@ class ArrayFolderOptions(PipelineOptions):
 
   @classmethod
   def _add_argparse_args(cls, parser):
-    parser.add_argument("--shape", default=None, help="D0,D1,...: the shape every array must have (required).")
+    parser.add_argument("--shape", type=flags.positive_ints("D0,D1,..."), default=None,
+                        help="D0,D1,...: the shape every array must have (required).")
     parser.add_argument("--dtype", default=None, choices=_DTYPES, help="The dtype every array must have (required).")
 
 
@@ -121,12 +121,12 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
       o: --shape and --dtype.
 
     Raises:
-      UsageError: --shape is missing or not positive integers, or --dtype is not a known dtype.
+      UsageError: --shape is missing (its form and --dtype's choices are checked by their declarations).
     """
-    if not o.shape or not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", o.shape):
-      raise UsageError(f"--shape is required: D0,D1,... with positive integers, got {o.shape!r}")
+    if o.shape is None:
+      raise UsageError("--shape is required: D0,D1,... with positive integers")
     try:
-      return ArrayFolderConfig(shape=tuple(int(d) for d in o.shape.split(",")), dtype=str(o.dtype))
+      return ArrayFolderConfig(shape=o.shape.values, dtype=str(o.dtype))
     except ValueError as e:
       raise UsageError(str(e)) from None
 

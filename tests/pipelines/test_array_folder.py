@@ -98,8 +98,8 @@ def test_a_rerun_is_byte_identical(tmp_path):
 
 @pytest.mark.parametrize("flags,message", [
     ([], "--shape is required"),
-    (["--shape=3,x", "--dtype=float32"], "--shape is required: D0,D1"),
-    (["--shape=3,0", "--dtype=float32"], "--shape sides must be positive"),
+    (["--shape=3,x", "--dtype=float32"], "--shape must be D0,D1,... with positive integers, got '3,x'"),
+    (["--shape=3,0", "--dtype=float32"], "--shape must be D0,D1,... with positive integers, got '3,0'"),
     (["--shape=3,4"], "--dtype is required"),
     (["--shape=3,4", "--dtype=object"], "--dtype must be one of"),
 ])
