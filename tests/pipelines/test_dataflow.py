@@ -37,7 +37,7 @@ def gcs_inputs(gcs_emulator, tmp_path_factory):
 EXPECTED_STEPS = {
     "image_folder": {"ShardPlan", "Convert", "Finalize"},  # planned at launch: no listing step
     "array_folder": {"ShardPlan", "Convert", "Finalize"},
-    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "PlanOnWorkers", "ReadVolumes",
+    "ct_volumes": {"ListFiles", "ReadHeaders", "GroupBySeries", "PlanVolumes", "PlanOnWorkers", "Convert",
                    "Finalize"},
     "ogb_graphs": {"EdgeSources", "ReadEdges", "GroupByPartition", "SortPartitions", "Assemble", "Commit"},
 }
