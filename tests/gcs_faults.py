@@ -24,6 +24,7 @@ import http.server
 import json
 import re
 import socketserver
+import sys
 import threading
 import time
 import urllib.parse
@@ -154,6 +155,11 @@ def _object_name(path: str, body: bytes, content_type: str) -> tuple[str, str] |
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
   daemon_threads = True
   proxy: FaultProxy
+
+  def handle_error(self, request, client_address) -> None:
+    if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+      return  # a client that hung up (a closed stream, a timed-out read): expected here, not worth a traceback
+    super().handle_error(request, client_address)
 
 
 class FaultProxy:

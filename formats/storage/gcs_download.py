@@ -89,8 +89,8 @@ class DownloadOptions:
     retries: at most this many further tries of a range after a transient error
       (formats.storage.retry.is_transient: HTTP 408/429/5xx, a dropped, cut or
       timed-out connection).
-    backoff_s: the first wait's upper bound; doubled each retry, full jitter, at most
-      formats.storage.retry.MAXIMUM_S.
+    backoff_s: the first wait's upper bound, doubled each retry (full jitter, at most the policy's
+      maximum); None: the process policy's (formats.storage.retry.default(), INITIAL_S unless set).
     retry_seconds: the deadline of a range's retries, from its first try.
     progress: show progress: a bar on stderr when it is a terminal, else a log line every LOG_EVERY_S seconds.
     durable: fsync the file before it is renamed into place, and record what is on disk for a later call to
@@ -103,7 +103,7 @@ class DownloadOptions:
   streams: int = 8
   chunk_bytes: int = 32 * MiB
   retries: int = 5
-  backoff_s: float = 0.5
+  backoff_s: float | None = None
   retry_seconds: float = RETRY_SECONDS
   progress: bool = True
   durable: bool = True
@@ -116,8 +116,8 @@ class DownloadOptions:
       raise ValueError(f"chunk_bytes must be an integer >= 4096, got {self.chunk_bytes!r}")
     if not isinstance(self.retries, int) or self.retries < 0:
       raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
-    if not 0 <= self.backoff_s <= retry.MAXIMUM_S:
-      raise ValueError(f"backoff_s must be in [0, {retry.MAXIMUM_S:g}], got {self.backoff_s!r}")
+    if self.backoff_s is not None and not 0 <= self.backoff_s <= retry.MAXIMUM_S:
+      raise ValueError(f"backoff_s must be in [0, {retry.MAXIMUM_S:g}] or None, got {self.backoff_s!r}")
     if not 0 <= self.retry_seconds < float("inf"):
       raise ValueError(f"retry_seconds must be >= 0 and finite, got {self.retry_seconds!r}")
     if self.timeout_s is not None and not self.timeout_s > 0:
@@ -125,8 +125,11 @@ class DownloadOptions:
 
   @property
   def policy(self) -> retry.Policy:
-    """The retry policy of one range: `retries` further tries at most, within `retry_seconds`."""
-    return retry.Policy(initial=self.backoff_s, timeout=self.retry_seconds, attempts=self.retries + 1)
+    """The retry policy of one range: the process's waits (from `backoff_s` when set), `retries` further tries
+    at most, within `retry_seconds`."""
+    policy = retry.default()
+    initial = policy.initial if self.backoff_s is None else min(self.backoff_s, policy.maximum)
+    return policy.replace(initial=initial, timeout=self.retry_seconds, attempts=self.retries + 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -172,7 +172,8 @@ class Policy(api_retry.Retry):
       raise ValueError(f"error must be a RetryExhausted subclass, got {error!r}")
     self._attempts, self._what, self._flag, self._error, self._rng = attempts, what, flag, error, rng
 
-  def _replace(self, **changes) -> Policy:
+  def replace(self, **changes) -> Policy:
+    """A copy with `changes` (any of the constructor's arguments)."""
     settings = {"predicate": self._predicate, "initial": self._initial, "maximum": self._maximum,
                 "multiplier": self._multiplier, "timeout": self._timeout, "on_error": self._on_error,
                 "attempts": self._attempts, "what": self._what, "flag": self._flag, "error": self._error,
@@ -181,22 +182,32 @@ class Policy(api_retry.Retry):
 
   def with_timeout(self, timeout: float) -> Policy:
     """A copy with another deadline (google.api_core's interface)."""
-    return self._replace(timeout=timeout)
+    return self.replace(timeout=timeout)
 
   def with_predicate(self, predicate: Callable[[BaseException], bool]) -> Policy:
     """A copy that retries what `predicate` accepts (google.api_core's interface)."""
-    return self._replace(predicate=predicate)
+    return self.replace(predicate=predicate)
 
   def with_delay(self, initial: float | None = None, maximum: float | None = None,
                  multiplier: float | None = None) -> Policy:
     """A copy with other waits (google.api_core's interface)."""
-    return self._replace(initial=self._initial if initial is None else initial,
+    return self.replace(initial=self._initial if initial is None else initial,
                          maximum=self._maximum if maximum is None else maximum,
                          multiplier=self._multiplier if multiplier is None else multiplier)
 
   def named(self, what: str, error: type[RetryExhausted] | None = None) -> Policy:
     """A copy whose error names `what` (e.g. "listing gs://b/x/"), and is `error` when given."""
-    return self._replace(what=what, error=error or self._error)
+    return self.replace(what=what, error=error or self._error)
+
+  @property
+  def initial(self) -> float:
+    """The first wait's upper bound, seconds."""
+    return self._initial
+
+  @property
+  def maximum(self) -> float:
+    """The largest upper bound of a wait, seconds."""
+    return self._maximum
 
   @property
   def attempts(self) -> int | None:

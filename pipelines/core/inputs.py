@@ -63,15 +63,16 @@ class TransientInputError(retry.RetryExhausted):
 
 
 def retry_policy(budget: float) -> retry.Policy:
-  """The retry policy of the inputs' reads and listings: a deadline of `budget` seconds per request.
+  """The retry policy of the inputs' reads and listings: the process's, with a deadline of `budget` seconds
+  per request, giving up with TransientInputError.
 
   Args:
     budget: seconds (--transient_retry_seconds).
 
   Returns:
-    The policy; it gives up with TransientInputError.
+    The policy.
   """
-  return retry.Policy(timeout=budget, flag=TRANSIENT_RETRY_FLAG, error=TransientInputError)
+  return retry.default().replace(timeout=budget, flag=TRANSIENT_RETRY_FLAG, error=TransientInputError)
 
 
 @dataclasses.dataclass(frozen=True)
