@@ -88,7 +88,7 @@ class DownloadOptions:
     chunk_bytes: bytes per ranged read; each stream holds one chunk in memory.
     retries: at most this many further tries of a range after a transient error
       (formats.storage.retry.is_transient: HTTP 408/429/5xx, a dropped, cut or
-      timed-out connection).
+      timed-out connection); None: as many as `retry_seconds` allows.
     backoff_s: the first wait's upper bound, doubled each retry (full jitter, at most the policy's
       maximum); None: the process policy's (formats.storage.retry.default(), INITIAL_S unless set).
     retry_seconds: the deadline of a range's retries, from its first try.
@@ -102,7 +102,7 @@ class DownloadOptions:
 
   streams: int = 8
   chunk_bytes: int = 32 * MiB
-  retries: int = 5
+  retries: int | None = 5
   backoff_s: float | None = None
   retry_seconds: float = RETRY_SECONDS
   progress: bool = True
@@ -114,8 +114,8 @@ class DownloadOptions:
       raise ValueError(f"streams must be an integer >= 1, got {self.streams!r}")
     if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 4096:
       raise ValueError(f"chunk_bytes must be an integer >= 4096, got {self.chunk_bytes!r}")
-    if not isinstance(self.retries, int) or self.retries < 0:
-      raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
+    if self.retries is not None and (not isinstance(self.retries, int) or self.retries < 0):
+      raise ValueError(f"retries must be an integer >= 0 or None, got {self.retries!r}")
     if self.backoff_s is not None and not 0 <= self.backoff_s <= retry.MAXIMUM_S:
       raise ValueError(f"backoff_s must be in [0, {retry.MAXIMUM_S:g}] or None, got {self.backoff_s!r}")
     if not 0 <= self.retry_seconds < float("inf"):
@@ -129,7 +129,8 @@ class DownloadOptions:
     at most, within `retry_seconds`."""
     policy = retry.default()
     initial = policy.initial if self.backoff_s is None else min(self.backoff_s, policy.maximum)
-    return policy.replace(initial=initial, timeout=self.retry_seconds, attempts=self.retries + 1)
+    attempts = None if self.retries is None else self.retries + 1
+    return policy.replace(initial=initial, timeout=self.retry_seconds, attempts=attempts)
 
 
 @dataclasses.dataclass(frozen=True)

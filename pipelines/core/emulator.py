@@ -15,7 +15,13 @@ def use_anonymous_credentials() -> None:
   """Tells Beam's GCS client to use no credentials when STORAGE_EMULATOR_HOST is set."""
   if not os.environ.get("STORAGE_EMULATOR_HOST"):
     return
-  from apache_beam.internal.gcp import auth  # Beam keeps its credentials in this private class
+  # No public way exists in Beam 2.77: GcsFileSystem makes its GcsIO without a client, and GcsIO builds one from
+  # apache_beam.internal.gcp.auth.get_service_credentials ("for internal use only"), which tries
+  # google.auth.default 5 times with exponential back-off from 2 s (with_exponential_backoff(num_retries=4))
+  # before it connects anonymously. --no_auth is read by the Dataflow runner's API client only, not by GcsIO;
+  # NO_GCE_CHECK and the like shorten google-auth's own probe, not Beam's back-off around it. So the credentials
+  # Beam caches per process are set to "none, already looked up", the state its own failed lookup ends in.
+  from apache_beam.internal.gcp import auth
 
   with auth._Credentials._credentials_lock:
     auth._Credentials._credentials = None

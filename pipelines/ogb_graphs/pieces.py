@@ -33,7 +33,7 @@ import google_crc32c
 import numpy as np
 
 from formats.storage import files as fs
-from formats.storage import gcs_download
+from formats.storage import gcs_download, retry
 from formats.graphbin import HEADER, Section, crc32c_combine, pack_tail, padding
 
 _COPY_CHUNK = 16 << 20
@@ -244,13 +244,15 @@ def join_local(segments: Sequence[Segment], dest: str) -> tuple[str, int]:
   return h.hexdigest(), size
 
 
-def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: int | None = None
-             ) -> tuple[str, int]:
+def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: int | None = None,
+             policy: retry.Policy | None = None) -> tuple[str, int]:
   """Composes the segments into the gs:// object `dest`; returns its (hex SHA-256, size).
 
   Glue segments are uploaded to `<scratch>/glue-<i>` first. After the compose, the object is read
   back by parallel ranged reads: its SHA-256, and a check that its size, header and table are the
   ones laid out (a compose that went wrong is caught here, before any manifest names the file).
+  Each compose request and each ranged read is retried on transient errors by `policy`, and only
+  there (nothing here retries).
 
   Args:
     segments: what `layout` returned (pieces already on gs://, in `dest`'s bucket).
@@ -259,6 +261,8 @@ def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: 
       deletes it afterwards).
     max_sources: objects per compose request (formats.storage.files.compose); None: `fs.COMPOSE_MAX_SOURCES`
       as it is when called (tests lower it to build a deeper tree).
+    policy: the retry policy (a pipeline's deadline is --transient_retry_seconds); None: the process's,
+      `formats.storage.retry.default()`.
 
   Returns:
     (hex SHA-256, size) of the composed object.
@@ -275,14 +279,16 @@ def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: 
       sources.append(name)
     else:
       sources.append(seg.path)
-  fs.compose(sources, dest, scratch, max_sources or fs.COMPOSE_MAX_SOURCES)
+  policy = policy or retry.default()
+  fs.compose(sources, dest, scratch, max_sources or fs.COMPOSE_MAX_SOURCES, policy)
   size = file_size(segments)
   obj = gcs_download.remote_object(dest)
   if obj.size != size:
     raise RuntimeError(f"{dest}: composed object holds {obj.size} bytes, its parts {size}")
   head, tail = segments[0], segments[-1]
   h = hashlib.sha256()
-  for start, data in _ranges(obj, size):
+  options = gcs_download.DownloadOptions(retries=None, retry_seconds=policy.timeout, progress=False)
+  for start, data in _ranges(obj, size, options):
     if start == 0 and data[:len(head)] != head[:len(data)]:
       raise RuntimeError(f"{dest}: composed object does not start with the header written")
     h.update(data)
@@ -292,7 +298,8 @@ def join_gcs(segments: Sequence[Segment], dest: str, scratch: str, max_sources: 
   return h.hexdigest(), size
 
 
-def _ranges(obj: gcs_download.RemoteObject, size: int) -> Iterator[tuple[int, bytes]]:
+def _ranges(obj: gcs_download.RemoteObject, size: int, options: gcs_download.DownloadOptions
+            ) -> Iterator[tuple[int, bytes]]:
   """(start, bytes) of the object's chunks in order, fetched `_HASH_STREAMS` at a time."""
   starts = list(range(0, size, _HASH_CHUNK))
   with concurrent.futures.ThreadPoolExecutor(_HASH_STREAMS) as pool:
@@ -300,5 +307,6 @@ def _ranges(obj: gcs_download.RemoteObject, size: int) -> Iterator[tuple[int, by
     for k, start in enumerate(starts):
       for j in range(k, min(len(starts), k + _HASH_STREAMS)):
         if j not in pending:
-          pending[j] = pool.submit(gcs_download.read_range, obj, starts[j], min(size, starts[j] + _HASH_CHUNK))
+          pending[j] = pool.submit(gcs_download.read_range, obj, starts[j], min(size, starts[j] + _HASH_CHUNK),
+                                   options)
       yield start, pending.pop(k).result()
