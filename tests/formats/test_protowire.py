@@ -28,6 +28,12 @@ def _field(number: int, wire_type: int, value) -> bytes:
   return tag + value
 
 
+def _random_messages(seed: int, n: int):
+  """`n` random messages of `_random_message`, from a seeded generator."""
+  rng = np.random.default_rng(seed)
+  return [_random_message(rng) for _ in range(n)]
+
+
 def _random_message(rng) -> tuple[bytes, list[tuple[int, int, object]]]:
   """Wire bytes and the fields they hold: (number, wire type, int for VARINT, bytes otherwise)."""
   fields = []
@@ -71,9 +77,7 @@ def _refused_by_protobuf(data: bytes) -> bool:
 
 
 def test_random_messages_read_as_protobuf_reads_them():
-  rng = np.random.default_rng(0)
-  for _ in range(300):
-    data, fields = _random_message(rng)
+  for data, fields in _random_messages(0, 300):
     assert _walk(data) == _protobuf(data) == fields
 
 
@@ -83,9 +87,7 @@ def test_a_length_past_two_mib_takes_the_varint_path():
 
 
 def test_every_cut_of_a_message_is_refused_exactly_when_protobuf_refuses_it():
-  rng = np.random.default_rng(1)
-  for _ in range(40):
-    data, _ = _random_message(rng)
+  for data, _ in _random_messages(1, 40):
     for cut in range(len(data)):
       refused = False
       try:
