@@ -111,8 +111,11 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
         be auto (a graph has no shard plan: its edges are partitioned on the workers).
 
     Raises:
-      UsageError: --plan is not auto.
+      UsageError: --plan is not auto, or --mode=append (a data set is converted whole).
     """
+    if common.mode == "append":
+      raise UsageError("--mode=append: ogb_graphs converts a data set whole (its files name no single graph or "
+                       "node); run --mode=rebuild")
     if common.plan != "auto":
       raise UsageError(f"--plan={common.plan}: ogb_graphs makes no shard plan (edges are partitioned "
                        "on the workers); leave --plan at auto")

@@ -228,3 +228,15 @@ def test_gcs_round_trip_and_cached_load(data, outputs, gcs_emulator, tmp_path):
 def sample_input(base: str) -> tuple[str, list[str]]:
   """A small input for registry-driven tests (tests/pipelines/test_registry.py): (folder, own flags)."""
   return str(mo.write_homogeneous_node(os.path.join(base, "ogbn_arxiv"), 0, num_nodes=200, num_edges=800).folder), []
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--mode=append", "--mode=append: ogb_graphs converts a data set whole"),
+    ("--plan=workers", "--plan=workers: ogb_graphs makes no shard plan"),
+])
+def test_flags_a_whole_data_set_cannot_honour_are_refused(flag, message, tmp_path):
+  from pipelines.core import UsageError, launch  # pylint: disable=import-outside-toplevel
+  folder = mo.write_graph_property(str(tmp_path / "ogbg_molhiv"), 3, num_graphs=10).folder
+  with pytest.raises(UsageError, match=message):
+    launch.parse(ogb_graphs.CONVERTER, [f"--input={folder}", f"--output={tmp_path}/out", flag])
+  assert not os.path.exists(tmp_path / "out")
