@@ -608,10 +608,7 @@ def worker_count(options: PipelineOptions) -> int:
   if _on_dataflow(options):
     w = options.view_as(WorkerOptions)
     return max(1, int(w.max_num_workers or w.num_workers or 1))
-  d = options.view_as(DirectOptions)
-  if d.direct_running_mode in ("multi_threading", "multi_processing"):
-    return max(1, int(d.direct_num_workers or os.cpu_count() or 1))
-  return 1
+  return _direct_workers(options, ("multi_threading", "multi_processing"))
 
 
 def process_count(options: PipelineOptions) -> int:
@@ -630,10 +627,13 @@ def process_count(options: PipelineOptions) -> int:
   """
   if _on_dataflow(options):
     return worker_count(options) * _vcpus(options.view_as(WorkerOptions).machine_type or "n1-standard-1")
+  return _direct_workers(options, ("multi_processing",))
+
+
+def _direct_workers(options: PipelineOptions, modes: tuple[str, ...]) -> int:
+  """DirectRunner's --direct_num_workers (0: one per CPU) in `modes`, else 1."""
   d = options.view_as(DirectOptions)
-  if d.direct_running_mode == "multi_processing":
-    return max(1, int(d.direct_num_workers or os.cpu_count() or 1))
-  return 1
+  return max(1, int(d.direct_num_workers or os.cpu_count() or 1)) if d.direct_running_mode in modes else 1
 
 
 def _on_dataflow(options: PipelineOptions) -> bool:

@@ -474,21 +474,23 @@ class _ConvertShardFn(beam.DoFn):
           digest, task.split, task.index, task.num_shards, dataclasses.replace(info, path=info.path.rsplit("/", 1)[-1]),
           task.num_units, state.used, state.rejected, tuple(tuple(r) for r in state.rejects),
           tuple(e.name for e in state.events), unit_inputs, self._spec.fingerprint))
-    self._published()
     self._progress.add(bytes_out=info.num_bytes)
-    self._shards.inc()
-    self._records_out.inc(info.num_records)
-    self._bytes_out.inc(info.num_bytes)
-    self._rejects_out.inc(len(state.rejects))
-    for r in state.rejects:
-      yield beam.pvalue.TaggedOutput("rejects", r)
-    for e in state.events:
-      yield beam.pvalue.TaggedOutput("events", e)
-    yield ShardResult(task.split, task.index, info, task.num_units, state.used, state.rejected)
+    yield from self._report(ShardResult(task.split, task.index, info, task.num_units, state.used, state.rejected),
+                            state.rejects, state.events)
 
-  def _published(self) -> None:
-    """The fault harness's hook after each shard this process published (`shards:published:<n>`, from 1)."""
+  def _report(self, result: ShardResult, rejects: Sequence[Reject], events: Sequence[Event]):
+    """A published shard's outputs: its rejects and events (tagged), then its result; the counters and the
+    fault harness's hook after each shard this process published (`shards:published:<n>`, from 1)."""
     commit.fault_point(f"shards:published:{next(_PUBLISHED_HERE)}")
+    self._shards.inc()
+    self._records_out.inc(result.info.num_records)
+    self._bytes_out.inc(result.info.num_bytes)
+    self._rejects_out.inc(len(rejects))
+    for r in rejects:
+      yield beam.pvalue.TaggedOutput("rejects", r)
+    for e in events:
+      yield beam.pvalue.TaggedOutput("events", e)
+    yield result
 
   def _plan_digest(self, task: ShardTask, side_inputs) -> tuple[str, tuple[tuple[str, str, int], ...]]:
     """(the task's plan digest, (key, unit_version, input files) per unit); ("", ()) when the converter
@@ -524,23 +526,14 @@ class _ConvertShardFn(beam.DoFn):
   def _reused_shard(self, task: ShardTask, record: reuse.ShardRecord, info: ShardInfo, carried: bool = False):
     """What a reused shard reports: its earlier accounting, as if it had been converted now."""
     reuse.write_record(self._spec.output, self._spec.generation, record)
-    self._published()
     if carried:  # not part of the plan's totals (those count the units to convert)
       self._progress.add(bytes_out=info.num_bytes)
     else:
       self._progress.add(units=task.num_units, records=info.num_records, bytes_out=info.num_bytes)
-    if not carried:
       self._reused.inc()
-    self._shards.inc()
-    self._records_out.inc(info.num_records)
-    self._bytes_out.inc(info.num_bytes)
-    self._rejects_out.inc(len(record.rejects))
-    for r in record.rejects:
-      yield beam.pvalue.TaggedOutput("rejects", Reject(*r))
-    for name in record.events:
-      yield beam.pvalue.TaggedOutput("events", Event(name))
-    yield ShardResult(task.split, task.index, info, task.num_units, record.inputs_used, record.inputs_rejected,
-                      carried)
+    yield from self._report(
+        ShardResult(task.split, task.index, info, task.num_units, record.inputs_used, record.inputs_rejected, carried),
+        [Reject(*r) for r in record.rejects], [Event(name) for name in record.events])
 
   def _payloads(self, task: ShardTask, side_inputs, state: _ShardState, stream: bool,
                 counted: int = 0) -> Iterator[bytes]:
