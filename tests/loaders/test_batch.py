@@ -11,7 +11,6 @@ shard and the record; per-thread readers must all be closed.
 from __future__ import annotations
 
 import gc
-import io
 import json
 import os
 import shutil
@@ -21,13 +20,10 @@ import threading
 
 import numpy as np
 import pytest
-from PIL import Image as PILImage
 
-from formats import arrayrecord, example, tfrecord
+from formats import example
 from formats.errors import CorruptRecordError
-from formats.features import ClassLabel, Features, Image, Tensor, Text
-from formats.manifest import MANIFEST_FILENAME, Manifest, ShardInfo, SplitInfo, sha256_file
-from formats.naming import ShardName
+from formats.features import ClassLabel, Features, Tensor
 from formats.transforms import element_rng
 from loaders import ExampleOptions, ShardedRecords, example_transform
 from loaders import grain as grain_loader
@@ -35,104 +31,21 @@ from loaders._batch import BatchFiller
 from loaders._transforms import fill_batch  # the old path's batching: the reference
 from tests.conftest import REPO
 from tests.damage import flip_byte
-from tests.loaders import tensors_output
+from tests.loaders import make_outputs
 
-CLASSES = ("cat", "dog", "yak")
+CLASSES = make_outputs.CLASSES
 
 
 def write_output(path: str, features: Features, payloads: list[bytes], kind: str, file_format: str = "array_record",
                  num_shards: int = 2) -> str:
-  """A complete output at `path`: split "train" holding `payloads` (serialized Examples) over `num_shards`."""
-  os.makedirs(path)
-  shards = []
-  per = -(-len(payloads) // num_shards)
-  for k in range(num_shards):
-    part = payloads[k * per:(k + 1) * per]
-    name = ShardName("things", "train", file_format, k, num_shards).filename
-    local = os.path.join(path, name)
-    if file_format == "tfrecord":
-      with open(local, "wb") as f:
-        tfrecord.write_records(f, part)
-    else:
-      arrayrecord.write_file(local, part)
-    shards.append(ShardInfo(name, len(part), os.path.getsize(local), sha256_file(local)))
-  manifest = Manifest(name="things", file_format=file_format, features=features,
-                      splits={"train": SplitInfo(tuple(shards))}, kind=kind)
-  with open(os.path.join(path, MANIFEST_FILENAME), "wb") as f:
-    f.write(manifest.dumps())
-  return path
-
-
-def _jpeg(rng, size, mode="RGB", fmt="JPEG") -> bytes:
-  h, w = size
-  pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-  pixels[: h // 2] //= 3  # some structure, so that resizing matters
-  im = PILImage.fromarray(pixels).convert(mode)
-  out = io.BytesIO()
-  im.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-  return out.getvalue()
-
-
-IMAGE_FEATURES = {"image": Image(), "label": ClassLabel(CLASSES), "file_name": Text()}
-
-
-def raw_images(rng, n, size=(12, 10)):
-  features = Features({"image": Tensor((*size, 3), "uint8"), "label": ClassLabel(CLASSES), "file_name": Text()})
-  return features, [features.encode({"image": rng.integers(0, 256, (*size, 3), dtype=np.uint8), "label": i % 3,
-                                     "file_name": f"c/{i}.png"}) for i in range(n)]
-
-
-def jpeg_images(rng, n, fixed=None):
-  features = Features({**IMAGE_FEATURES, "image": Image(shape=(*fixed, 3) if fixed else (None, None, 3))})
-  payloads = []
-  for i in range(n):
-    size = fixed or (int(rng.integers(8, 60)), int(rng.integers(8, 60)))
-    mode, fmt = [("RGB", "JPEG"), ("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("P", "PNG")][i % 5]
-    payloads.append(features.encode({"image": _jpeg(rng, size, mode, fmt), "label": i % 3, "file_name": f"{i}.x"}))
-  return features, payloads
-
-
-VOLUME_FEATURES = Features({
-    "volume": Tensor((None, None, None), "int16"), "spacing": Tensor((3,), "float32", encoding="none"),
-    "origin": Tensor((3,), "float32", encoding="none"), "direction": Tensor((3, 3), "float32", encoding="none"),
-    "num_slices": Tensor((), "int64", encoding="none"), "series_id": Text(), "patient_id": Text(), "sorted_by": Text(),
-})
-
-
-def volumes(rng, n):
-  payloads = []
-  for i in range(n):
-    shape = (int(rng.integers(2, 9)), int(rng.integers(6, 20)), int(rng.integers(6, 20)))
-    payloads.append(VOLUME_FEATURES.encode({
-        "volume": rng.integers(-1500, 3500, shape).astype(np.int16), "spacing": rng.random(3).astype(np.float32),
-        "origin": rng.random(3).astype(np.float32), "direction": np.eye(3, dtype=np.float32),
-        "num_slices": shape[0], "series_id": f"s{i}", "patient_id": "p", "sorted_by": "z"}))
-  return VOLUME_FEATURES, payloads
-
-
-GRAPH_FEATURES = Features({
-    "edge_index": Tensor((2, None), "int64"), "num_nodes": Tensor((), "int64", encoding="none"),
-    "label": Tensor((2,), "float32", encoding="none"), "node_feat": Tensor((None, 3), "int64"),
-    "edge_feat": Tensor((None, 2), "float32"),
-})
-
-
-def graph(rng, nodes, edges):
-  return {"edge_index": rng.integers(0, max(nodes, 1), (2, edges)), "num_nodes": nodes,
-          "label": np.array([rng.random(), np.nan], np.float32), "node_feat": rng.integers(-5, 5, (nodes, 3)),
-          "edge_feat": rng.normal(size=(edges, 2)).astype(np.float32)}
-
-
-def graphs(rng, n):
-  sizes = [(int(rng.integers(0, 12)), int(rng.integers(0, 20))) for _ in range(n)]
-  return GRAPH_FEATURES, [GRAPH_FEATURES.encode(graph(rng, *s)) for s in sizes]
+  """A committed output at `path`: split "train" holding `payloads` (serialized Examples) over `num_shards`."""
+  return make_outputs.write(path, features, {"train": payloads}, kind=kind, file_format=file_format,
+                            num_shards=num_shards)
 
 
 def tensors(rng, n):
   del rng
-  return tensors_output.FEATURES, [
-      tensors_output.FEATURES.encode({f: tensors_output.record(i)[f] for f in tensors_output.FEATURES})
-      for i in range(n)]
+  return make_outputs.tensors(n)
 
 
 ODD_TENSORS = Features({
@@ -151,15 +64,17 @@ def odd_tensors(rng, n):
 
 # name: (records, kind, options)
 CASES = {
-    "raw": (raw_images, "image", {}),
-    "jpeg_resized": (jpeg_images, "image", {"image_size": (24, 20)}),
-    "jpeg_fixed": (lambda rng, n: jpeg_images(rng, n, fixed=(16, 12)), "image", {}),
-    "jpeg_fixed_resized": (lambda rng, n: jpeg_images(rng, n, fixed=(16, 12)), "image", {"image_size": (9, 13)}),
-    "ct_random": (volumes, "volume", {"patch_size": (4, 8, 16), "patch": "random"}),
-    "ct_center": (volumes, "volume", {"patch_size": (4, 8, 16), "patch": "center", "hu_window": (-200.0, 300.0)}),
+    "raw": (make_outputs.raw_images, "image", {}),
+    "jpeg_resized": (make_outputs.jpeg_images, "image", {"image_size": (24, 20)}),
+    "jpeg_fixed": (lambda rng, n: make_outputs.jpeg_images(rng, n, fixed=(16, 12)), "image", {}),
+    "jpeg_fixed_resized": (lambda rng, n: make_outputs.jpeg_images(rng, n, fixed=(16, 12)), "image",
+                           {"image_size": (9, 13)}),
+    "ct_random": (make_outputs.volumes, "volume", {"patch_size": (4, 8, 16), "patch": "random"}),
+    "ct_center": (make_outputs.volumes, "volume",
+                  {"patch_size": (4, 8, 16), "patch": "center", "hu_window": (-200.0, 300.0)}),
     "tensors": (tensors, "tensors", {}),
     "odd_tensors": (odd_tensors, "tensors", {}),
-    "graph": (graphs, "graph", {"max_nodes": 12, "max_edges": 20}),
+    "graph": (make_outputs.graphs, "graph", {"max_nodes": 12, "max_edges": 20}),
 }
 
 
@@ -307,7 +222,7 @@ def _fill_all(source, **options):
 
 
 def test_a_raw_image_of_the_wrong_length_is_named(tmp_path):
-  features, good = raw_images(np.random.default_rng(0), 8)
+  features, good = make_outputs.raw_images(np.random.default_rng(0), 8)
   bad = features.encode({"image": b"\x01" * 359, "label": 0, "file_name": "x"})  # 12x10x3 is 360
   source, where = _one_bad_record(tmp_path, features, good, bad)
   with pytest.raises(CorruptRecordError, match=rf"^{where}: feature 'image': 359 bytes, not the 360"):
@@ -322,7 +237,7 @@ def test_a_raw_image_of_the_wrong_length_is_named(tmp_path):
     (lambda r: b"\x0a\x00", r"record lacks features \['file_name', 'image', 'label'\]"),
 ])
 def test_a_record_that_does_not_parse_is_named(tmp_path, damage, why):
-  features, good = raw_images(np.random.default_rng(0), 8)
+  features, good = make_outputs.raw_images(np.random.default_rng(0), 8)
   source, where = _one_bad_record(tmp_path, features, good, damage(good[3]))
   with pytest.raises(CorruptRecordError, match=rf"^{where}: .*{why}"):
     _fill_all(source)
@@ -331,7 +246,7 @@ def test_a_record_that_does_not_parse_is_named(tmp_path, damage, why):
 
 
 def test_reasons_name_the_feature_not_its_value(tmp_path):
-  features, good = raw_images(np.random.default_rng(0), 8)
+  features, good = make_outputs.raw_images(np.random.default_rng(0), 8)
   secret = "patient-0042-\udcff".encode("utf-8", "surrogateescape")  # not UTF-8
   bad = example.encode_example({"image": features["image"].encode_into("image", np.zeros((12, 10, 3), np.uint8))["image"],
                                 "label": example.int64_feature([1]), "file_name": example.bytes_feature(secret)})
@@ -344,7 +259,7 @@ def test_reasons_name_the_feature_not_its_value(tmp_path):
 
 
 def test_an_image_that_does_not_decode_is_named(tmp_path):
-  features, good = jpeg_images(np.random.default_rng(0), 8)
+  features, good = make_outputs.jpeg_images(np.random.default_rng(0), 8)
   bad = features.encode({"image": b"\xff\xd8 not a jpeg", "label": 1, "file_name": "x"})
   source, where = _one_bad_record(tmp_path, features, good, bad)
   with pytest.raises(CorruptRecordError, match=rf"^{where}: feature 'image': does not decode as an image"):
@@ -353,7 +268,7 @@ def test_an_image_that_does_not_decode_is_named(tmp_path):
 
 def test_odd_but_readable_forms_read_as_before(tmp_path):
   """A label in a FloatList, an image with two values: Features.decode reads them; so does the filler."""
-  features, good = raw_images(np.random.default_rng(0), 8)
+  features, good = make_outputs.raw_images(np.random.default_rng(0), 8)
   pixels = np.arange(360, dtype=np.uint8).tobytes()
   odd = example.encode_example({"image": example.bytes_feature([pixels, b"second"]),
                                 "label": example.float_feature([2.0]), "file_name": example.bytes_feature("x")})
@@ -383,9 +298,9 @@ def test_a_tensor_in_another_list_reads_as_before(tmp_path):
 
 def test_a_graph_over_its_budget_raises_the_transforms_error(tmp_path):
   rng = np.random.default_rng(0)
-  payloads = [GRAPH_FEATURES.encode(graph(rng, 3, 4)) for _ in range(6)]
-  payloads[2] = GRAPH_FEATURES.encode(graph(rng, 5, 30))
-  source = ShardedRecords(write_output(str(tmp_path / "g"), GRAPH_FEATURES, payloads, "graph"))
+  payloads = [make_outputs.GRAPH_FEATURES.encode(make_outputs.graph(rng, 3, 4)) for _ in range(6)]
+  payloads[2] = make_outputs.GRAPH_FEATURES.encode(make_outputs.graph(rng, 5, 30))
+  source = ShardedRecords(write_output(str(tmp_path / "g"), make_outputs.GRAPH_FEATURES, payloads, "graph"))
   options = {"max_nodes": 8, "max_edges": 10}
   with pytest.raises(ValueError) as old:
     old_path(source, ExampleOptions(**options), np.arange(6), 6, False)
@@ -488,7 +403,7 @@ def test_threads_that_end_take_their_readers_along(outputs):
 
 
 def test_a_thread_keeps_within_its_share_of_the_descriptor_limit(tmp_path, monkeypatch):
-  features, payloads = raw_images(np.random.default_rng(0), 12)
+  features, payloads = make_outputs.raw_images(np.random.default_rng(0), 12)
   source = ShardedRecords(write_output(str(tmp_path / "four"), features, payloads, "image", num_shards=4))
   records = source._records
   monkeypatch.setattr(records, "_budget", 2)  # as if the process could open very few files

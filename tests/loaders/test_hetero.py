@@ -1,4 +1,5 @@
-"""loaders.graph.HeteroNeighborSampler on a MAG-shaped graph converted from ogb's raw layout with reverse relations."""
+"""loaders.graph.HeteroNeighborSampler on a MAG-shaped graph with reverse relations, laid out as ogb_graphs
+writes it (tests/loaders/make_outputs.py)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,17 @@ import numpy as np
 import pytest
 
 from loaders import graph as lg
-from pipelines import ogb_graphs
-from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
+from tests.loaders import make_outputs
 
 COUNTS = {"author": 900, "field_of_study": 80, "institution": 40, "paper": 1200}
-EDGES = {mo.MAG_RELATIONS[0]: 700, mo.MAG_RELATIONS[1]: 3000, mo.MAG_RELATIONS[2]: 4000, mo.MAG_RELATIONS[3]: 3500}
+EDGES = dict(zip(make_outputs.MAG_RELATIONS, (700, 3000, 4000, 3500)))
 
 
 @pytest.fixture(scope="module")
 def mag_path(tmp_path_factory) -> str:
   """A MAG-shaped output: the four node types and relations as ogb ships them, plus the reverse relations."""
-  root = tmp_path_factory.mktemp("hetero")
-  truth = mo.write_heterogeneous_node(str(root / "ogbn_mag"), seed=7, num_nodes=COUNTS, num_edges=EDGES)
-  out = str(root / "out")
-  ogb_graphs.run([f"--input={truth.folder}", f"--output={out}", "--add_reverse_relations=true"])
-  return out
+  return make_outputs.write_mag(str(tmp_path_factory.mktemp("hetero") / "out"), COUNTS, EDGES, seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""loaders.grain, loaders.tfdata and loaders.xla on outputs the pipelines produce in the tests."""
+"""loaders.grain, loaders.tfdata and loaders.xla on committed outputs of each record kind, written without Beam
+(tests/loaders/make_outputs.py). What a converter's output gives the loaders is test_parity.py's."""
 
 from __future__ import annotations
 
@@ -12,35 +13,34 @@ import numpy as np
 import pytest
 
 from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, tfdata
-from pipelines import ct_volumes, image_folder, ogb_graphs
-from scripts import make_sample_ct as ct, make_sample_ogb as mo
-from tests.conftest import CLASSES, PER_CLASS, REPO, upload_tree
+from tests.conftest import REPO, upload_tree
+from tests.loaders import make_outputs
 from tests.loaders.elastic import host_steps
 
-pytestmark = pytest.mark.slow
-N_IMAGES = len(CLASSES) * PER_CLASS
+N_IMAGES = 18
 
 
 @pytest.fixture(scope="module")
-def outputs(class_folder, tmp_path_factory):
+def outputs(tmp_path_factory) -> dict[str, str]:
+  """Each loader's inputs: RGB JPEGs of their own sizes (ArrayRecord in 3 shards, TFRecord in 2), raw 32x32
+  images (2 shards), CT volumes narrower and wider than the patches below (both formats), graph records."""
   base = tmp_path_factory.mktemp("loader_outputs")
+  rng = np.random.default_rng(0)
+  jpeg = make_outputs.jpeg_images(rng, N_IMAGES, mixed=False)
+  raw = make_outputs.raw_images(rng, N_IMAGES, size=(32, 32))
+  ct = make_outputs.volumes(rng, 12, depth=(4, 12), side=(24, 100))
+  mol = make_outputs.graphs(rng, 60, min_nodes=1)
   out = {}
-  for key, flags in {
-      "jpeg": ["--num_shards=3"],
-      "raw": ["--num_shards=2", "--encoding=raw", "--image_size=32,32"],
-      "tfrecord": ["--num_shards=2", "--format=tfrecord"],
+  for key, ((features, payloads), kind, fmt, shards) in {
+      "jpeg": (jpeg, "image", "array_record", 3),
+      "raw": (raw, "image", "array_record", 2),
+      "tfrecord": (jpeg, "image", "tfrecord", 2),
+      "ct_array_record": (ct, "volume", "array_record", 1),
+      "ct_tfrecord": (ct, "volume", "tfrecord", 1),
+      "mol": (mol, "graph", "array_record", 1),
   }.items():
-    image_folder.run([f"--input={class_folder}", f"--output={base / key}", *flags])
-    out[key] = str(base / key)
-  dicom = str(base / "dicom")
-  ct.make_mixed_tree(dicom, seed=5)
-  for fmt in ("array_record", "tfrecord"):
-    ct_volumes.run([f"--input={dicom}", f"--output={base / ('ct_' + fmt)}", "--id_salt=s", "--splits=train=1.0",
-                    f"--format={fmt}"])
-    out["ct_" + fmt] = str(base / ("ct_" + fmt))
-  mol = mo.write_graph_property(str(base / "ogbg_molhiv"), 0, num_graphs=60)
-  ogb_graphs.run([f"--input={mol.folder}", f"--output={base / 'mol'}"])
-  out["mol"] = str(base / "mol")
+    out[key] = make_outputs.write(str(base / key), features, {"train": payloads}, kind=kind, file_format=fmt,
+                                  num_shards=shards)
   return out
 
 
@@ -149,7 +149,7 @@ def test_ct_patches_static_and_padded(outputs):
 def test_graph_records_padded_to_budgets(outputs):
   batches = _all(grain_loader.dataset(outputs["mol"], "train", batch_size=4, max_nodes=64, max_edges=160))
   assert {(b["node_feat"].shape, b["edge_index"].shape, b["edge_mask"].shape) for b in batches} == {
-      ((4, 64, 9), (4, 2, 160), (4, 160))}
+      ((4, 64, 3), (4, 2, 160), (4, 160))}
   for b in batches:
     for i in range(4):
       e = int(b["edge_mask"][i].sum())
@@ -172,6 +172,7 @@ def test_corrupt_shard_names_shard_and_record(outputs, tmp_path):
         ShardedRecords(broken, verify=False)[i]
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_grain_over_gcs(outputs, gcs_emulator, tmp_path):
   gs = f"gs://{gcs_emulator}/loaders/raw"
@@ -183,6 +184,7 @@ def test_grain_over_gcs(outputs, gcs_emulator, tmp_path):
   assert any(f.endswith(".verified") for _, _, fs in os.walk(tmp_path / "cache") for f in fs)
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
   gs = f"gs://{gcs_emulator}/loaders/tfrecord"
@@ -250,6 +252,7 @@ print(json.dumps({"batches": n, "shapes": len(shapes), "devices": sorted(devices
 """
 
 
+@pytest.mark.slow  # a subprocess (torch_xla)
 def test_xla_device_loader_on_cpu(outputs):
   env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
   r = subprocess.run([sys.executable, "-c", _XLA_SCRIPT, REPO, outputs["raw"]], capture_output=True, text=True,

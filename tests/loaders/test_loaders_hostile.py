@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image as PILImage
 
 from formats import tfrecord
 from formats.graphbin import META, GraphBin, GraphBinWriter
@@ -19,23 +18,31 @@ from formats.manifest import MANIFEST_FILENAME
 from loaders import CorruptRecordError, ShardedRecords, tfdata
 from loaders import grain as grain_loader
 from loaders import graph as lg
-from pipelines import image_folder, ogb_graphs
-from scripts import make_sample_ogb as mo
 from tests.conftest import REPO
 from tests.damage import flip_byte
+from tests.loaders import make_outputs
 
-pytestmark = pytest.mark.slow
+
+def _images(make) -> tuple:
+  """(features, {split: records}): 18 train and 18 validation records of `make(rng, n)`."""
+  rng = np.random.default_rng(0)
+  made = {split: make(rng, 18) for split in ("train", "validation")}
+  return made["train"][0], {split: payloads for split, (_, payloads) in made.items()}
+
+
+def _jpegs(rng, n):
+  return make_outputs.jpeg_images(rng, n, mixed=False)
 
 
 @pytest.fixture(scope="module")
-def outputs(split_folder, tmp_path_factory) -> dict[str, str]:
-  """Small train/validation outputs: TFRecord (JPEG) and ArrayRecord (raw 16x16, equal-size shards)."""
+def outputs(tmp_path_factory) -> dict[str, str]:
+  """Small train/validation outputs: TFRecord (JPEG, 2 shards a split) and ArrayRecord (raw 16x16, one shard a
+  split, train's and validation's of equal size)."""
   base = tmp_path_factory.mktemp("hostile_outputs")
-  flags = {"tfrecord": ["--format=tfrecord", "--num_shards=2"],
-           "array_record": ["--encoding=raw", "--image_size=16,16", "--num_shards=1"]}
-  for key, extra in flags.items():
-    image_folder.run([f"--input={split_folder}", f"--output={base / key}", *extra])
-  return {key: str(base / key) for key in flags}
+  raw_features, raws = _images(lambda rng, n: make_outputs.raw_images(rng, n, size=(16, 16)))
+  return {"tfrecord": make_outputs.write(str(base / "tfrecord"), *_images(_jpegs), kind="image",
+                                         file_format="tfrecord", num_shards=2),
+          "array_record": make_outputs.write(str(base / "array_record"), raw_features, raws, kind="image")}
 
 
 def _copy(src: str, dst) -> str:
@@ -137,15 +144,15 @@ print(json.dumps({"before": before, "after": peak_mb(), "shapes": [list(s) for s
 """
 
 
-def test_tfdata_thin_images_never_materialise_the_full_resize(split_folder, tmp_path):
+@pytest.mark.slow  # a subprocess (its own peak memory)
+def test_tfdata_thin_images_never_materialise_the_full_resize(tmp_path):
   """A 2000x1 image resized to cover 224x224 would be 448000x224 (1.2 GB float) before the crop."""
-  thin = tmp_path / "thin"
-  for cls, size in (("tall", (1, 2000)), ("wide", (2000, 1))):  # PIL sizes are (W, H)
-    os.makedirs(thin / cls)
-    PILImage.new("RGB", size, (200, 30, 90)).save(thin / cls / "a.png")
-  image_folder.run([f"--input={thin}", f"--output={tmp_path / 'thin_out'}", "--format=tfrecord", "--num_shards=1"])
-  image_folder.run([f"--input={split_folder}", f"--output={tmp_path / 'normal_out'}", "--format=tfrecord",
-                    "--num_shards=1"])
+  rng = np.random.default_rng(1)
+  features = make_outputs.image_features()
+  thin = [features.encode({"image": make_outputs.encode_image(rng, size), "label": 0, "file_name": f"{i}.jpg"})
+          for i, size in enumerate(((2000, 1), (1, 2000)))]  # (height, width): tall, wide
+  make_outputs.write(str(tmp_path / "thin_out"), features, {"train": thin}, kind="image", file_format="tfrecord")
+  make_outputs.write(str(tmp_path / "normal_out"), *_images(_jpegs), kind="image", file_format="tfrecord")
   env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
   r = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, REPO, str(tmp_path / "normal_out"),
                       str(tmp_path / "thin_out")], capture_output=True, text=True, env=env, timeout=600)
@@ -215,10 +222,21 @@ def test_verify_level_is_checked(outputs):
 # ---- verify= on the graph loader -----------------------------------------------------------------
 
 
+def _homogeneous(w: GraphBinWriter, num_nodes: int = 200, num_edges: int = 800) -> None:
+  """A random graph with node features and labels, as ogb_graphs writes a node-property data set."""
+  rng = np.random.default_rng(1)
+  indptr, indices = make_outputs.csr(rng.integers(0, num_nodes, num_edges), rng.integers(0, num_nodes, num_edges),
+                                     num_nodes)
+  w.add_meta({"num_nodes": {"": num_nodes}})
+  w.add("indptr", indptr)
+  w.add("indices", indices)
+  w.add("node/feat", rng.normal(size=(num_nodes, 8)).astype(np.float32))
+  w.add("node/label", rng.integers(0, 5, (num_nodes, 1)))
+  w.add("split/random/train", np.arange(0, num_nodes, 2, dtype=np.int64))
+
+
 def test_graph_load_refuses_a_swapped_graphbin_of_equal_size(tmp_path):
-  truth = mo.write_homogeneous_node(str(tmp_path / "ogb" / "ogbn_arxiv"), 1, num_nodes=200, num_edges=800)
-  out = str(tmp_path / "graph")
-  ogb_graphs.run([f"--input={truth.folder}", f"--output={out}"])
+  out = make_outputs.write_graph(str(tmp_path / "graph"), _homogeneous)
   info = _manifest(out)["files"][0]
   path = os.path.join(out, info["path"])
   original = GraphBin(path)
@@ -257,6 +275,7 @@ print(json.dumps({"refused": refused, "batches": n, "tf": "tensorflow" in sys.mo
 """
 
 
+@pytest.mark.slow  # a subprocess (torch_xla)
 def test_xla_loader_refuses_a_swapped_shard(outputs, tmp_path):
   out = _copy(outputs["array_record"], tmp_path / "swapped")
   shard, expected, actual = _point_train_at_validation(out)
@@ -272,6 +291,7 @@ def test_xla_loader_refuses_a_swapped_shard(outputs, tmp_path):
   assert not got["tf"]
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_a_cached_gcs_shard_damaged_after_its_download_is_fetched_again(outputs, gcs_emulator, tmp_path):
   """The shard cache outlives processes; its `.verified` marker used to vouch for the copy forever."""

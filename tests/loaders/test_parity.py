@@ -25,7 +25,7 @@ from loaders import ShardedRecords, grain as grain_loader, tfdata
 from pipelines import ct_volumes, image_folder
 from scripts import make_sample_ct as ct, make_sample_images
 from tests.conftest import REPO
-from tests.loaders import tensors_output
+from tests.loaders import make_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def outputs(tmp_path_factory) -> dict[str, str]:
     ct_volumes.run([f"--input={dicom}", f"--output={base / key}", "--id_salt=s", "--splits=train=1.0",
                     "--format=tfrecord", f"--volume_dtype={dtype}"])
     out[key] = str(base / key)
-  out["tensors"] = tensors_output.write(str(base / "tensors"), "tfrecord")
+  out["tensors"] = make_outputs.write_tensors(str(base / "tensors"), "tfrecord")
   return out
 
 

@@ -29,33 +29,36 @@ from formats.outputs.output import open_output
 from loaders import ShardedRecords, StateMismatchError, UnverifiedStateWarning
 from loaders import grain as grain_loader
 from loaders import graph as lg
-from pipelines import image_folder
-from scripts import make_sample_images
 from tests.conftest import REPO
+from tests.loaders import make_outputs
 
-pytestmark = pytest.mark.slow
-
-CLASSES = ["a", "b", "c"]
+CLASSES = ("a", "b", "c")
 ARGS = dict(batch_size=4, seed=3, num_threads=1, prefetch_buffer_size=1, num_epochs=3)  # reads 1 batch ahead
 
 
-def _convert(src: str, out: str) -> None:
-  """The conversion the scenario reruns (the real pipeline): raw 16x16 images in 6 shards."""
-  image_folder.run([f"--input={src}", f"--output={out}", "--num_shards=6", "--encoding=raw", "--image_size=16,16",
-                    "--overwrite=true"])
-
-
-def _change(src: str, k: int) -> None:
-  """The input folder changes between runs: image k of every class goes."""
-  for cls in CLASSES:
-    os.remove(sorted(os.path.join(src, cls, f) for f in os.listdir(os.path.join(src, cls)))[k])
-
-
 @pytest.fixture
-def images(tmp_path) -> str:
-  src = str(tmp_path / "images")
-  make_sample_images.make_folder(src, CLASSES, 8, None, (64, 48), 0, seed=5)
-  return src
+def images() -> dict[str, list[int]]:
+  """The input the scenario converts again and again: class -> the numbers of its 8 images."""
+  return {cls: list(range(8)) for cls in CLASSES}
+
+
+def _convert(images: dict[str, list[int]], out: str, size: int = 16, num_shards: int = 6,
+             file_format: str = "array_record") -> None:
+  """The conversion the scenario reruns: raw size x size images (16x16 in 6 ArrayRecord shards unless told),
+  committed as a converter commits them (on an existing output: a rerun, which replaces it). An image's pixels
+  are a function of its class and number."""
+  features = make_outputs.image_features((size, size), raw=True, classes=CLASSES)
+  payloads = [features.encode({"image": np.random.default_rng([label, i]).integers(0, 256, (size, size, 3), np.uint8),
+                               "label": label, "file_name": f"{cls}/{i}.png"})
+              for label, cls in enumerate(CLASSES) for i in images[cls]]
+  make_outputs.write(out, features, {"train": payloads}, kind="image", file_format=file_format,
+                     num_shards=num_shards)
+
+
+def _change(images: dict[str, list[int]], k: int) -> None:
+  """The input changes between runs: image k of every class goes."""
+  for cls in CLASSES:
+    del images[cls][k]
 
 
 def _output(where: str, tmp_path, request) -> str:
@@ -73,7 +76,8 @@ def _names(output: str) -> set[str]:
   return {info.purpose for info in leases.list_leases(output)}
 
 
-@pytest.mark.parametrize("where,window", [("local", None), ("local", 1), pytest.param("gcs", 1, marks=pytest.mark.gcs)])
+@pytest.mark.parametrize("where,window", [("local", None), ("local", 1),
+                                          pytest.param("gcs", 1, marks=[pytest.mark.gcs, pytest.mark.slow])])
 def test_a_loader_finishes_every_epoch_on_its_generation_across_two_reruns_and_a_cleanup(
     where, window, images, tmp_path, request):
   """The issue's scenario: two batches read, the same conversion rerun twice on a changed folder, a clean-up
@@ -306,6 +310,7 @@ print(json.dumps(result))
 """
 
 
+@pytest.mark.slow  # a subprocess (torch_xla)
 def test_torch_xla_states_of_another_generation_are_refused_unless_asked(rerun, tmp_path):
   """torch_xla's DeviceLoader and the graph xla_loader on an XLA CPU device (their own process)."""
   out, state, old = rerun
@@ -334,7 +339,7 @@ def test_torch_xla_states_of_another_generation_are_refused_unless_asked(rerun, 
   assert got["graph_restarted"] == got["graph_want"]
 
 
-@pytest.mark.parametrize("where", ["local", pytest.param("gcs", marks=pytest.mark.gcs)])
+@pytest.mark.parametrize("where", ["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
 def test_a_read_only_output_loads_with_one_warning(where, images, tmp_path, request, caplog):
   out = _output(where, tmp_path, request)
   _convert(images, out)
@@ -360,8 +365,7 @@ def test_a_tfdata_dataset_holds_a_lease_while_it_or_a_dataset_made_from_it_lives
   from loaders import tfdata
 
   out = str(tmp_path / "out")
-  image_folder.run([f"--input={images}", f"--output={out}", "--num_shards=2", "--format=tfrecord", "--encoding=raw",
-                    "--image_size=8,8"])
+  _convert(images, out, size=8, num_shards=2, file_format="tfrecord")
   ds = tfdata.dataset(out, "train", batch_size=4).prefetch(1)
   assert _names(out) == {"loaders.tfdata train"}
   assert len(list(ds.as_numpy_iterator())) == 24 // 4

@@ -17,9 +17,8 @@ from formats import load_manifest
 from formats.storage import gcs_media
 from loaders import grain as grain_loader
 from loaders._stream import WindowOrder
-from pipelines import image_folder
-from scripts import make_sample_images
 from tests.conftest import upload_tree
+from tests.loaders import make_outputs
 from tests.loaders.elastic import host_steps
 
 COUNTS = [10, 7, 10, 10, 3, 10, 10, 9, 10, 10, 0, 10]
@@ -28,12 +27,9 @@ COUNTS = [10, 7, 10, 10, 3, 10, 10, 9, 10, 10, 0, 10]
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
   """120 raw 16x16 images in 12 ArrayRecord shards (10 records each)."""
-  base = tmp_path_factory.mktemp("runs")
-  make_sample_images.make_folder(str(base / "images"), ["a", "b", "c"], 40, None, (64, 48), 0, seed=5)
-  out = str(base / "raw")
-  image_folder.run([f"--input={base / 'images'}", f"--output={out}", "--num_shards=12", "--encoding=raw",
-                    "--image_size=16,16"])
-  return out
+  features, payloads = make_outputs.raw_images(np.random.default_rng(5), 120, size=(16, 16))
+  return make_outputs.write(str(tmp_path_factory.mktemp("runs") / "raw"), features, {"train": payloads},
+                            kind="image", num_shards=12)
 
 
 def _old_order(counts, window, seed, epoch) -> np.ndarray:
@@ -99,6 +95,7 @@ def _same(a: dict, b: dict) -> bool:
   return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_coalesced_record_reads_equal_local_across_4_2_8_hosts_through_faults(shards, gcs_faults, tmp_path,
                                                                              monkeypatch):
@@ -136,6 +133,7 @@ def test_coalesced_record_reads_equal_local_across_4_2_8_hosts_through_faults(sh
   assert len(np.unique(seen)) == len(seen) == per_epoch * global_batch
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_a_host_fetches_each_run_with_one_ranged_read(shards, gcs_emulator, tmp_path):
   from formats.outputs.output import open_output

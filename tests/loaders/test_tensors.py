@@ -10,19 +10,19 @@ import pytest
 from formats.features import ClassLabel, Features, Tensor
 from loaders import ShardedRecords, grain as grain_loader, tfdata
 from pipelines import array_folder
-from tests.loaders import tensors_output
+from tests.loaders import make_outputs
 
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> dict[str, str]:
   base = tmp_path_factory.mktemp("tensors")
-  return {fmt: tensors_output.write(str(base / fmt), fmt) for fmt in ("array_record", "tfrecord")}
+  return {fmt: make_outputs.write_tensors(str(base / fmt), fmt) for fmt in ("array_record", "tfrecord")}
 
 
 def _check_batch(batch: dict, n: int) -> None:
   """The first `n` examples of `batch` are the records its record_index names, as stored."""
   for slot in range(n):
-    want = tensors_output.record(int(batch["record_index"][slot]))
+    want = make_outputs.tensor_record(int(batch["record_index"][slot]))
     for name in ("x", "ids", "flag", "spacing", "count"):
       np.testing.assert_array_equal(batch[name][slot], want[name], err_msg=name)
     assert batch["label"][slot] == want["label"]
@@ -64,7 +64,8 @@ def test_tfdata_equals_grain_on_tensors(outputs):
 
 def test_a_tensor_without_a_static_shape_is_refused_by_name(tmp_path):
   features = Features({"x": Tensor((None, 3), "float32"), "label": ClassLabel(("a", "b", "c"))})
-  out = {fmt: tensors_output.write(str(tmp_path / fmt), fmt, features=features) for fmt in ("array_record", "tfrecord")}
+  out = {fmt: make_outputs.write_tensors(str(tmp_path / fmt), fmt, features=features)
+         for fmt in ("array_record", "tfrecord")}
   assert len(ShardedRecords(out["array_record"])) == 22  # records are still readable one at a time
   for load in (lambda: grain_loader.dataset(out["array_record"], batch_size=2),
                lambda: tfdata.dataset(out["tfrecord"], batch_size=2)):

@@ -12,7 +12,7 @@ from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.transforms import CT_PADDING_HU
 from loaders import ExampleOptions
 from loaders._transforms import batched_features, example_transform, fill_batch
-from tests.loaders import tensors_output
+from tests.loaders import make_outputs
 
 LABELS = ClassLabel(("cat", "dog", "yak"))
 
@@ -108,14 +108,14 @@ def test_graphs_are_padded_to_their_budgets():
 
 
 def test_tensors_keep_their_static_shape_and_dtype_and_leave_text_out():
-  t = example_transform("tensors", tensors_output.FEATURES, ExampleOptions())
-  rec = tensors_output.FEATURES.decode(tensors_output.FEATURES.encode(tensors_output.record(4)))
+  t = example_transform("tensors", make_outputs.TENSOR_FEATURES, ExampleOptions())
+  rec = make_outputs.TENSOR_FEATURES.decode(make_outputs.TENSOR_FEATURES.encode(make_outputs.tensor_record(4)))
   out = t({**rec, "record_index": np.int64(4)})
   assert sorted(out) == ["count", "flag", "ids", "label", "record_index", "spacing", "x"]
-  want = tensors_output.record(4)
+  want = make_outputs.tensor_record(4)
   for name in ("x", "ids", "flag", "spacing", "count"):
-    assert out[name].dtype == np.dtype(tensors_output.FEATURES[name].dtype), name
-    assert out[name].shape == tensors_output.FEATURES[name].shape, name
+    assert out[name].dtype == np.dtype(make_outputs.TENSOR_FEATURES[name].dtype), name
+    assert out[name].shape == make_outputs.TENSOR_FEATURES[name].shape, name
     np.testing.assert_array_equal(out[name], want[name])
   assert out["label"].dtype == np.int64
   assert out["label"] == 1

@@ -13,12 +13,12 @@ from formats.graphbin import GraphBin, GraphBinWriter
 from loaders import CorruptRecordError, ShardedRecords, load_graph
 from loaders import grain as grain_loader
 from tests.damage import flip_byte
-from tests.loaders import tensors_output
+from tests.loaders import make_outputs
 
 
 def _output(tmp_path, fmt: str = "tfrecord") -> tuple[str, str]:
   """A fresh tensors output and the path of its first train shard."""
-  out = tensors_output.write(str(tmp_path / fmt), fmt)
+  out = make_outputs.write_tensors(str(tmp_path / fmt), fmt)
   records = ShardedRecords(out, verify="none")
   return out, records.output.shard_path(records.output.shards("train")[0])
 
