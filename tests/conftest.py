@@ -1,4 +1,4 @@
-"""Shared fixtures: generated image folders and a GCS emulator on loopback."""
+"""Shared fixtures (generated image folders, a GCS emulator on loopback) and the markers a test's fixtures imply."""
 
 from __future__ import annotations
 
@@ -12,15 +12,31 @@ import urllib.request
 
 import pytest
 
-os.environ.setdefault("OUTDATED_IGNORE", "1")  # the ogb package would look for updates online
-
 from scripts import make_sample_images
 from tests.gcs_faults import FaultProxy
 
+os.environ.setdefault("OUTDATED_IGNORE", "1")  # the ogb package would look for updates online
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Test files outside this package's conversion still import the sample generators by bare name
-# (`import make_sample_ogb`); new ones import them from the `scripts` package.
+# Some test files import the sample generators by bare name (`import make_sample_ogb`); the others import
+# them from the `scripts` package (`from scripts import make_sample_ogb`).
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+_EMULATOR_FIXTURES = {"_gcs_server", "gcs_emulator", "gcs_faults"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items):
+  """A test that runs against the GCS emulator is marked `gcs` and `slow` (pyproject.toml's markers), whether
+  or not its module says so: one that uses an emulator fixture, or a case whose parameter is "gcs" (the
+  suite's `where`/`output` parameters that fetch the emulator with `request.getfixturevalue`)."""
+  for item in items:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if _EMULATOR_FIXTURES & set(getattr(item, "fixturenames", ())) or "gcs" in [
+        v for v in params.values() if isinstance(v, str)]:
+      item.add_marker(pytest.mark.gcs)
+      item.add_marker(pytest.mark.slow)
+
 
 CLASSES = ["cat", "dog", "zebra"]
 PER_CLASS = 6

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 
 from scripts import check_venv
 from tests.conftest import REPO
@@ -63,6 +64,7 @@ def test_a_file_outside_site_packages_counts(tmp_path):
   assert "whole==1.0" in found
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_prints_requirements_pip_can_reinstall(tmp_path):
   site = _site(tmp_path)
   (tmp_path / "bin").mkdir()
@@ -73,6 +75,7 @@ def test_cli_prints_requirements_pip_can_reinstall(tmp_path):
   assert "tensorflow_cpu==2.21.0: INSTALLER missing" in r.stderr
 
 
+@pytest.mark.slow  # subprocesses
 def test_cli_clean_and_bad_argument(tmp_path):
   site = tmp_path / "site-packages"
   _dist(site, "whole", "1.0", {"whole/__init__.py": ""})

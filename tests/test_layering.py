@@ -1,7 +1,7 @@
 """The layering the toolkit is built on: formats at the bottom; pipelines and loaders on it, never on
-each other; TensorFlow never on the torch_xla path. Checked twice: statically, on every import
-statement of every module, and dynamically, on what a fresh process has loaded after importing
-every module of a package."""
+each other; scripts/ and tests/ on top, imported by none of them; TensorFlow never on the torch_xla
+path. Checked twice: statically, on every import statement of every module, and dynamically, on what a
+fresh process has loaded after importing every module of a package."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ import pytest
 from tests.conftest import REPO
 
 FRAMEWORKS = {"apache_beam", "tensorflow", "tensorflow_datasets", "torch", "torch_xla", "grain", "jax"}
+# The command-line programs and the tests (both packages) stand on the library, never under it.
+PROGRAMS = {"scripts", "tests"}
 # package -> top-level modules none of its modules may import
 FORBIDDEN = {
-    "formats": FRAMEWORKS | {"pipelines", "loaders", "scheduling"},
-    "pipelines": {"loaders", "scheduling", "tensorflow", "tensorflow_datasets", "torch", "torch_xla", "grain"},
-    "loaders": {"pipelines", "scheduling", "apache_beam"},
-    "scheduling": {"loaders", "apache_beam"},
+    "formats": FRAMEWORKS | PROGRAMS | {"pipelines", "loaders", "scheduling"},
+    "pipelines": PROGRAMS | {"loaders", "scheduling", "tensorflow", "tensorflow_datasets", "torch", "torch_xla",
+                             "grain"},
+    "loaders": PROGRAMS | {"pipelines", "scheduling", "apache_beam"},
+    "scheduling": PROGRAMS | {"loaders", "apache_beam"},
 }
 # The one deliberate exception: OGB's link-prediction splits are torch .pt files, read lazily
 # with weights_only=True when a data set has them.

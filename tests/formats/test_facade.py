@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import formats
 from formats import errors, kinds
 from formats.outputs import output
@@ -30,6 +32,7 @@ def test_old_inspect_names_still_import():
   assert inspect.verify is output.verify
 
 
+@pytest.mark.slow  # a fresh process
 def test_formats_imports_no_framework():
   code = "import formats, formats.outputs.output, formats.outputs.inspect, formats.adapters\nimport sys\nprint('\\n'.join(sys.modules))"
   mods = {m.split(".")[0] for m in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -17,7 +17,7 @@ from formats.storage import files
 GEN = "gen-20260101T000000-0123abcd"
 
 
-@pytest.fixture(params=["local", "gcs"])
+@pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
 def output(request, tmp_path):
   if request.param == "local":
     return str(tmp_path / "out")
@@ -142,6 +142,8 @@ def test_a_lease_that_cannot_be_written_raises_lease_error(tmp_path):
     leases.acquire(str(blocker / "out"), GEN)
 
 
+@pytest.mark.gcs
+@pytest.mark.slow
 def test_a_forbidden_bucket_raises_lease_error(gcs_faults, tmp_path):
   output = f"gs://{gcs_faults.bucket}/leases-403/{tmp_path.name}"
   gcs_faults.add_fault("/upload/storage/v1/b/", status=403)
@@ -149,6 +151,8 @@ def test_a_forbidden_bucket_raises_lease_error(gcs_faults, tmp_path):
     leases.acquire(output, GEN)
 
 
+@pytest.mark.gcs
+@pytest.mark.slow
 def test_a_transient_error_on_the_lease_write_is_retried(gcs_faults, tmp_path):
   output = f"gs://{gcs_faults.bucket}/leases-503/{tmp_path.name}"
   gcs_faults.add_fault("/upload/storage/v1/b/", status=503, times=2)

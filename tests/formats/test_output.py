@@ -173,6 +173,7 @@ def test_a_gs_output_is_copied_once_and_checked(tmp_path, gcs_emulator):
 
 
 @pytest.mark.gcs
+@pytest.mark.slow
 def test_a_gs_splits_shards_are_fetched_in_parallel_once_and_a_lying_one_keeps_nothing(tmp_path, gcs_faults):
   """local_copies: every shard of a gs:// split fetched by parallel ranged reads, several at once, its SHA-256
   checked as it arrives; a second call fetches nothing; a shard whose bytes differ from the manifest (same size,

@@ -285,6 +285,7 @@ def test_xla_loader_on_an_xla_cpu_device_gives_the_host_batches(graph_path):
   assert not got["tf"]
 
 
+@pytest.mark.slow  # the same torch_xla process
 def test_xla_loader_resumes_exactly(graph_path):
   """The state after k batches (inside the second epoch) gives a new loader exactly the batches that follow."""
   got = _run_xla(graph_path)
@@ -379,6 +380,7 @@ def test_observed_node_budget_fits_the_batches_it_saw(graph):
   assert all(small[i]["x"].shape[0] == budget for i in range(len(small)))
 
 
+@pytest.mark.slow  # a subprocess: a process without numba
 def test_without_numba_the_sampler_names_the_extra_to_install(graph_path):
   script = ("import sys; sys.modules['numba'] = None\n"
             "from loaders import graph as lg\n"

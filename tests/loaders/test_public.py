@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import loaders
 from tests.conftest import REPO
 
@@ -35,10 +37,12 @@ def test_every_public_name_exists():
   assert not [n for n in loaders.__all__ if n.startswith("_")]
 
 
+@pytest.mark.slow  # a fresh process
 def test_the_facade_imports_no_framework():
   assert _frameworks_after_import("loaders") == []
 
 
+@pytest.mark.slow  # fresh processes
 def test_graph_imports_no_framework_and_xla_never_tensorflow():
   assert _frameworks_after_import("loaders.graph") == []
   assert "tensorflow" not in _frameworks_after_import("loaders.xla")

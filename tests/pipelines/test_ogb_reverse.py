@@ -177,6 +177,7 @@ def test_flag_on_a_homogeneous_set_is_a_usage_error(tmp_path):
   assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.slow
 def test_ogbn_mag_names_are_written_as_graphbin_version_2(converted):
   """Without reverse relations every name fits version 1's 56 bytes (test_outputs_unchanged); with them
   ogbn-mag's `rel/institution___rev_affiliated_with___author/edge/reltype` is 59 bytes."""

@@ -57,6 +57,7 @@ def test_rates_line_reports_each_stage_that_counted():
   assert progress.rates_line("pipelines.x", {"images_read": 7}, 1.0) == ""
 
 
+@pytest.mark.slow  # an end-to-end run in a subprocess
 def test_a_run_prints_its_stage_rates_after_the_summary(class_folder, tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "pipelines.image_folder", f"--input={class_folder}", f"--output={tmp_path / 'o'}",
@@ -68,6 +69,7 @@ def test_a_run_prints_its_stage_rates_after_the_summary(class_folder, tmp_path):
   assert "convert_shards 21 units" in lines[1]
 
 
+@pytest.mark.slow  # end-to-end runs in subprocesses
 @pytest.mark.parametrize("plan", ["launcher", "workers"])
 def test_workers_log_progress_against_the_plan_however_it_was_made(class_folder, tmp_path, plan):
   proc = subprocess.run(
