@@ -458,9 +458,7 @@ class ShardStream:
 
   def close(self) -> None:
     """Stops fetching, closes every reader and deletes the private folder. Closing twice is fine."""
-    with self._cond:
-      self._closed = True
-      self._cond.notify_all()
+    _stop(self)
     for t in self._fetchers:
       if t is not threading.current_thread():
         t.join()
@@ -939,9 +937,7 @@ class RecordStream:
 
   def close(self) -> None:
     """Stops prefetching, closes the readers and deletes the private folder. Closing twice is fine."""
-    with self._cond:
-      self._closed = True
-      self._cond.notify_all()
+    _stop(self)
     self._pool.shutdown(wait=True, cancel_futures=True)
     with self._cond:
       readers, self._readers = list(self._readers.values()), collections.OrderedDict()
@@ -1005,6 +1001,13 @@ def _remove_stale(root: str) -> None:
 def _gave_up(e: BaseException) -> bool:
   """Whether a read ahead failed for the network's sake (its policy gave up): worth one more for a reader."""
   return isinstance(e, retry.RetryExhausted) or retry.is_transient(e)
+
+
+def _stop(stream) -> None:
+  """Marks a stream closed and wakes its fetchers and readers, which then end."""
+  with stream._cond:
+    stream._closed = True
+    stream._cond.notify_all()
 
 
 def _worker(ref: weakref.ref, step: Callable[[object], bool | None], locked: bool) -> None:

@@ -438,14 +438,7 @@ def remove_expired(output: str, ttl_seconds: float = LEASE_TTL_SECONDS, *, now: 
   """Deletes expired leases (only valid, toolkit-written ones); returns their ids.
 
   A lease refreshed between the listing and the delete is kept (on gs:// the
-  delete is conditional on the object generation that was read).
-
-  Args:
-    output: the output folder, local or gs://.
-    ttl_seconds: a lease older than this has expired.
-    now: the time ages are measured at (default: now).
-
-  Returns:
-    The removed lease ids.
+  delete is conditional on the object generation that was read). Arguments as
+  `list_leases`'s; returns the removed lease ids.
   """
   return _remove(_scan(output, ttl_seconds, now))

@@ -49,7 +49,18 @@ def join(base: str, *parts: str) -> str:
   return os.path.join(base, *parts)
 
 
-def _split_gcs(path: str) -> tuple[str, str]:
+def split_gcs(path: str) -> tuple[str, str]:
+  """gs://bucket/name → (bucket, name).
+
+  Args:
+    path: a gs:// path.
+
+  Returns:
+    (bucket, object name).
+
+  Raises:
+    ValueError: the path names no bucket.
+  """
   bucket, _, name = path[len("gs://"):].partition("/")
   if not bucket:
     raise ValueError(f"{path!r} names no bucket")
@@ -67,16 +78,13 @@ def _gcs_client():
   return storage.Client()  # its requests session keeps 10 connections: ranged reads go through gcs_media instead
 
 
-def _blob(path: str):
-  bucket, name = _split_gcs(path)
-  return _gcs_client().bucket(bucket).blob(name)
+def gcs_client():
+  """The process's google-cloud-storage client (anonymous against STORAGE_EMULATOR_HOST).
 
-
-def _listing(folder: str, **kw):
-  """The objects under the gs:// prefix `folder/` (the bucket's whole listing for gs://bucket), `kw` passed on."""
-  bucket, name = _split_gcs(folder)
-  prefix = name.rstrip("/") + "/" if name else ""
-  return prefix, _gcs_client().list_blobs(bucket, prefix=prefix, retry=retry.named(f"listing {folder}"), **kw)
+  Returns:
+    The client.
+  """
+  return _gcs_client()
 
 
 def gcs_blob(path: str):
@@ -88,31 +96,15 @@ def gcs_blob(path: str):
   Returns:
     Its Blob (nothing is fetched).
   """
-  return _blob(path)
+  bucket, name = split_gcs(path)
+  return _gcs_client().bucket(bucket).blob(name)
 
 
-def gcs_client():
-  """The process's google-cloud-storage client (anonymous against STORAGE_EMULATOR_HOST).
-
-  Returns:
-    The client.
-  """
-  return _gcs_client()
-
-
-def split_gcs(path: str) -> tuple[str, str]:
-  """gs://bucket/name → (bucket, name).
-
-  Args:
-    path: a gs:// path.
-
-  Returns:
-    (bucket, object name).
-
-  Raises:
-    ValueError: the path names no bucket.
-  """
-  return _split_gcs(path)
+def _listing(folder: str, **kw):
+  """The objects under the gs:// prefix `folder/` (the bucket's whole listing for gs://bucket), `kw` passed on."""
+  bucket, name = split_gcs(folder)
+  prefix = name.rstrip("/") + "/" if name else ""
+  return prefix, _gcs_client().list_blobs(bucket, prefix=prefix, retry=retry.named(f"listing {folder}"), **kw)
 
 
 def gcs_not_found() -> type[Exception]:
@@ -147,7 +139,7 @@ def exists(path: str) -> bool:
     True when it exists.
   """
   if is_gcs(path):
-    return _blob(path).exists(retry=retry.named(path))
+    return gcs_blob(path).exists(retry=retry.named(path))
   return os.path.exists(path)
 
 
@@ -179,7 +171,7 @@ def read_bytes(path: str) -> bytes:
   """
   if is_gcs(path):
     try:
-      return _blob(path).download_as_bytes(retry=retry.named(path))
+      return gcs_blob(path).download_as_bytes(retry=retry.named(path))
     except gcs_not_found():
       raise FileNotFoundError(path) from None
   with open(path, "rb") as f:
@@ -232,7 +224,7 @@ def write_bytes(path: str, data: bytes) -> None:
     data: the whole content.
   """
   if is_gcs(path):  # a GCS object appears only when complete; a retry uploads the same bytes again
-    _blob(path).upload_from_string(data, retry=retry.named(path))
+    gcs_blob(path).upload_from_string(data, retry=retry.named(path))
     return
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -243,7 +235,7 @@ def write_bytes(path: str, data: bytes) -> None:
 
 def _delete(path: str) -> None:
   if is_gcs(path):
-    _blob(path).delete(retry=retry.named(path))  # one that a lost answer hid is missing on the retry
+    gcs_blob(path).delete(retry=retry.named(path))  # one that a lost answer hid is missing on the retry
   else:
     os.remove(path)
 
@@ -279,7 +271,7 @@ def walk(folder: str) -> list[str]:
     Full paths, sorted.
   """
   if is_gcs(folder):
-    bucket = _split_gcs(folder)[0]
+    bucket = split_gcs(folder)[0]
     return sorted(f"gs://{bucket}/{b.name}" for b in _listing(folder)[1])
   out = []
   for dirpath, _, names in os.walk(folder):
@@ -334,7 +326,7 @@ def download(path: str, local_path: str) -> None:
   tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
   try:
     if is_gcs(path):
-      _blob(path).download_to_filename(tmp, retry=retry.named(path))  # a retry resumes where the answer broke
+      gcs_blob(path).download_to_filename(tmp, retry=retry.named(path))  # a retry resumes where the answer broke
     else:
       shutil.copyfile(path, tmp)
     os.replace(tmp, local_path)
@@ -407,8 +399,8 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32,
     raise ValueError(f"compose into {dest}: no sources")
   if not 2 <= max_sources <= 32:
     raise ValueError(f"max_sources must be in [2, 32] (GCS composes at most 32 per request), got {max_sources}")
-  bucket = _split_gcs(dest)[0]
-  if any(not is_gcs(p) or _split_gcs(p)[0] != bucket for p in [*sources, scratch]):
+  bucket = split_gcs(dest)[0]
+  if any(not is_gcs(p) or split_gcs(p)[0] != bucket for p in [*sources, scratch]):
     raise ValueError(f"compose into {dest}: every source and the scratch folder must be in gs://{bucket}")
   policy = policy or retry.default()
   made: list[str] = []
@@ -429,6 +421,6 @@ def compose(sources: list[str], dest: str, scratch: str, max_sources: int = 32,
 
 
 def _compose_once(sources: list[str], dest: str, policy: retry.Policy) -> None:
-  blob = _blob(dest)
+  blob = gcs_blob(dest)
   blob.content_type = "application/octet-stream"
-  blob.compose([_blob(p) for p in sources], retry=policy.named(f"composing {dest}"))
+  blob.compose([gcs_blob(p) for p in sources], retry=policy.named(f"composing {dest}"))

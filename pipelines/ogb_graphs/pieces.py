@@ -165,11 +165,15 @@ def layout(sections: Sequence[SectionParts]) -> tuple[list[Segment], list[Sectio
     elif isinstance(seg, bytes) or seg.nbytes:
       segments.append(seg)
 
-  for s in sections:
-    pad = padding(pos)
+  def align(at: int) -> int:
+    """Adds the zeros that bring `at` to the next section boundary; returns the boundary."""
+    pad = padding(at)
     if pad:
       add(b"\0" * pad)
-      pos += pad
+    return at + pad
+
+  for s in sections:
+    pos = align(pos)
     crc, nbytes = 0, 0
     for part in s.parts:
       if isinstance(part, bytes):
@@ -185,10 +189,7 @@ def layout(sections: Sequence[SectionParts]) -> tuple[list[Segment], list[Sectio
                        f"{expected}")
     table.append(Section(s.name, s.dtype, tuple(int(d) for d in s.shape), pos, nbytes, crc))
     pos += nbytes
-  pad = padding(pos)
-  if pad:
-    add(b"\0" * pad)
-    pos += pad
+  pos = align(pos)
   header, tail = pack_tail(table, pos)
   if len(segments) > 1 and isinstance(segments[1], bytes):  # the header joins the glue after it
     segments[0] = header + segments.pop(1)

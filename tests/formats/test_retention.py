@@ -16,26 +16,11 @@ import pytest
 
 from formats.outputs import commit, inspect, leases
 from formats.storage import files
-from formats.features import Features, Text
-from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
 from tests.conftest import REPO
+from tests.pipelines.test_commit_faults import _manifest, output  # noqa: F401 (output: the fixture, local and gs://)
 
 WEEK = commit.DEFAULT_KEEP_REPLACED_SECONDS
 SHARD = "d-train.tfrecord-00000-of-00001"
-
-
-def _manifest(generation: str) -> Manifest:
-  shard = ShardInfo(f"{generation}/{SHARD}", 1, 10, "0" * 64)
-  return Manifest("d", "tfrecord", Features({"t": Text()}), {"train": SplitInfo((shard,))},
-                  Rejected(0, {}, f"{generation}/errors/rejected.jsonl"))
-
-
-@pytest.fixture(params=["local", "gcs"])
-def output(request, tmp_path):
-  if request.param == "local":
-    return str(tmp_path / "out")
-  bucket = request.getfixturevalue("gcs_emulator")
-  return f"gs://{bucket}/retention/{tmp_path.name}"
 
 
 def _run(output: str, commit_it: bool = True) -> str:

@@ -31,8 +31,6 @@ import requests
 import urllib3
 
 from formats.errors import CorruptRecordError
-from formats.features import Features, Text
-from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
 from formats.outputs import commit, leases
 from formats.outputs.output import open_output
 from formats.storage import files, gcs_download, gcs_media, retry
@@ -41,6 +39,7 @@ from loaders._stream import RecordStream, ShardStream, WindowOrder
 from pipelines import image_folder
 from pipelines.core import inputs
 from tests.conftest import upload_tree
+from tests.pipelines.test_commit_faults import _manifest
 
 
 # --------------------------------------------------------------------------- the classifier
@@ -354,10 +353,7 @@ class CommitSwitch(_Path):
     self.named = f"{self.root}/manifest.json"
 
   def run(self, deadline):
-    shard = ShardInfo(f"{self.generation}/d-train.tfrecord-00000-of-00001", 1, 10, "0" * 64)
-    manifest = Manifest("d", "tfrecord", Features({"t": Text()}), {"train": SplitInfo((shard,))},
-                        Rejected(0, {}, f"{self.generation}/errors/rejected.jsonl"))
-    commit.commit(self.root, self.generation, manifest, self.expected)
+    commit.commit(self.root, self.generation, _manifest(self.generation), self.expected)
     assert commit.current_generation(self.root) == self.generation
 
 
@@ -365,9 +361,9 @@ class LeaseWrite(_Path):
   method = "POST"
   key = "uploadType=multipart"
 
-  def __init__(self, env, tag):
-    super().__init__(env, tag)
-    self.named = f"writing the reader lease {self.root}/_leases/"
+  @property
+  def named(self) -> str:
+    return f"writing the reader lease {self.root}/_leases/"
 
   def run(self, deadline):
     with leases.acquire(self.root, GEN, heartbeat=False):

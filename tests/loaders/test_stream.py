@@ -221,17 +221,23 @@ def test_faults_change_nothing_in_the_batches(many_shards, gcs_faults, tmp_path)
   assert gcs_faults.requests_seen("raw_faults") > before
 
 
+def _uploaded_with_a_flipped_byte(output: str, gs: str, k: int, offset: int, mask: int) -> str:
+  """`output` uploaded to `gs`, shard k's byte at `offset` xor `mask` there (same size); returns the shard's path."""
+  from formats.storage import files
+
+  upload_tree(output, gs)
+  shard = load_manifest(output).splits["train"].shards[k].path
+  data = bytearray(files.read_bytes(f"{gs}/{shard}"))
+  data[offset] ^= mask
+  files.write_bytes(f"{gs}/{shard}", bytes(data))
+  return shard
+
+
 @pytest.mark.gcs
 def test_a_changed_shard_is_named(many_shards, gcs_emulator, tmp_path):
   """A shard whose bytes differ from the manifest (same size) is refused while it streams, naming it."""
-  from formats.storage import files
-
   gs = f"gs://{gcs_emulator}/stream/raw_changed"
-  upload_tree(many_shards, gs)
-  shard = load_manifest(many_shards).splits["train"].shards[4].path
-  data = bytearray(files.read_bytes(f"{gs}/{shard}"))
-  data[200] ^= 0xFF
-  files.write_bytes(f"{gs}/{shard}", bytes(data))
+  shard = _uploaded_with_a_flipped_byte(many_shards, gs, 4, 200, 0xFF)
   ds = grain_loader.dataset(gs, batch_size=8, window_shards=2, seed=0, cache_dir=str(tmp_path / "c"),
                             cache_limit_bytes=1 << 22, num_threads=1)
   with pytest.raises(CorruptRecordError, match=rf"{shard}: sha256 .* differs from the manifest"):
@@ -438,14 +444,8 @@ def _local_record(output: str, index: int) -> bytes:
 
 @pytest.mark.gcs
 def test_records_fetch_names_a_damaged_chunk(many_shards, gcs_emulator, tmp_path):
-  from formats.storage import files
-
   gs = f"gs://{gcs_emulator}/stream/raw_records_bad"
-  upload_tree(many_shards, gs)
-  shard = load_manifest(many_shards).splits["train"].shards[7].path
-  data = bytearray(files.read_bytes(f"{gs}/{shard}"))
-  data[3000] ^= 0x01  # inside a record's chunk, far from the tail
-  files.write_bytes(f"{gs}/{shard}", bytes(data))
+  shard = _uploaded_with_a_flipped_byte(many_shards, gs, 7, 3000, 0x01)  # inside a record's chunk, far from the tail
   ds = grain_loader.dataset(gs, batch_size=4, window_shards=2, seed=0, cache_dir=str(tmp_path / "c"),
                             order="global", shard_count=2, num_threads=1)
   with pytest.raises(CorruptRecordError, match=rf"{shard}: record \d+ \(chunk bytes \[\d+, \d+\)\)"):

@@ -8,6 +8,7 @@ clean-up removes nothing the toolkit did not write.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -31,6 +32,19 @@ def _manifest(generation: str, n: int = 1) -> Manifest:
   shard = ShardInfo(f"{generation}/d-train.tfrecord-00000-of-00001", n, 10, "0" * 64)
   return Manifest("d", "tfrecord", Features({"t": Text()}), {"train": SplitInfo((shard,))},
                   Rejected(0, {}, f"{generation}/errors/rejected.jsonl"))
+
+
+def _put(output: str, rel: str, data: bytes = b"x") -> None:
+  files.write_bytes(files.join(output, rel), data)
+
+
+def _committed_run(output: str) -> str:
+  """A run that wrote its shard, committed and finished, as the launcher does; returns its generation."""
+  gen, expected = commit.begin(output)
+  _put(output, f"{gen}/d-train.tfrecord-00000-of-00001")
+  commit.commit(output, gen, _manifest(gen), expected)
+  assert commit.finish(output, gen)
+  return gen
 
 
 def _read_manifest(out: str) -> Manifest:
@@ -67,13 +81,8 @@ def test_the_second_of_two_racing_commits_loses_and_the_winner_stands(output):
 
 
 def test_cleanup_removes_only_marked_generations_that_nothing_holds(output):
-  def put(rel, data=b"x"):
-    files.write_bytes(files.join(output, rel), data)
-
-  old, expected = commit.begin(output)
-  put(f"{old}/d-train.tfrecord-00000-of-00001")
-  commit.commit(output, old, _manifest(old), expected)
-  assert commit.finish(output, old)
+  put = functools.partial(_put, output)
+  old = _committed_run(output)
   live, _ = commit.begin(output)  # a run still going: fresh heartbeat
   put(f"{live}/shard")
   dead, _ = commit.begin(output)  # a killed run: its marker is never refreshed
@@ -292,13 +301,8 @@ def test_a_kill_in_a_retention_cleanup_leaves_the_output_and_the_next_cleanup_fi
   """A clean-up killed while it marks a replaced generation or removes one whose retention is over:
   the current output is untouched, and the next clean-up (with the default retention) finishes the
   job: a generation whose removal had begun is not kept for another retention period."""
-  def put(rel, data=b"x"):
-    files.write_bytes(files.join(output, rel), data)
-
-  old, expected = commit.begin(output)
-  put(f"{old}/d-train.tfrecord-00000-of-00001")
-  commit.commit(output, old, _manifest(old), expected)
-  assert commit.finish(output, old)
+  put = functools.partial(_put, output)
+  old = _committed_run(output)
   new, expected = commit.begin(output)
   put(f"{new}/d-train.tfrecord-00000-of-00001", b"new")
   commit.commit(output, new, _manifest(new), expected)
