@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import make_sample_ogb as mo
+from scripts import make_sample_ogb as mo
 from pipelines import ct_volumes, image_folder, ogb_graphs
 from pipelines.core import UsageError
 

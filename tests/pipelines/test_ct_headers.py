@@ -10,7 +10,7 @@ import numpy as np
 import pydicom
 import pytest
 
-import make_sample_ct as ct
+from scripts import make_sample_ct as ct
 from pipelines.ct_volumes.headers import SliceHeader, SliceRejected, read_slices, salted_hash
 from tests.pipelines.test_ct_hostile import _silently
 

@@ -19,7 +19,7 @@ import sys
 import pytest
 from PIL import Image
 
-import make_sample_ct as ct
+from scripts import make_sample_ct as ct
 from formats.outputs import inspect
 from formats.storage import files
 from formats.manifest import Manifest
