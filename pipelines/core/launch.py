@@ -24,6 +24,7 @@ from formats import naming
 from formats.outputs import commit
 from formats.manifest import Manifest
 from formats.outputs.output import is_output, load_manifest
+from formats.storage import retry
 from pipelines.core import dataflow, flags, inputs, progress
 from pipelines.core.converter import Converter
 from pipelines.core.errors import InputDataError, UsageError
@@ -136,6 +137,8 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
   """
   t0 = time.monotonic()
   prog = converter.prog
+  # The commit, the leases and the other writes of this process retry for --transient_retry_seconds too.
+  retry.set_default(common.read_policy.retry_policy)
   dataflow.prepare(options, common, converter.worker_extras)
   # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
   # of manifest.json against the version read now (formats.outputs.commit, docs/manifest.md).

@@ -39,11 +39,11 @@ import os
 import re
 import uuid
 
-from google.cloud.storage.retry import DEFAULT_RETRY
 
 from formats import naming
 from formats.outputs import commit, leases
 from formats.storage import files as fs
+from formats.storage import retry
 from formats.manifest import Manifest, ShardInfo
 from pipelines.core.errors import UsageError
 
@@ -526,10 +526,10 @@ def _adopt_gcs(src: str, dest: str, rec: ShardInfo) -> bool:
   if hasher.n != rec.num_bytes or hasher.h.hexdigest() != rec.sha256:
     return False
   # Server-side: no byte passes through here, and the copy is of the generation just hashed. Copying it
-  # again gives the same object, so transient errors are retried (the client would not: no
-  # destination precondition).
+  # again gives the same object under a name only this run writes, so the one retry policy resends it
+  # (the client's own would not: no destination precondition).
   bucket.copy_blob(blob, fs.gcs_client().bucket(dest_bucket), dest_name, if_source_generation_match=generation,
-                   retry=DEFAULT_RETRY)
+                   retry=retry.named(f"gs://{dest_bucket}/{dest_name}"))
   return True
 
 

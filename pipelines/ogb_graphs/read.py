@@ -22,6 +22,7 @@ from typing import BinaryIO
 import numpy as np
 import pandas as pd
 
+from formats.storage import retry
 from pipelines.core.errors import InputDataError
 
 DEFAULT_CHUNK_ROWS = 1 << 20
@@ -166,6 +167,8 @@ def read_csv_chunks(fileobj: BinaryIO, name: str, dtype: str, ncols: int | None 
       yield line, arr
       line += len(arr)
   except (EOFError, OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+    if isinstance(e, retry.RetryExhausted) or retry.is_transient(e):
+      raise  # the network's fault, not the file's: the job fails as transient (never a format error)
     raise OgbFormatError(f"{name}: line {line}: unreadable gzip stream: {e}") from None
 
 

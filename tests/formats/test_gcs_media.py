@@ -4,15 +4,13 @@ names the generation of every answer and enforces ifGenerationMatch)."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from formats.storage import gcs_download, gcs_media, retry
 from formats.errors import CorruptRecordError
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-import bench_bucket  # noqa: E402
+from scripts import bench_bucket
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import uuid
 from google.api_core import exceptions as api
 from google.auth import exceptions as auth_exceptions
 from google.cloud.storage import exceptions as storage_exceptions
-import make_sample_images
+from scripts import make_sample_images
 import numpy as np
 import pytest
 import requests

@@ -11,7 +11,7 @@ import threading
 import time
 
 import grain
-import make_sample_images
+from scripts import make_sample_images
 import numpy as np
 import pytest
 

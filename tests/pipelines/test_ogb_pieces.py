@@ -13,7 +13,7 @@ import google_crc32c
 import numpy as np
 import pytest
 
-import make_sample_ogb as mo
+from scripts import make_sample_ogb as mo
 from formats.storage import files as fs
 from formats.storage import retry
 from formats.graphbin import GraphBinWriter, crc32c_combine

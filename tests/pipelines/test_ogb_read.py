@@ -267,3 +267,29 @@ def test_load_pt_split_refuses_anything_else(obj, message):
 def test_load_pt_split_of_a_damaged_file():
   with pytest.raises(OgbFormatError, match=r"^valid.pt: not a plain tensor file \(refused without running it\)"):
     load_pt_split(io.BytesIO(b"PK\x03\x04 not really"), "valid.pt")
+
+
+class _DroppedAfter(io.RawIOBase):
+  """A gs:// stream whose connection drops after `n` bytes."""
+
+  def __init__(self, data: bytes, n: int, error: Exception):
+    self._data, self._n, self._error, self._pos = data, n, error, 0
+
+  def readable(self):
+    return True
+
+  def readinto(self, b):
+    if self._pos >= self._n:
+      raise self._error
+    chunk = self._data[self._pos:min(self._n, self._pos + len(b))]
+    b[:len(chunk)] = chunk
+    self._pos += len(chunk)
+    return len(chunk)
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError("reset by peer"), TimeoutError("timed out")])
+def test_a_connection_that_drops_mid_file_is_transient_not_a_format_error(error):
+  data = gzip.compress(b"".join(b"%d,%d\n" % (i, i + 1) for i in range(20000)))
+  with pytest.raises(type(error)):
+    list(read_csv_chunks(io.BufferedReader(_DroppedAfter(data, len(data) // 2, error)), "f.csv.gz", "int",
+                         chunk_rows=1000))
