@@ -23,7 +23,6 @@ on other data raises StateMismatchError unless on_new_data="restart_epoch".
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 
 import grain
@@ -194,10 +193,7 @@ def _check_fits(output: Output, split: str, cache_dir: str | None, cache_limit_b
     root = cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "shards")
     missing = sum(s.num_bytes for s in output.shards(split)
                   if not os.path.exists(files.cache_path(output.shard_path(s), s.sha256, root) + ".verified"))
-    existing = root
-    while not os.path.exists(existing):
-      existing = os.path.dirname(existing)
-    free = shutil.disk_usage(existing).free
+    free = files.free_bytes(root)
     if missing <= free:
       return
     where = f"the {free:,} bytes free in {root}"

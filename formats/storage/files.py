@@ -18,7 +18,6 @@ import stat
 import tempfile
 import uuid
 
-from formats.manifest import sha256_file
 from formats.storage import retry
 
 
@@ -424,3 +423,18 @@ def _compose_once(sources: list[str], dest: str, policy: retry.Policy) -> None:
   blob = gcs_blob(dest)
   blob.content_type = "application/octet-stream"
   blob.compose([gcs_blob(p) for p in sources], retry=policy.named(f"composing {dest}"))
+
+
+def free_bytes(path: str) -> int:
+  """Bytes free on the local disk that holds `path`, or would hold it (its nearest existing ancestor).
+
+  Args:
+    path: a local path, existing or not.
+
+  Returns:
+    The free bytes there.
+  """
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  return shutil.disk_usage(existing).free

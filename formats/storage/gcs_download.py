@@ -33,13 +33,11 @@ import concurrent.futures
 import dataclasses
 import errno
 import fcntl
-import functools
 import hashlib
 import itertools
 import json
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -711,10 +709,7 @@ def _check_space(obj: RemoteObject, folder: str, dest: str, done: list[tuple[int
   except OSError:
     have = 0
   needed = obj.size - have
-  existing = folder
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  free = shutil.disk_usage(existing).free
+  free = files.free_bytes(folder)
   if needed > free:
     raise NotEnoughSpaceError(errno.ENOSPC, f"not enough space to download {obj.path}: needs {needed:,} bytes, "
                               f"{free:,} free in {folder} (pass cache_dir= to use another disk)")

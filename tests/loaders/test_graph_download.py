@@ -284,7 +284,7 @@ def test_a_chunk_that_keeps_failing_leaves_a_resumable_partial(remote, graph_out
 def test_a_disk_too_small_is_named_before_anything_is_written(remote, graph_output, tmp_path, monkeypatch):
   gs, name, proxy = remote
   cache = str(tmp_path / "cache")
-  monkeypatch.setattr(gcs_download.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+  monkeypatch.setattr(files.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
   before = _media_requests(proxy, name)
   with pytest.raises(gcs_download.NotEnoughSpaceError) as e:
     lg.load(gs, cache_dir=cache, **OPTS)
