@@ -659,7 +659,10 @@ def run(work: str = os.path.join(REPO, "bench_work", "storage"), sizes: Sizes = 
   Returns:
     {"settings", "versions", "results": {op: {variant: {...medians, ratios, per round...}}}, "cannot": {...}}.
   """
-  import bench_bucket
+  if __package__:  # imported as scripts.bench_storage (tests/test_bench_storage.py)
+    from scripts import bench_bucket  # pylint: disable=import-outside-toplevel
+  else:  # run as a script: scripts/ is sys.path[0]
+    import bench_bucket  # pylint: disable=import-outside-toplevel
 
   unknown = set(ops) - set(OPS)
   if unknown or rounds < 1:

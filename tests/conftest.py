@@ -18,9 +18,6 @@ from tests.gcs_faults import FaultProxy
 os.environ.setdefault("OUTDATED_IGNORE", "1")  # the ogb package would look for updates online
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Some test files import the sample generators by bare name (`import make_sample_ogb`); the others import
-# them from the `scripts` package (`from scripts import make_sample_ogb`).
-sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 _EMULATOR_FIXTURES = {"_gcs_server", "gcs_emulator", "gcs_faults"}
 

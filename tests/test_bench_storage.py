@@ -12,7 +12,7 @@ import importlib.util
 
 import pytest
 
-import bench_storage  # scripts/ is on sys.path (tests/conftest.py)
+from scripts import bench_storage
 
 MiB = 1 << 20
 

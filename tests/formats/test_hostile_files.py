@@ -268,6 +268,7 @@ def test_inspect_refuses_it_and_exits_non_zero(record_output, tmp_path, capsys):
   assert _tree(str(tmp_path)) == before
 
 
+@pytest.mark.slow  # runs converters in subprocesses
 @pytest.mark.parametrize("mode", ["--overwrite=true", "--mode=append"])
 def test_a_run_on_it_refuses_in_one_line_and_writes_nothing(record_output, tmp_path, mode):
   """A rebuild or an append over an output whose manifest lies is refused before anything is written
@@ -301,7 +302,7 @@ def test_cleanup_and_repair_refuse_it_and_delete_nothing(record_output, tmp_path
 
 
 def test_the_graph_loader_refuses_a_graph_file_outside_the_output(tmp_path):
-  import make_sample_ogb as mo
+  from scripts import make_sample_ogb as mo
 
   from loaders import graph as lg
   from pipelines import ogb_graphs

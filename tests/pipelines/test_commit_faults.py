@@ -356,7 +356,7 @@ def test_gcs_overlapping_runs_the_loser_fails_and_the_winner_verifies(gcs_faults
 def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_path):
   """Runners need not call DoFn.teardown: per-shard temp folders must go in process itself.
   Graph outputs kept an empty `_parts/` at the root."""
-  import make_sample_ogb
+  from scripts import make_sample_ogb
 
   tmpdir = tmp_path / "tmp"
   tmpdir.mkdir()
@@ -394,7 +394,7 @@ def test_no_temporary_folder_or_parts_folder_is_left_behind(class_folder, tmp_pa
 def test_graph_outputs_use_the_same_switch(tmp_path):
   """The graph pipeline writes its own manifest (a .graphbin, no shards): the same
   compare-and-swap, so an overlapping graph run loses the same way."""
-  import make_sample_ogb
+  from scripts import make_sample_ogb
 
   src = tmp_path / "ogbn_arxiv"
   make_sample_ogb.write_homogeneous_node(src, seed=0, num_nodes=200, num_edges=800)
