@@ -18,6 +18,18 @@ implementations bit-equal:
   far end are `CT_PADDING_HU`. Then float32 values are clipped to the HU window
   and, with normalisation, mapped to [0, 1] as `(x - low) / (high - low)` with
   the float32 constants of `hu_window_constants`.
+- **CT labels.** A volume record with a `label` feature (`label_layout`:
+  "classes", [D, H, W] uint8 or uint16 class ids, 0 background; or
+  "channels", [D, H, W, C] uint8 0/1, channel c - 1 is class c) is cut at the
+  SAME start as its volume, padded at the far end with `LABEL_PADDING`
+  (background) and given the dtype of `LABEL_PATCH_DTYPES` (int32 class ids,
+  uint8 channels), shape patch_size (+ (C,)). `patch="random"` with a
+  `pos_fraction` p draws its start with `sampled_patch_start`: the uniform
+  start first (the draws of `random_patch_start`, so p=0 is exactly the plain
+  draw), then with probability p a foreground voxel (label != 0, any channel)
+  uniformly, as the centre, `centred_patch_start` (MONAI's
+  RandCropByPosNegLabeld with pos / (pos + neg) = p); a label without
+  foreground keeps the uniform start.
 - **Images stored at their own size** become uint8 [H, W, 3] as Pillow does it:
   a JPEG is decoded with libjpeg's accurate integer DCT (TensorFlow's
   `dct_method="INTEGER_ACCURATE"`), at the reduced scale `jpeg_draft_scale`
@@ -34,12 +46,19 @@ import math
 
 import numpy as np
 
+from formats.features import Tensor
 from formats.kinds import CT_PADDING_HU  # noqa: F401  (the "volume" kind's padding, re-exported here)
 
 # The HU range a loader keeps by default (clipped): the padding value up to the 12-bit maximum.
 DEFAULT_HU_WINDOW = (-1024.0, 3071.0)
 # Where a CT patch is placed.
 PATCH_MODES = ("random", "center")
+# How a CT label is laid out (by its rank, `label_layout`) and the stored dtypes each layout allows.
+LABEL_LAYOUTS = {"classes": ("uint8", "uint16"), "channels": ("uint8",)}
+# The dtype of a label patch, per layout: the same in every loader (int32: what torch, XLA and TF all index with).
+LABEL_PATCH_DTYPES = {"classes": "int32", "channels": "uint8"}
+# What a label patch holds past the volume's far end: background.
+LABEL_PADDING = 0
 # libjpeg's DCT that Pillow uses (JDCT_ISLOW), by TensorFlow's name for it.
 JPEG_DCT_METHOD = "INTEGER_ACCURATE"
 # The reduced scales libjpeg decodes at (1/s), the largest first.
@@ -90,17 +109,131 @@ def random_patch_start(shape, patch_size, rng: np.random.Generator) -> np.ndarra
   return np.array([rng.integers(0, r + 1) for r in room], np.int64)
 
 
-def seeded_patch_start(shape, patch_size, seed: int, position: int, slot: int) -> np.ndarray:
-  """`random_patch_start` with `element_rng(seed, position, slot)`: what every loader draws.
+def label_layout(name: str, spec) -> str:
+  """The layout of a CT label feature: "classes" ([D, H, W]) or "channels" ([D, H, W, C], C static).
 
   Args:
-    shape, patch_size: as `random_patch_start` takes them.
-    seed, position, slot: as `element_rng` takes them.
+    name: the feature's name (for the message).
+    spec: its formats.features.Tensor.
+
+  Returns:
+    "classes" or "channels".
+
+  Raises:
+    ValueError: not a Tensor of rank 3 or 4, a dtype the layout does not allow, or channels of unknown count.
+  """
+  layout = {3: "classes", 4: "channels"}.get(len(spec.shape)) if isinstance(spec, Tensor) else None
+  if layout is None:
+    raise ValueError(f"feature {name!r} of a volume record must be a Tensor [D, H, W] of class ids or "
+                     f"[D, H, W, C] of channels, got {spec!r}")
+  if spec.dtype not in LABEL_LAYOUTS[layout]:
+    raise ValueError(f"feature {name!r}: a {layout} label is {' or '.join(LABEL_LAYOUTS[layout])}, got {spec.dtype}")
+  if layout == "channels" and spec.shape[3] is None:
+    raise ValueError(f"feature {name!r}: a channels label needs its channel count in the schema "
+                     f"(shape {spec.shape}) for static shapes")
+  return layout
+
+
+def centred_patch_start(centre, shape, patch_size) -> np.ndarray:
+  """Start (int64 per axis) of the patch centred on voxel `centre`: clip(centre - patch // 2, 0, max(shape - patch, 0)).
+
+  The patch always holds `centre` (it is clipped into the volume, or starts at 0 when the volume is smaller).
+
+  Args:
+    centre: a voxel index per axis.
+    shape: the volume's shape (D, H, W).
+    patch_size: the patch's shape.
 
   Returns:
     The start per axis.
   """
-  return random_patch_start(shape, patch_size, element_rng(seed, position, slot))
+  patch = np.asarray(patch_size, np.int64)
+  room = np.maximum(np.asarray(shape, np.int64) - patch, 0)
+  return np.clip(np.asarray(centre, np.int64) - patch // 2, 0, room)
+
+
+def _foreground(plane: np.ndarray) -> np.ndarray:
+  """A slice's foreground: label != 0 ([H, W] class ids), or != 0 in any channel ([H, W, C])."""
+  return plane if plane.ndim == 2 else plane.any(axis=-1)
+
+
+def foreground_counts(label: np.ndarray) -> np.ndarray:
+  """Foreground voxels (label != 0, any channel) per slice along the first axis, int64 [D].
+
+  One pass over the label, a slice at a time: no array of the label's size is
+  made (a 512^3 uint8 label is counted in about 0.1 s on one core).
+
+  Args:
+    label: [D, H, W] class ids or [D, H, W, C] channels.
+
+  Returns:
+    The count per slice.
+  """
+  return np.fromiter((np.count_nonzero(_foreground(plane)) for plane in label), np.int64, len(label))
+
+
+def foreground_voxel(label: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+  """The k-th foreground voxel (int64 (z, y, x)) in C order, found through `foreground_counts`.
+
+  Args:
+    label: [D, H, W] class ids or [D, H, W, C] channels.
+    counts: foreground_counts(label).
+    k: in [0, counts.sum()).
+
+  Returns:
+    The voxel's index per axis.
+  """
+  ends = np.cumsum(counts)
+  z = int(np.searchsorted(ends, k, side="right"))
+  within = k - (int(ends[z]) - int(counts[z]))
+  flat = int(np.flatnonzero(_foreground(label[z]))[within])
+  return np.array([z, *divmod(flat, label.shape[2])], np.int64)
+
+
+def sampled_patch_start(shape, patch_size, rng: np.random.Generator, pos_fraction: float | None,
+                        label: np.ndarray | None) -> np.ndarray:
+  """The start of a random patch, centred on a foreground voxel with probability `pos_fraction`.
+
+  Draws, in order: the uniform start (`random_patch_start`); with a
+  pos_fraction, u = rng.random(); when u < pos_fraction and the label has
+  foreground, k = rng.integers(0, foreground voxels), and the start is
+  `centred_patch_start` of the k-th foreground voxel (`foreground_voxel`).
+  pos_fraction=None is `random_patch_start` itself; pos_fraction=0 gives the
+  same starts. The label is scanned (`foreground_counts`) only for a positive draw.
+
+  Args:
+    shape: the volume's shape (D, H, W).
+    patch_size: the patch's shape.
+    rng: the example's generator (`element_rng`).
+    pos_fraction: the probability of a foreground centre, in [0, 1]; None: uniform only.
+    label: the record's label (its first three axes are `shape`); needed with a pos_fraction.
+
+  Returns:
+    The start per axis.
+  """
+  start = random_patch_start(shape, patch_size, rng)
+  if pos_fraction is None or not rng.random() < pos_fraction:
+    return start
+  counts = foreground_counts(label)
+  total = int(counts.sum())
+  if total == 0:
+    return start
+  return centred_patch_start(foreground_voxel(label, counts, int(rng.integers(0, total))), shape, patch_size)
+
+
+def seeded_patch_start(shape, patch_size, seed: int, position: int, slot: int, pos_fraction: float | None = None,
+                       label: np.ndarray | None = None) -> np.ndarray:
+  """`sampled_patch_start` with `element_rng(seed, position, slot)`: what every loader draws.
+
+  Args:
+    shape, patch_size: as `random_patch_start` takes them.
+    seed, position, slot: as `element_rng` takes them.
+    pos_fraction, label: as `sampled_patch_start` takes them (None: the uniform start).
+
+  Returns:
+    The start per axis.
+  """
+  return sampled_patch_start(shape, patch_size, element_rng(seed, position, slot), pos_fraction, label)
 
 
 def hu_window_constants(hu_window: tuple[float, float]) -> tuple[np.float32, np.float32, np.float32]:

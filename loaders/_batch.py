@@ -23,7 +23,8 @@ where the result is provably the same (a raw image of the right length, a
 label in an Int64List, an encoded image in a BytesList).
 
 Errors: a record that does not parse, lacks a feature or holds one that does
-not decode (a raw image of the wrong length, an image Pillow cannot read)
+not decode (a raw image of the wrong length, an image Pillow cannot read),
+or whose features disagree (a CT label of another shape than its volume),
 raises CorruptRecordError "<shard>: record <k>: <reason>" (`source.where(i)`),
 the reason naming the feature, never its value; a graph over its budgets
 raises the transform's ValueError.
@@ -386,5 +387,9 @@ class BatchFiller:
         except Exception as e:  # noqa: BLE001 - whatever the schema's decoders raise, the record is bad
           raise CorruptRecordError(f"{source.where(i)}: {_why(e)}") from None
         rec["record_index"] = np.int64(i)
-        yield self._transform(rec, rngs(j) if self.needs_rng else None)
+        try:
+          example = self._transform(rec, rngs(j) if self.needs_rng else None)
+        except CorruptRecordError as e:  # a record whose features disagree (a label not of its volume's shape)
+          raise CorruptRecordError(f"{source.where(i)}: {e}") from None
+        yield example
     return fill_batch(examples(), self._batch_size, self._with_mask)

@@ -4,7 +4,8 @@
 output's record kind (formats.kinds.kind_of of its manifest): images (decoded
 to uint8 [H, W, 3], resized when the shards are not already fixed-size), CT
 volumes (fixed-size patches, HU clipped and normalised, padding
-formats.transforms.CT_PADDING_HU), graph-property records (padded to
+formats.transforms.CT_PADDING_HU; a `label` feature cut at the same start,
+optionally centred on its foreground by `pos_fraction`), graph-property records (padded to
 node/edge budgets, with masks) and generic "tensors" records (every Tensor at
 its static shape and dtype, every ClassLabel as int64, Text left out). Each
 transform takes (record, rng): randomness (patch positions) comes from the
@@ -26,9 +27,10 @@ import numpy as np
 from PIL import Image as PILImage, ImageOps
 import simplejpeg
 
+from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Tensor
-from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, PATCH_MODES, center_patch_start,
-                                hu_window_constants, random_patch_start)
+from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, LABEL_PADDING, LABEL_PATCH_DTYPES, PATCH_MODES,
+                                center_patch_start, hu_window_constants, label_layout, sampled_patch_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +44,14 @@ class ExampleOptions:
       center_patch_start).
     hu_window: the HU range kept (clipped).
     normalize: map the HU window to [0, 1] float32.
+    pos_fraction: with patch="random" on volumes with a `label`, the probability that a
+      patch is centred on a foreground voxel (formats.transforms.sampled_patch_start);
+      None: uniform starts only.
     max_nodes, max_edges: budgets of graph records (required for graphs).
 
   Raises:
-    ValueError: (on construction) an unknown `patch`, or a window with low >= high.
+    ValueError: (on construction) an unknown `patch`, a window with low >= high, or a
+      pos_fraction outside [0, 1] or with patch="center".
   """
 
   image_size: tuple[int, int] | None = None
@@ -53,6 +59,7 @@ class ExampleOptions:
   patch: str = "random"
   hu_window: tuple[float, float] = DEFAULT_HU_WINDOW
   normalize: bool = True
+  pos_fraction: float | None = None
   max_nodes: int | None = None
   max_edges: int | None = None
 
@@ -61,6 +68,12 @@ class ExampleOptions:
       raise ValueError(f"patch must be random or center, got {self.patch!r}")
     if self.hu_window[0] >= self.hu_window[1]:
       raise ValueError(f"hu_window must be (low, high) with low < high, got {self.hu_window}")
+    if self.pos_fraction is not None:
+      if isinstance(self.pos_fraction, bool) or not 0.0 <= self.pos_fraction <= 1.0:
+        raise ValueError(f"pos_fraction must be a probability in [0, 1] or None, got {self.pos_fraction!r}")
+      if self.patch != "random":
+        raise ValueError(f"pos_fraction={self.pos_fraction} places random patches: it needs patch='random', "
+                         f"got patch={self.patch!r}")
 
 
 def batched_features(features: Features) -> dict[str, Tensor | ClassLabel]:
@@ -143,25 +156,53 @@ def _image_transform(features: Features, o: ExampleOptions) -> Callable:
   return image
 
 
+def volume_label(features: Features, o: ExampleOptions) -> str | None:
+  """The layout of the volumes' `label` feature (formats.transforms.label_layout), or None when they have none.
+
+  Raises:
+    ValueError: a label that is not a CT label, or a pos_fraction without one.
+  """
+  if "label" in features:
+    return label_layout("label", features["label"])
+  if o.pos_fraction is not None:
+    raise ValueError(f"pos_fraction={o.pos_fraction} centres patches on a label's foreground, and these volume "
+                     f"records have no 'label' feature")
+  return None
+
+
+def _cut(array: np.ndarray, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype) -> np.ndarray:
+  """The patch of `array` at `start` (its leading axes; the rest kept whole), `fill` past the far end."""
+  part = array[tuple(slice(s, s + p) for s, p in zip(start, patch_size))]
+  out = np.full((*patch_size, *array.shape[len(patch_size):]), fill, dtype)
+  out[tuple(slice(0, n) for n in part.shape)] = part
+  return out
+
+
 def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
   if o.patch_size is None:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
   lo, hi, span = hu_window_constants(o.hu_window)
+  layout = volume_label(features, o)
 
   def crop(rec, rng=None):
     vol = rec["volume"]
+    label = rec["label"] if layout else None
+    if label is not None and label.shape[:3] != vol.shape:
+      raise CorruptRecordError(f"feature 'label' has shape {label.shape}, its volume {vol.shape}: they must share "
+                               f"[D, H, W]")
     if o.patch == "random":
-      start = random_patch_start(vol.shape, o.patch_size, rng or np.random.default_rng(0))
+      start = sampled_patch_start(vol.shape, o.patch_size, rng or np.random.default_rng(0), o.pos_fraction, label)
     else:
       start = center_patch_start(vol.shape, o.patch_size)
-    part = vol[tuple(slice(s, s + p) for s, p in zip(start, o.patch_size))]
-    out = np.full(o.patch_size, CT_PADDING_HU, np.float32)
-    out[tuple(slice(0, n) for n in part.shape)] = part
+    out = _cut(vol, start, o.patch_size, CT_PADDING_HU, np.float32)
     np.clip(out, lo, hi, out=out)
     if o.normalize:
       out = (out - lo) / span
-    return {"volume": out.astype(np.float32), "spacing": np.asarray(rec["spacing"], np.float32),
-            "patch_start": start.astype(np.int64)}
+    example = {"volume": out.astype(np.float32), "spacing": np.asarray(rec["spacing"], np.float32),
+               "patch_start": start.astype(np.int64)}
+    if label is not None:
+      example["label"] = _cut(label, start, o.patch_size, LABEL_PADDING, LABEL_PATCH_DTYPES[layout])
+    return example
   return crop
 
 

@@ -30,9 +30,10 @@ from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.outputs.integrity import Verify, verify_level
 from formats.outputs.output import Output
 from loaders._pinning import pin_output
-from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, RESAMPLE_PRECISION_BITS,
-                                hu_window_constants, jpeg_draft_scale, resize_plan, seeded_patch_start)
-from loaders._transforms import ExampleOptions, batched_features
+from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING, LABEL_PATCH_DTYPES,
+                                RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, resize_plan,
+                                seeded_patch_start)
+from loaders._transforms import ExampleOptions, batched_features, volume_label
 
 __all__ = ["dataset"]
 
@@ -190,34 +191,70 @@ def _image_converter(features: Features, spec: dict, o: ExampleOptions) -> _Conv
   return convert
 
 
+def _far_end_pad(part: tf.Tensor, patch: tf.Tensor, fill) -> tf.Tensor:
+  """`part` padded with `fill` at the far end of its first three axes up to `patch` (later axes kept whole)."""
+  pad = patch - tf.shape(part, out_type=tf.int64)[:3]
+  rows = tf.concat([tf.stack([tf.zeros_like(pad), pad], axis=1), tf.zeros([part.shape.rank - 3, 2], tf.int64)], 0)
+  return tf.pad(part, rows, constant_values=fill)
+
+
+def _label_parser(features: Features, layout: str) -> Callable[[dict, tf.Tensor], tf.Tensor]:
+  """(parsed example, the volume's shape) → the record's label tensor, checked to share the volume's [D, H, W]."""
+  dtype = tf.as_dtype(features["label"].dtype)
+
+  def parse(ex, shape):
+    label = tf.reshape(tf.io.decode_raw(ex["label/value"], dtype), ex["label/shape"])
+    same = tf.debugging.assert_equal(
+        tf.shape(label, out_type=tf.int64)[:3], shape,
+        message=f"feature 'label' must share its volume's [D, H, W] ({layout} label)")
+    with tf.control_dependencies([same]):
+      return tf.identity(label)
+  return parse
+
+
 def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: int, batch_size: int) -> _Convert:
-  """CT volumes cut to a `patch_size` patch (centre, or seeded by batch position and slot), padded, windowed."""
+  """CT volumes cut to a `patch_size` patch (centre, or seeded by batch position and slot), padded, windowed;
+  their `label`, when they have one, cut at the same start (formats.transforms)."""
   if o.patch_size is None:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
   vdtype = tf.int16 if features["volume"].dtype == "int16" else tf.float32
   lo, hi, span = hu_window_constants(o.hu_window)
   patch = tf.constant(o.patch_size, tf.int64)
+  layout = volume_label(features, o)
+  if layout:
+    parse_label = _label_parser(features, layout)
+    label_dtype = tf.as_dtype(LABEL_PATCH_DTYPES[layout])
+    channels = tuple(features["label"].shape[3:])  # (C,) for channels, () for class ids
 
-  def draw(shape, n):
+  def draw(shape, n, *label):
     position, slot = divmod(int(n), batch_size)
-    return seeded_patch_start(shape, o.patch_size, seed, position, slot)
+    return seeded_patch_start(shape, o.patch_size, seed, position, slot, o.pos_fraction,
+                              label[0] if label else None)
 
   def convert(n, index, serialized):
     ex = tf.io.parse_single_example(serialized, spec)
     vol = tf.reshape(tf.io.decode_raw(ex["volume/value"], vdtype), ex["volume/shape"])
     shape = tf.shape(vol, out_type=tf.int64)
+    label = parse_label(ex, shape) if layout else None
     if o.patch == "random":
-      start, = _sizes_function(draw, [shape, n], [tf.int64], [[3]])
+      inputs = [shape, n] if o.pos_fraction is None else [shape, n, label]
+      start, = _sizes_function(draw, inputs, [tf.int64], [[3]])
     else:
       start = tf.maximum(shape - patch, 0) // 2  # formats.transforms.center_patch_start
-    part = tf.cast(tf.slice(vol, start, tf.minimum(patch, shape - start)), tf.float32)
-    pad = patch - tf.shape(part, out_type=tf.int64)  # the far end, as in grain
-    vol = tf.pad(part, tf.stack([tf.zeros_like(pad), pad], axis=1), constant_values=float(CT_PADDING_HU))
+    size = tf.minimum(patch, shape - start)
+    part = tf.cast(tf.slice(vol, start, size), tf.float32)
+    vol = _far_end_pad(part, patch, float(CT_PADDING_HU))  # the far end, as in grain
     vol = tf.clip_by_value(vol, lo, hi)
     if o.normalize:
       vol = (vol - lo) / span
     vol.set_shape(o.patch_size)
-    return {"volume": vol, "spacing": ex["spacing"], "patch_start": start, "record_index": index}
+    out = {"volume": vol, "spacing": ex["spacing"], "patch_start": start, "record_index": index}
+    if layout:
+      rest = tf.constant(channels, tf.int64)
+      part = tf.slice(label, tf.concat([start, tf.zeros_like(rest)], 0), tf.concat([size, rest], 0))
+      out["label"] = _far_end_pad(tf.cast(part, label_dtype), patch, LABEL_PADDING)
+      out["label"].set_shape((*o.patch_size, *channels))
+    return out
   return convert
 
 

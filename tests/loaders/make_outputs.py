@@ -18,8 +18,9 @@ ogbn-mag), `write_tensors` a "tensors" output of `tensor_record`s.
 
 The record makers below return (features, encoded records) for each record
 kind (formats.kinds), as the converters shape them: `raw_images` and
-`jpeg_images` (image_folder), `volumes` (ct_volumes), `graphs` (ogb_graphs'
-graph-property records) and `tensors` (array_folder and other generic ones).
+`jpeg_images` (image_folder), `volumes` and `labelled_volumes` (ct_volumes,
+without and with masks), `graphs` (ogb_graphs' graph-property records) and
+`tensors` (array_folder and other generic ones).
 """
 
 from __future__ import annotations
@@ -201,6 +202,71 @@ def volumes(rng: np.random.Generator, n: int, depth: tuple[int, int] = (2, 9),
         "origin": rng.random(3).astype(np.float32), "direction": np.eye(3, dtype=np.float32),
         "num_slices": shape[0], "series_id": f"s{i}", "patient_id": "p", "sorted_by": "z"}))
   return VOLUME_FEATURES, payloads
+
+
+# A labelled volume's foreground voxel holds LABEL_HU_STEP * its code (the class id, or the bitmask of its
+# channels, bit c - 1 for class c); background holds less than 0 HU. Codes up to MAX_HU_CODE are readable back
+# from the volume (`code_of_hu`); larger ones are written as MAX_HU_CODE.
+LABEL_HU_STEP = 100
+MAX_HU_CODE = 30
+
+
+def labelled_volume_features(layout: str = "classes", num_classes: int = 3) -> Features:
+  """ct_volumes' schema with masks: VOLUME_FEATURES, `label` ("classes": [D, H, W] class ids, uint8, or uint16
+  past 255; "channels": [D, H, W, num_classes] uint8 0/1) and `label_source`."""
+  if layout == "classes":
+    label = Tensor((None, None, None), "uint8" if num_classes <= 255 else "uint16")
+  else:
+    label = Tensor((None, None, None, num_classes), "uint8")
+  return Features({**dict(VOLUME_FEATURES.items()), "label": label, "label_source": Text()})
+
+
+def code_of_hu(hu: np.ndarray) -> np.ndarray:
+  """The label code (int64) a labelled volume's HU values encode: 0 for background and for padding."""
+  return np.where(hu >= LABEL_HU_STEP, np.round(hu / LABEL_HU_STEP), 0).astype(np.int64)
+
+
+def label_code(label: np.ndarray, layout: str) -> np.ndarray:
+  """The code (int64) of each voxel of a label or a batch of them: its class id ("classes"), or the bitmask of
+  its channels, the last axis ("channels")."""
+  if layout == "classes":
+    return label.astype(np.int64)
+  return (label.astype(np.int64) << np.arange(label.shape[-1])).sum(axis=-1)
+
+
+def labelled_volumes(rng: np.random.Generator, n: int, layout: str = "classes", num_classes: int = 3,
+                     depth: tuple[int, int] = (8, 17), side: tuple[int, int] = (16, 33), blobs: tuple[int, int] = (1, 4),
+                     empty_every: int | None = 4) -> tuple[Features, list[bytes]]:
+  """`n` CT volume records with masks (`labelled_volume_features`), each of its own shape (depth in
+  [depth[0], depth[1]), rows and columns in [side[0], side[1])).
+
+  Each label holds a few small boxes (blobs[0] to blobs[1] - 1, 1 to 3 voxels a side, at random places, of
+  random classes 1..num_classes; later boxes overwrite earlier ones in the classes layout, overlap in the
+  channels one); record i has none when i % empty_every == empty_every - 1. The volume encodes its label
+  (LABEL_HU_STEP * `label_code`, background in [-1000, 0) HU), so a patch's label can be read from its pixels.
+  """
+  features = labelled_volume_features(layout, num_classes)
+  payloads = []
+  for i in range(n):
+    shape = (int(rng.integers(*depth)), int(rng.integers(*side)), int(rng.integers(*side)))
+    label = np.zeros(shape if layout == "classes" else (*shape, num_classes), features["label"].dtype)
+    count = 0 if empty_every and i % empty_every == empty_every - 1 else int(rng.integers(*blobs))
+    for _ in range(count):
+      size = rng.integers(1, 4, 3)
+      at = [int(rng.integers(0, max(d - s, 0) + 1)) for d, s in zip(shape, size)]
+      box = tuple(slice(a, a + int(s)) for a, s in zip(at, size))
+      c = int(rng.integers(1, num_classes + 1))
+      if layout == "classes":
+        label[box] = c
+      else:
+        label[(*box, c - 1)] = 1
+    code = np.minimum(label_code(label, layout), MAX_HU_CODE)
+    volume = np.where(code > 0, code * LABEL_HU_STEP, rng.integers(-1000, 0, shape)).astype(np.int16)
+    payloads.append(features.encode({
+        "volume": volume, "spacing": rng.random(3).astype(np.float32), "origin": rng.random(3).astype(np.float32),
+        "direction": np.eye(3, dtype=np.float32), "num_slices": shape[0], "series_id": f"s{i}", "patient_id": "p",
+        "sorted_by": "z", "label": label, "label_source": "seg"}))
+  return features, payloads
 
 
 GRAPH_FEATURES = Features({
