@@ -194,6 +194,12 @@ class SliceHeader:
   # Bytes of native pixel data the file really holds (a truncated file, or a header
   # promising more than is there, holds fewer than it needs); None: encapsulated.
   pixel_bytes: int | None = None
+  # Salted hashes of the identifiers label objects reference (pipelines.ct_volumes.labels):
+  # SOPInstanceUID (the file's, for every frame of an Enhanced CT), SeriesInstanceUID and
+  # FrameOfReferenceUID ("" hashed when absent).
+  sop_key: str = ""
+  series_uid_key: str = ""
+  frame_of_reference_key: str = ""
 
   @property
   def file_pixel_bytes(self) -> int:
@@ -570,7 +576,10 @@ def _file_facts(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int) ->
                 padding=_padding(ds, pixel_representation, bits_allocated),
                 patient_id=salted_hash(salt, "patient", str(_element(ds, "PatientID") or "")),
                 series_id=salted_hash(salt, "series", study, series), file_frames=number_of_frames,
-                pixel_bytes=pixel_bytes, byte_order=">" if transfer_syntax == EXPLICIT_BIG_ENDIAN else "<")
+                pixel_bytes=pixel_bytes, byte_order=">" if transfer_syntax == EXPLICIT_BIG_ENDIAN else "<",
+                sop_key=salted_hash(salt, "sop", str(_element(ds, "SOPInstanceUID") or "")),
+                series_uid_key=salted_hash(salt, "series-uid", series),
+                frame_of_reference_key=salted_hash(salt, "frame-of-reference", frame_of_ref))
   return _FileFacts(ds, path, salt, study, series, frame_of_ref, number_of_frames, pixel_offset, common)
 
 
