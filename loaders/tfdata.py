@@ -206,7 +206,7 @@ def _label_parser(features: Features, layout: str) -> Callable[[dict, tf.Tensor]
     label = tf.reshape(tf.io.decode_raw(ex["label/value"], dtype), ex["label/shape"])
     same = tf.debugging.assert_equal(
         tf.shape(label, out_type=tf.int64)[:3], shape,
-        message=f"feature 'label' must share its volume's [D, H, W] ({layout} label)")
+        message=f"feature label ({layout}) must have the [D, H, W] of its volume")
     with tf.control_dependencies([same]):
       return tf.identity(label)
   return parse
