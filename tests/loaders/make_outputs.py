@@ -235,8 +235,8 @@ def label_code(label: np.ndarray, layout: str) -> np.ndarray:
 
 
 def labelled_volumes(rng: np.random.Generator, n: int, layout: str = "classes", num_classes: int = 3,
-                     depth: tuple[int, int] = (8, 17), side: tuple[int, int] = (16, 33), blobs: tuple[int, int] = (1, 4),
-                     empty_every: int | None = 4) -> tuple[Features, list[bytes]]:
+                     depth: tuple[int, int] = (8, 17), side: tuple[int, int] = (16, 33),
+                     blobs: tuple[int, int] = (1, 4), empty_every: int | None = 4) -> tuple[Features, list[bytes]]:
   """`n` CT volume records with masks (`labelled_volume_features`), each of its own shape (depth in
   [depth[0], depth[1]), rows and columns in [side[0], side[1])).
 
