@@ -2,7 +2,8 @@
 
 The same TFRecord outputs (images: raw, fixed-size JPEG, JPEG resized to a
 static shape, real photos included; CT volumes: centre and random patches,
-HU windows, normalisation, padding; generic "tensors" records) are read by
+HU windows, normalisation, padding; CT volumes with masks, both label layouts,
+label-aware random patches; generic "tensors" records) are read by
 `loaders.grain`, `loaders.xla` (in its own process, without TensorFlow;
 batches copied back from the XLA CPU device into an .npz) and
 `loaders.tfdata`, in the same deterministic order, and every batch must hold
@@ -61,6 +62,11 @@ def outputs(tmp_path_factory) -> dict[str, str]:
                     "--format=tfrecord", f"--volume_dtype={dtype}"])
     out[key] = str(base / key)
   out["tensors"] = make_outputs.write_tensors(str(base / "tensors"), "tfrecord")
+  for key, layout, classes in (("seg", "classes", 3), ("seg_channels", "channels", 3), ("seg16", "classes", 300)):
+    features, payloads = make_outputs.labelled_volumes(np.random.default_rng(5), 10, layout, classes,
+                                                       depth=(4, 12), side=(10, 30))
+    out[key] = make_outputs.write(str(base / key), features, {"train": payloads}, kind="volume",
+                                  file_format="tfrecord", num_shards=2)
   return out
 
 
@@ -80,6 +86,18 @@ CASES = {
     "tensors": ("tensors", dict(batch_size=4)),  # record kind "tensors": Tensors and ClassLabels as stored
     "ct16_random_raw_hu": ("ct16", dict(batch_size=2, patch_size=(24, 72, 72), patch="random", seed=4,
                                         hu_window=(-1024.0, 3071.0), normalize=False)),
+    # CT volumes with masks: the label patch beside the volume's, at its start
+    "seg_center": ("seg", dict(batch_size=2, patch_size=(6, 16, 16), patch="center")),
+    "seg_random": ("seg", dict(batch_size=2, patch_size=(6, 16, 16), patch="random", seed=3, num_epochs=2)),
+    "seg_positive": ("seg", dict(batch_size=2, patch_size=(6, 16, 16), patch="random", seed=3, num_epochs=2,
+                                 pos_fraction=0.7)),
+    "seg_channels_center": ("seg_channels", dict(batch_size=2, patch_size=(8, 24, 24), patch="center")),
+    "seg_channels_positive": ("seg_channels", dict(batch_size=2, patch_size=(6, 16, 16), patch="random", seed=8,
+                                                   num_epochs=2, pos_fraction=0.5, hu_window=(-500.0, 500.0))),
+    "seg_channels_padded": ("seg_channels", dict(batch_size=2, patch_size=(12, 40, 40), patch="random", seed=8,
+                                                 pos_fraction=0.5)),  # larger than every volume: padded
+    "seg16_positive": ("seg16", dict(batch_size=2, patch_size=(6, 16, 16), patch="random", seed=1, pos_fraction=1.0,
+                                     normalize=False)),
 }
 
 
@@ -110,6 +128,14 @@ def _assert_same_batches(got: list[dict], want: list[dict], what: str) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tfdata_equals_grain(outputs, case):
   _assert_same_batches(_tfdata(outputs, case), _grain(outputs, case), f"tf.data {case}")
+
+
+def test_the_label_cases_carry_labels_with_foreground(outputs):
+  """The seg cases compare label patches (not only volumes): every batch has one, and some hold foreground."""
+  for case in (c for c in CASES if c.startswith("seg")):
+    batches = _grain(outputs, case)
+    assert all("label" in b for b in batches), case
+    assert any(b["label"].any() for b in batches), case
 
 
 def test_real_photos_are_in_the_jpeg_cases(outputs):
