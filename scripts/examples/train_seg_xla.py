@@ -65,7 +65,7 @@ def load_checkpoint(folder: str | None, model: nn.Module) -> tuple[int, dict | N
 
 
 def save_checkpoint(folder: str, model: nn.Module, step: int, loader_state: dict) -> None:
-  """Writes the weights (on the CPU) and {"step", "loader"}, the state file last (a checkpoint is whole once it exists)."""
+  """Writes the weights (on the CPU), then {"step", "loader"}: a checkpoint is whole once its state file exists."""
   os.makedirs(folder, exist_ok=True)
   torch.save({k: v.cpu() for k, v in model.state_dict().items()}, os.path.join(folder, WEIGHTS_FILE))
   tmp = os.path.join(folder, STATE_FILE + ".tmp")
