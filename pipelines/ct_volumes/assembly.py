@@ -70,6 +70,8 @@ class VolumePlan:
   origin: tuple[float, float, float]  # LPS mm of voxel [0, 0, 0]
   direction: tuple[float, ...]  # 3x3 row-major; columns: row cosines, column cosines, slice direction
   sorted_by: str  # "position" or "instance_number"
+  # The label sources matched to this volume (`labels.LabelHeader`s), when the run converts labels.
+  labels: tuple = ()
 
   @property
   def key(self) -> str:

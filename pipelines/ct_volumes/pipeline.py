@@ -21,10 +21,14 @@ errors/rejected.jsonl with its reason. Splits are assigned per patient.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+import collections
 import dataclasses
 import io
+import json
 import logging
+import os
+import posixpath
 import re
 
 import apache_beam as beam
@@ -43,6 +47,8 @@ from pipelines.core.shards import ListedOnWorkers, PlanUnit
 from pipelines.ct_volumes.assembly import (
     DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
 from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, read_slices, salted_hash
+from pipelines.ct_volumes import labels as labels_lib
+from pipelines.ct_volumes.labels import LABEL_SOURCES, LabelConfig, LabelHeader, LabelRejected
 
 NAME = "ct_volumes"
 PIPELINE = f"pipelines.{NAME}"
@@ -66,6 +72,22 @@ class CtVolumesOptions(PipelineOptions):
                              "BitsAllocated / 8), checked from the header before any pixel is read.")
     parser.add_argument("--max_volume_voxels", type=flags.integer(1), default=MAX_VOLUME_VOXELS,
                         help="Largest volume in voxels; a larger series is rejected before any pixel is read.")
+    parser.add_argument("--label_sources", default="",
+                        help="Label masks to convert with each volume: a comma list of seg (DICOM SEG), rtstruct "
+                             "(RT Structure Set contours), nifti (.nii/.nii.gz label maps), or auto (all three). "
+                             "Empty: volumes only. With labels, a series without a label is a reject.")
+    parser.add_argument("--label_map", default="",
+                        help="JSON file (local or gs://): {segment label or ROI name: class id 1..65535}; required "
+                             "for seg and rtstruct. A name it does not hold rejects its label file.")
+    parser.add_argument("--label_layout", default="classes", choices=("classes", "channels"),
+                        help="classes: one class id per voxel (overlapping classes are a reject); channels: one 0/1 "
+                             "channel per class id, [depth, rows, columns, classes].")
+    parser.add_argument("--label_nifti_map", default="",
+                        help="JSON file: {NIfTI path relative to --input: its CT's SeriesInstanceUID}; without "
+                             "it, a NIfTI label map belongs to the one series in its folder.")
+    parser.add_argument("--label_resample", type=flags.boolean, default=False,
+                        help="Resample a NIfTI label map whose grid differs from its series' (nearest neighbour); "
+                             "without it such a map is a reject.")
 
 
 def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
@@ -115,16 +137,18 @@ def split_of(patient_id: str, splits: Sequence[tuple[str, float]]) -> str:
   return next(name for name, f in reversed(splits) if f > 0)
 
 
-def volume_features(dtype: str) -> Features:
-  """The records' schema: the volume, its geometry, the salted ids and the slice order used.
+def volume_features(dtype: str, labels: LabelConfig | None = None) -> Features:
+  """The records' schema: the volume, its geometry, the salted ids and the slice order used; with labels,
+  the label volume and the sources it came from.
 
   Args:
     dtype: the volume's dtype, int16 or float32.
+    labels: the run's label settings, or None for volumes only.
 
   Returns:
     The `Features`.
   """
-  return Features({
+  features = {
       "volume": Tensor(shape=(None, None, None), dtype=dtype),
       "spacing": Tensor(shape=(3,), dtype="float32", encoding="none"),
       "origin": Tensor(shape=(3,), dtype="float32", encoding="none"),
@@ -133,7 +157,13 @@ def volume_features(dtype: str) -> Features:
       "series_id": Text(),
       "patient_id": Text(),
       "sorted_by": Text(),
-  })
+  }
+  if labels is not None:
+    channels = labels_lib.num_channels(labels)
+    shape = (None, None, None) if channels is None else (None, None, None, channels)
+    features["label"] = Tensor(shape=shape, dtype=labels_lib.label_dtype(labels))
+    features["label_source"] = Text()
+  return Features(features)
 
 
 class _Opener:
@@ -157,26 +187,44 @@ class _Opener:
 
 
 class _ReadHeadersFn(beam.DoFn):
-  """InputFile → (series key, SliceHeader) per image frame, or a Reject."""
+  """InputFile → (series key, SliceHeader) per image frame, a LabelHeader (tagged), or a Reject."""
 
   REJECTS = "rejects"
+  LABELS = "labels"
 
-  def __init__(self, salt: str, read_policy: inputs.ReadPolicy, max_file_bytes: int = MAX_FILE_BYTES):
+  def __init__(self, salt: str, read_policy: inputs.ReadPolicy, max_file_bytes: int = MAX_FILE_BYTES,
+               labels: LabelConfig | None = None):
     self._salt = salt
     self._read_policy = read_policy
     self._max_file_bytes = max_file_bytes
+    self._labels = labels
 
   def setup(self):
-    self._count = counters(PIPELINE, "files_read", "frames_found", "files_rejected")
+    self._count = counters(PIPELINE, "files_read", "frames_found", "files_rejected", "label_files_found")
 
   def process(self, f: inputs.InputFile):
     self._count.files_read.inc()
     try:
       data = self._read_policy.read(f.location)  # a transient error fails the job
       slices = read_slices(io.BytesIO(data), f.path, self._salt, self._max_file_bytes)
-    except (SliceRejected, inputs.Unreadable) as e:
+    except inputs.Unreadable as e:
       self._count.files_rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
+      return
+    except SliceRejected as e:  # not a CT image: a label source, when the run converts them
+      source = labels_lib.sniff(data, f.path) if self._labels is not None else None
+      if source is None or source not in self._labels.sources:
+        self._count.files_rejected.inc()
+        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
+        return
+      try:
+        header = labels_lib.read_label_header(data, f.path, self._salt, self._labels)
+      except LabelRejected as e:
+        self._count.files_rejected.inc()
+        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, f"{source} label rejected: {e}"))
+        return
+      self._count.label_files_found.inc()
+      yield beam.pvalue.TaggedOutput(self.LABELS, header)
       return
     self._count.frames_found.inc(len(slices))
     for s in slices:
@@ -200,6 +248,84 @@ class _PlanFn(beam.DoFn):
     yield from plans
 
 
+def _volume_directory(plan: VolumePlan) -> str | None:
+  """The one folder all of a volume's files are in (NIfTI labels beside a series), or None."""
+  folders = {posixpath.dirname(p) for p in plan.files}
+  return folders.pop() if len(folders) == 1 else None
+
+
+def _match_by_series(element):
+  """(("uid", series key), {"plans", "labels"}) → plans with their labels attached; labels that match
+  no volume of the series → Rejects (tagged). A label goes to the volumes (stacks) holding an instance
+  it references, or to the series' one volume when it references none."""
+  _, grouped = element
+  plans, labels = list(grouped["plans"]), sorted(grouped["labels"], key=lambda h: h.path)
+  attached: dict[int, list[LabelHeader]] = collections.defaultdict(list)
+  for h in labels:
+    if not plans:
+      yield beam.pvalue.TaggedOutput("rejects", Reject(
+          h.path, f"{h.source} label rejected: no CT volume of the input for the series it labels (that series "
+                  "is missing from the input or was rejected)"))
+      continue
+    if h.referenced_sop_keys:
+      hits = [i for i, plan in enumerate(plans) if h.referenced_sop_keys & {s.sop_key for s in plan.slices}]
+    else:
+      hits = [0] if len(plans) == 1 else []
+    if not hits:
+      reason = ("it references no instance of the series' volumes" if h.referenced_sop_keys else
+                "it references no instances and its series holds several volumes (stacks)")
+      yield beam.pvalue.TaggedOutput("rejects", Reject(h.path, f"{h.source} label rejected: {reason}"))
+    for i in hits:
+      attached[i].append(h)
+  for i, plan in enumerate(plans):
+    yield dataclasses.replace(plan, labels=plan.labels + tuple(attached.get(i, ())))
+
+
+def _match_by_folder(element):
+  """(folder, {"plans", "labels"}) → plans with the NIfTI labels of their folder attached; a folder's
+  labels need exactly one volume in it, else they are Rejects (tagged)."""
+  folder, grouped = element
+  plans, labels = list(grouped["plans"]), sorted(grouped["labels"], key=lambda h: h.path)
+  if labels and len(plans) != 1:
+    reason = ("no CT volume in its folder" if not plans else
+              f"{len(plans)} CT volumes in its folder: name its series in --label_nifti_map")
+    for h in labels:
+      yield beam.pvalue.TaggedOutput("rejects", Reject(h.path, f"{h.source} label rejected: {reason}"))
+    labels = []
+  for plan in plans:
+    yield dataclasses.replace(plan, labels=plan.labels + tuple(labels)) if labels else plan
+
+
+class AttachLabels(beam.PTransform):
+  """(plans, label headers) → (plans carrying their labels, label rejects): labels that name their series
+  (SEG, RTSTRUCT, a mapped NIfTI) are joined by its salted SeriesInstanceUID, NIfTI maps without a mapping
+  by their folder. Only headers cross this join, never pixels."""
+
+  def __init__(self, by_folder: bool):
+    super().__init__()
+    self._by_folder = by_folder
+
+  def expand(self, pcolls):
+    plans, labels = pcolls
+    named = labels | "NamedSeries" >> beam.Filter(lambda h: bool(h.series_uid_key))
+    by_series = (
+        {"plans": plans | "PlanSeries" >> beam.Map(lambda p: (p.slices[0].series_uid_key, p)),
+         "labels": named | "LabelSeries" >> beam.Map(lambda h: (h.series_uid_key, h))}
+        | "JoinBySeries" >> beam.CoGroupByKey()
+        | "MatchBySeries" >> beam.FlatMap(_match_by_series).with_outputs("rejects", main="plans"))
+    plans, rejects = by_series.plans, [by_series.rejects]
+    if self._by_folder:
+      unnamed = labels | "UnnamedSeries" >> beam.Filter(lambda h: not h.series_uid_key)
+      by_folder = (
+          {"plans": plans | "PlanFolder" >> beam.Map(lambda p: (_volume_directory(p), p)),
+           "labels": unnamed | "LabelFolder" >> beam.Map(lambda h: (h.directory, h))}
+          | "JoinByFolder" >> beam.CoGroupByKey()
+          | "MatchByFolder" >> beam.FlatMap(_match_by_folder).with_outputs("rejects", main="plans"))
+      plans = by_folder.plans
+      rejects.append(by_folder.rejects)
+    return plans, tuple(rejects) | "LabelRejects" >> beam.Flatten()
+
+
 class _VolumeUnits(UnitConverter):
   """VolumePlan → one Record with the HU volume, or Rejects for all its files.
 
@@ -208,24 +334,39 @@ class _VolumeUnits(UnitConverter):
   """
 
   def __init__(self, splits, features_by_dtype: dict[str, Features], read_policy: inputs.ReadPolicy,
-               max_volume_voxels: int = MAX_VOLUME_VOXELS):
+               max_volume_voxels: int = MAX_VOLUME_VOXELS, labels: LabelConfig | None = None):
     self._splits = splits
     self._features = features_by_dtype
     self._read_policy = read_policy
     self._max_volume_voxels = max_volume_voxels
+    self._labels = labels
 
   def setup(self):
-    self._count = counters(PIPELINE, "volumes_written", "slices_used", "volumes_rejected")
+    self._count = counters(PIPELINE, "volumes_written", "slices_used", "volumes_rejected", "labels_written")
 
   def input_paths(self, plan: VolumePlan, dtype: str = "", raw_paths: dict[str, bytes] | None = None):
     del dtype
-    return [inputs.InputFile(p, (raw_paths or {}).get(p, b"")).location for p in plan.files]
+    paths = [*plan.files, *sorted(h.path for h in plan.labels)]
+    return [inputs.InputFile(p, (raw_paths or {}).get(p, b"")).location for p in paths]
 
   def listed_units(self, plan: VolumePlan) -> int:
-    return len(plan.slices) + len(plan.duplicates)  # frames, as the summary counts them
+    return len(plan.slices) + len(plan.duplicates) + len(plan.labels)  # frames and label files, as counted
+
+  def _reject_all(self, plan: VolumePlan, split: str, reason: str, own: Mapping[str, str] = {}):
+    """Rejects for every file of a volume (frames counted per file) and its label files: `own` gives
+    a file its own reason, the rest get `reason`."""
+    self._count.volumes_rejected.inc()
+    for path, n in frames_per_file([*plan.slices, *(d for _, d in plan.duplicates)]).items():
+      yield Reject(path, own.get(path, reason), split, n)
+    for h in plan.labels:
+      yield Reject(h.path, own.get(h.path, reason), split)
 
   def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
     split = split_of(plan.patient_id, self._splits)
+    if self._labels is not None and not plan.labels:
+      yield from self._reject_all(plan, split, "series rejected, no label source found for it "
+                                               f"(--label_sources={','.join(self._labels.sources)})")
+      return
     opener = _Opener(raw_paths, self._read_policy)
     try:
       volume, dropped = read_volume(plan, opener, dtype, self._max_volume_voxels)
@@ -233,42 +374,103 @@ class _VolumeUnits(UnitConverter):
       transient = [x for x in opener.errors.values() if isinstance(x, inputs.TransientInputError)]
       if transient:
         raise transient[0]
-      self._count.volumes_rejected.inc()
-      for path, n in frames_per_file([*plan.slices, *(d for _, d in plan.duplicates)]).items():
-        reason = e.culprit_reason if path == e.culprit else f"series rejected, {e}"
-        if path in opener.errors:  # listed and read once, then gone or forbidden
-          reason = str(opener.errors[path])
-        yield Reject(path, reason, split, n)
+      own = {path: str(err) for path, err in opener.errors.items()}  # listed and read once, then gone or forbidden
+      if e.culprit is not None and e.culprit not in own:
+        own[e.culprit] = e.culprit_reason
+      yield from self._reject_all(plan, split, f"series rejected, {e}", own)
       return
+    label = sources = None
+    if self._labels is not None:
+      try:
+        label, sources = self._read_labels(plan, raw_paths)
+      except _LabelFailed as e:
+        del volume
+        yield from self._reject_all(plan, split, f"series rejected, its label was rejected: {e.reason}",
+                                    {e.path: f"label rejected: {e.reason}"} if e.path else {})
+        return
     for path, reason in dropped:
       yield Reject(path, reason, split)
     direction = np.asarray(plan.direction, np.float32).reshape(3, 3)
-    payload = self._features[dtype].encode({
+    example = {
         "volume": volume, "spacing": np.asarray(plan.spacing, np.float32),
         "origin": np.asarray(plan.origin, np.float32), "direction": direction,
         "num_slices": len(plan.slices), "series_id": plan.series_id, "patient_id": plan.patient_id,
         "sorted_by": plan.sorted_by,
-    })
-    del volume  # the shard keeps the encoded record only
+    }
+    if label is not None:
+      example.update(label=label, label_source=sources)
+      self._count.labels_written.inc()
+    payload = self._features[dtype].encode(example)
+    del volume, label, example  # the shard keeps the encoded record only
     self._count.volumes_written.inc()
     self._count.slices_used.inc(len(plan.slices))
-    yield Record(split, plan.key, payload, num_inputs=len(plan.slices))
+    yield Record(split, plan.key, payload, num_inputs=len(plan.slices) + len(plan.labels))
+
+  def _read_labels(self, plan: VolumePlan, raw_paths: dict[str, bytes]) -> tuple[np.ndarray, str]:
+    """The volume's label from all its label files, and their sources (comma-separated, in --label_sources
+    order). Label files may add classes; where two give one class, they must agree voxel for voxel.
+
+    Raises:
+      _LabelFailed: a label file is unreadable or rejected, or two disagree or overlap.
+      TransientInputError: a label file could not be read for now (fails the bundle, which is retried).
+    """
+    out, classes = None, set()
+    for h in sorted(plan.labels, key=lambda h: (LABEL_SOURCES.index(h.source), h.path)):
+      try:
+        data = self._read_policy.read(inputs.InputFile(h.path, raw_paths.get(h.path, b"")).location)
+        label = labels_lib.rasterize(plan, h, data, self._labels)
+      except (inputs.Unreadable, LabelRejected) as e:
+        raise _LabelFailed(h.path, f"{h.source}: {e}") from None
+      if out is None:
+        out = label
+      else:
+        out = _merge_labels(out, label, classes & set(h.classes), self._labels.layout, h)
+      classes |= set(h.classes)
+    used = sorted({h.source for h in plan.labels}, key=LABEL_SOURCES.index)
+    return out, ",".join(used)
 
 
-def plan_unit(plan: VolumePlan, splits: Sequence[tuple[str, float]], policy: str) -> PlanUnit:
+class _LabelFailed(Exception):
+  """A volume's label cannot be made: `path` is the label file at fault ("" when the files disagree)."""
+
+  def __init__(self, path: str, reason: str):
+    super().__init__(reason)
+    self.path, self.reason = path, reason
+
+
+def _merge_labels(out: np.ndarray, label: np.ndarray, shared: set[int], layout: str, h: LabelHeader) -> np.ndarray:
+  """Two label files of one volume, merged: the classes both give must agree voxel for voxel; in the
+  classes layout, a voxel may not get two different classes."""
+  for c in sorted(shared):
+    a, b = (out == c, label == c) if layout == "classes" else (out[..., c - 1], label[..., c - 1])
+    if not np.array_equal(a, b):
+      raise _LabelFailed("", f"label sources disagree on class {c} ({h.source} {h.path} and another)")
+  if layout != "classes":
+    return np.maximum(out, label)
+  if np.any((out != 0) & (label != 0) & (out != label)):
+    raise _LabelFailed("", f"label sources overlap with different classes ({h.source} {h.path} and another): "
+                           "use --label_layout=channels")
+  return np.where(out == 0, label, out)
+
+
+def plan_unit(plan: VolumePlan, splits: Sequence[tuple[str, float]], policy: str,
+              labels: LabelConfig | None = None) -> PlanUnit:
   """A series' unit in the shard plan: its split (by patient), its record key, the plan, its volume's bytes.
 
   Args:
     plan: the series' volume plan (headers only).
     splits: (name, fraction) pairs from `parse_splits`.
     policy: --volume_dtype (auto counts 4 bytes a voxel for a non-integral rescale, else 2).
+    labels: the run's label settings (the label's bytes a voxel are added), or None.
 
   Returns:
-    The `PlanUnit`; its `nbytes` is voxels × the dtype's size: the record's size within a few hundred
-    bytes (with `auto`, twice that when another series makes the whole output float32).
+    The `PlanUnit`; its `nbytes` is voxels × the bytes a voxel takes: the record's size within a few hundred
+    bytes (with `auto`, more when another series makes the whole output float32).
   """
   first = plan.slices[0]
   itemsize = 4 if policy == "float32" or (policy == "auto" and not plan.integral_rescale) else 2
+  if labels is not None:
+    itemsize += np.dtype(labels_lib.label_dtype(labels)).itemsize * (labels_lib.num_channels(labels) or 1)
   return PlanUnit(split_of(plan.patient_id, splits), plan.key, plan,
                   len(plan.slices) * first.rows * first.columns * itemsize)
 
@@ -289,6 +491,74 @@ class CtVolumesConfig:
   tolerance: float = DEFAULT_TOLERANCE
   max_file_bytes: int = MAX_FILE_BYTES
   max_volume_voxels: int = MAX_VOLUME_VOXELS
+  labels: LabelConfig | None = None  # None: volumes only
+
+
+def _read_json_flag(flag: str, location: str):
+  """A small JSON file named by a flag (local or gs://), read at launch; UsageError if it cannot be."""
+  try:
+    return json.loads(inputs.read_input(location, max_bytes=16 << 20))
+  except (inputs.Unreadable, OSError) as e:
+    raise UsageError(f"{flag}: cannot read {inputs.printable(location)}: {e}") from None
+  except (UnicodeDecodeError, ValueError) as e:
+    raise UsageError(f"{flag}: {inputs.printable(location)} is not JSON ({type(e).__name__})") from None
+
+
+def _input_location(root: str, rel: str) -> str:
+  """The path a listing prints for `rel` (a path relative to --input, with / separators) under `root`."""
+  if root.startswith("gs://"):
+    return f"{root.rstrip('/')}/{rel.lstrip('/')}"
+  return os.path.join(root, *rel.split("/"))
+
+
+def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str) -> LabelConfig | None:
+  """The label flags, checked: None when --label_sources is empty.
+
+  Args:
+    o: --label_sources, --label_map, --label_layout, --label_nifti_map, --label_resample.
+    common: the input, which --label_nifti_map's paths are relative to.
+    salt: --id_salt (the mapped SeriesInstanceUIDs are kept only as salted hashes).
+
+  Raises:
+    UsageError: an unknown source, a label flag without --label_sources, seg or rtstruct without
+      --label_map, or a map file that cannot be read or is not {name: class id 1..65535}
+      ({relative path: SeriesInstanceUID} for --label_nifti_map).
+  """
+  text = o.label_sources.strip()
+  if not text:
+    given = [f for f, v in (("--label_map", o.label_map), ("--label_nifti_map", o.label_nifti_map),
+                            ("--label_resample", o.label_resample),
+                            ("--label_layout", o.label_layout != "classes")) if v]
+    if given:
+      raise UsageError(f"{given[0]} needs --label_sources (seg, rtstruct, nifti or auto)")
+    return None
+  sources = LABEL_SOURCES if text == "auto" else tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+  unknown = [x for x in sources if x not in LABEL_SOURCES]
+  if unknown:
+    raise UsageError(f"--label_sources: unknown source {unknown[0]!r}; give a comma list of "
+                     f"{', '.join(LABEL_SOURCES)}, or auto")
+  label_map = None
+  if o.label_map:
+    label_map = _read_json_flag("--label_map", o.label_map)
+    if (not isinstance(label_map, dict) or not label_map
+        or not all(isinstance(k, str) and k and type(v) is int and 1 <= v <= 65535 for k, v in label_map.items())):
+      raise UsageError("--label_map must hold a JSON object {segment label or ROI name: class id 1..65535}")
+  elif {"seg", "rtstruct"} & set(sources):
+    raise UsageError("--label_map is required for seg and rtstruct labels: {segment label or ROI name: class id}")
+  nifti_series = {}
+  if o.label_nifti_map:
+    mapping = _read_json_flag("--label_nifti_map", o.label_nifti_map)
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                                for k, v in mapping.items()):
+      raise UsageError("--label_nifti_map must hold a JSON object {NIfTI path relative to --input: "
+                       "SeriesInstanceUID}")
+    nifti_series = {inputs.printable(_input_location(common.input, rel)): salted_hash(salt, "series-uid", uid)
+                    for rel, uid in mapping.items()}
+  if (o.label_nifti_map or o.label_resample) and "nifti" not in sources:
+    raise UsageError(f"{'--label_nifti_map' if o.label_nifti_map else '--label_resample'} needs nifti in "
+                     "--label_sources")
+  return LabelConfig(sources=sources, label_map=label_map, layout=o.label_layout, nifti_series=nifti_series,
+                     resample=o.label_resample)
 
 
 class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
@@ -324,7 +594,8 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       volume_dtype = held_features["volume"].dtype
     return CtVolumesConfig(
         salt=o.id_salt, splits=splits, volume_dtype=volume_dtype, tolerance=o.slice_tolerance,
-        max_file_bytes=o.max_file_bytes, max_volume_voxels=o.max_volume_voxels)
+        max_file_bytes=o.max_file_bytes, max_volume_voxels=o.max_volume_voxels,
+        labels=label_config(o, common, o.id_salt))
 
   def plan(self, common: CommonConfig, config: CtVolumesConfig) -> OutputPlan:
     """See Converter.plan. Lists nothing: the splits come from --splits, and with
@@ -335,15 +606,21 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       config: the splits, the dtype policy and the limits.
     """
     policy = config.volume_dtype
+    source = {"pipeline": PIPELINE, "input": inputs.printable(common.input), "splits": dict(config.splits),
+              "volume_dtype": policy, "slice_tolerance": config.tolerance, "seed": common.seed,
+              "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
+              "max_volume_voxels": config.max_volume_voxels}
+    labels = config.labels
+    if labels is not None:  # the class ids are the user's own vocabulary, kept so a reader can name them
+      source.update(label_sources=list(labels.sources), label_layout=labels.layout,
+                    label_map=dict(sorted((labels.label_map or {}).items())), label_resample=labels.resample)
     return OutputPlan(
-        features=volume_features("float32" if policy == "float32" else "int16"),
+        features=volume_features("float32" if policy == "float32" else "int16", labels),
         splits=tuple(s for s, _ in config.splits),
-        description=f"CT volumes in Hounsfield units, converted by {PIPELINE}.",
+        description=f"CT volumes in Hounsfield units{' with label masks' if labels else ''}, converted by "
+                    f"{PIPELINE}.",
         fingerprint=salted_hash(config.salt, "tpu-shards append check"),
-        source={"pipeline": PIPELINE, "input": inputs.printable(common.input), "splits": dict(config.splits),
-                "volume_dtype": policy, "slice_tolerance": config.tolerance, "seed": common.seed,
-                "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
-                "max_volume_voxels": config.max_volume_voxels})
+        source=source)
 
   def sources(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> Sources:
     """See Converter.sources: the whole input tree, listed on the workers (a series is known only after
@@ -376,32 +653,40 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
     )
     headers = files | "ReadHeaders" >> beam.ParDo(
-        _ReadHeadersFn(config.salt, common.read_policy, config.max_file_bytes)).with_outputs(
-            _ReadHeadersFn.REJECTS, main="slices")
+        _ReadHeadersFn(config.salt, common.read_policy, config.max_file_bytes, config.labels)).with_outputs(
+            _ReadHeadersFn.REJECTS, _ReadHeadersFn.LABELS, main="slices")
     planned = (
         headers.slices
         | "GroupBySeries" >> beam.GroupByKey()
         | "PlanVolumes" >> beam.ParDo(_PlanFn(config.tolerance, config.max_volume_voxels)).with_outputs(
             _PlanFn.REJECTS, main="plans")
     )
+    plans, unit_rejects = planned.plans, [headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS]]
+    counted = [headers.slices | "Frames" >> beam.Map(lambda kv: 1),
+               headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1)]
+    if config.labels is not None:
+      label_headers = headers[_ReadHeadersFn.LABELS]
+      plans, label_rejects = (plans, label_headers) | "AttachLabels" >> AttachLabels(
+          by_folder="nifti" in config.labels.sources)
+      unit_rejects.append(label_rejects)
+      counted.append(label_headers | "LabelFiles" >> beam.Map(lambda h: 1))
     dtype = (
-        planned.plans
+        plans
         | "NeedsFloat" >> beam.Map(lambda plan: not plan.integral_rescale)
         | "AnyNeedsFloat" >> beam.CombineGlobally(any)
         | "VolumeDtype" >> beam.Map(_volume_dtype, config.volume_dtype)
     )
-    num_inputs = (  # frames, and the files whose header was rejected
-        (headers.slices | "Frames" >> beam.Map(lambda kv: 1),
-         headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1))
+    num_inputs = (  # frames, the files whose header was rejected, and the label files
+        counted
         | "Units" >> beam.Flatten()
         | "CountUnits" >> beam.CombineGlobally(sum)
     )
-    features_by_dtype = _features_by_dtype()
+    features_by_dtype = _features_by_dtype(config.labels)
     return Units(
-        units=planned.plans | "SeriesUnits" >> beam.Map(plan_unit, config.splits, config.volume_dtype),
-        rejects=(headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS]) | "UnitRejects" >> beam.Flatten(),
+        units=plans | "SeriesUnits" >> beam.Map(plan_unit, config.splits, config.volume_dtype, config.labels),
+        rejects=tuple(unit_rejects) | "UnitRejects" >> beam.Flatten(),
         num_inputs=num_inputs,
-        warnings=planned.plans | "FallbackWarnings" >> beam.FlatMap(
+        warnings=plans | "FallbackWarnings" >> beam.FlatMap(
             lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
             if plan.sorted_by != "position" else []),
         side_inputs={"dtype": beam.pvalue.AsSingleton(dtype), "raw_paths": beam.pvalue.AsDict(raw_paths)},
@@ -409,8 +694,9 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
 
   def unit_converter(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> UnitConverter:
     """See Converter.unit_converter: a series' plan → its volume's record, or rejects for its files."""
-    return _VolumeUnits(config.splits, _features_by_dtype(), common.read_policy, config.max_volume_voxels)
+    return _VolumeUnits(config.splits, _features_by_dtype(config.labels), common.read_policy,
+                        config.max_volume_voxels, config.labels)
 
 
-def _features_by_dtype() -> dict[str, Features]:
-  return {d: volume_features(d) for d in ("int16", "float32")}
+def _features_by_dtype(labels: LabelConfig | None = None) -> dict[str, Features]:
+  return {d: volume_features(d, labels) for d in ("int16", "float32")}
