@@ -347,7 +347,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
       split): "error" (default) raises StateMismatchError naming both generations; "restart_epoch" keeps
       the state's epoch and starts that epoch over, from its first batch, in this data's order.
     **example_options: the fields of loaders.ExampleOptions (image_size,
-      patch_size, patch, hu_window, normalize, max_nodes, max_edges).
+      patch_size, patch, hu_window, normalize, pos_fraction, max_nodes, max_edges).
 
   Returns:
     An IterDataset of dicts of numpy arrays with static shapes; its iterator
