@@ -99,6 +99,7 @@ import nibabel
 import numpy as np
 import pydicom
 from pydicom.errors import InvalidDicomError
+from pydicom.multival import MultiValue
 from pydicom.pixels import get_decoder
 from pydicom.uid import UID
 
@@ -191,6 +192,11 @@ class LabelConfig:
     if isinstance(self.max_contour_points, bool) or not isinstance(self.max_contour_points, int) or (
         self.max_contour_points < 1):
       raise ValueError(f"max_contour_points={self.max_contour_points!r}: a positive integer expected")
+
+  def __hash__(self) -> int:  # the mappings are dicts (picklable): hash their items
+    return hash((self.sources, tuple(sorted((self.label_map or {}).items())), self.layout,
+                 tuple(sorted(self.nifti_series.items())), self.resample, self.tolerance_mm,
+                 self.fraction_threshold, self.max_contour_points))
 
   @property
   def class_ids(self) -> frozenset[int]:
@@ -431,7 +437,7 @@ def _frame_numbers(item) -> list[int | None]:
   value = _element(item, "ReferencedFrameNumber")
   if value is None:
     return [None]
-  values = value if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
+  values = value if isinstance(value, (list, tuple, MultiValue)) else [value]
   try:
     out = [int(v) for v in values]
   except (TypeError, ValueError):
@@ -621,7 +627,7 @@ def _contour_values_count(element) -> int:
   if isinstance(value, (bytes, bytearray)):
     value = bytes(value).strip(b" \x00")
     return value.count(b"\\") + 1 if value else 0
-  return len(value) if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else 1
+  return len(value) if isinstance(value, (list, tuple, MultiValue)) else 1
 
 
 def _contour_points(element) -> np.ndarray:
@@ -632,8 +638,8 @@ def _contour_points(element) -> np.ndarray:
       parts = bytes(value).strip(b" \x00").split(b"\\")
       values = np.array(parts, dtype=np.float64)
     else:
-      values = np.asarray([float(v) for v in (value if isinstance(
-          value, (list, tuple, pydicom.multival.MultiValue)) else [value])], dtype=np.float64)
+      values = np.asarray([float(v) for v in (value if isinstance(value, (list, tuple, MultiValue)) else [value])],
+                          dtype=np.float64)
   except (TypeError, ValueError, OverflowError):
     raise LabelRejected(f"invalid {tag_name('ContourData')}") from None
   if values.size % 3 or not np.all(np.isfinite(values)):
@@ -1168,7 +1174,7 @@ def _nifti_resampled(grid: _Grid, values: np.ndarray, affine: np.ndarray) -> np.
 def _rasterize_nifti(plan: VolumePlan, header: LabelHeader, data: bytes, config: LabelConfig) -> np.ndarray:
   grid = _Grid(plan)
   image, shape, affine = _nifti_image(data, header.path)
-  if shape != tuple(header.shape) or not np.allclose(affine.ravel(), header.affine, rtol=0, atol=0):
+  if shape != tuple(header.shape) or not np.array_equal(affine.ravel(), np.asarray(header.affine)):
     raise LabelRejected("the NIfTI changed since its header was read")
   canvas = _Canvas(grid.shape, config, "classes")  # sized and bounded before the values are read
   values = _nifti_values(image, shape, config)

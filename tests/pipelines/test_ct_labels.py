@@ -11,6 +11,7 @@ import gzip
 import io
 import logging
 import os
+import pickle
 import warnings
 
 from dcmrtstruct2nii import dcmrtstruct2nii
@@ -169,6 +170,8 @@ def test_config_validation_and_dtypes():
     labels.LabelConfig(sources=("nifti",), label_map=None, layout="channels")
   with pytest.raises(ValueError, match="tolerance_mm"):
     labels.LabelConfig(sources=("seg",), label_map=LABEL_MAP, tolerance_mm=0)
+  config = _config(nifti_series={"a.nii": "k"})
+  assert pickle.loads(pickle.dumps(config)) == config and hash(config) == hash(_config(nifti_series={"a.nii": "k"}))
   nifti_only = labels.LabelConfig(sources=("nifti",), label_map=None)
   assert labels.label_dtype(nifti_only) == "uint16" and labels.num_channels(nifti_only) is None
   assert labels.label_dtype(_config()) == "uint8" and labels.num_channels(_config()) is None
@@ -191,7 +194,6 @@ def test_sniff(axial, axial_seg, tmp_path):
   assert labels.sniff(b"\0" * 400, "junk.nii") is None
   assert labels.sniff(gzip.compress(b"\0" * 400), "junk.nii.gz") is None
   assert labels.sniff(b"\0" * 128 + b"DICM" + b"\x01" * 50, "stub") is None
-  assert labels.sniff(seg[:200], "short") is None or labels.sniff(seg[:200], "short") == "seg"
   with pytest.raises(labels.LabelRejected, match="not a label source"):
     labels.read_label_header(_read(axial.files[0]), axial.files[0], SALT, _config())
   with pytest.raises(labels.LabelRejected, match="not among the label sources"):
@@ -215,6 +217,27 @@ def test_seg_matches_highdicom(series, request, tmp_path):
   assert got.dtype == np.uint8 and got.shape == truth.hu.shape
   np.testing.assert_array_equal(got, reference[..., 0] * 1 + reference[..., 1] * 2)
   np.testing.assert_array_equal(got, a * 1 + b * 2)
+
+
+@pytest.mark.parametrize("syntax,fractional", [
+    (pydicom.uid.JPEG2000Lossless, False), (pydicom.uid.RLELossless, True), (pydicom.uid.JPEGLSLossless, True)])
+def test_seg_compressed(syntax, fractional, axial, tmp_path):
+  a, b = _masks(axial.hu.shape)
+  path = cl.write_seg(axial, str(tmp_path / "seg.dcm"), [a, b], [LIVER, SPLEEN], seed=26, transfer_syntax=syntax,
+                      fractional=fractional)
+  assert pydicom.dcmread(path).file_meta.TransferSyntaxUID == syntax
+  reference = _highdicom(path, axial)
+  got = _label(_plan(axial), _read(path), path)
+  np.testing.assert_array_equal(got, (reference[..., 0] >= 0.5) * 1 + (reference[..., 1] >= 0.5) * 2)
+  np.testing.assert_array_equal(got, a * 1 + b * 2)
+
+
+def test_header_pickles(axial, axial_seg):
+  path, data = axial_seg
+  header = labels.read_label_header(data, path, SALT, _config())
+  assert pickle.loads(pickle.dumps(header)) == header
+  assert header.patient_id == _plan(axial).patient_id and header.directory == os.path.dirname(path)
+  assert header.series_uid_key == _plan(axial).slices[0].series_uid_key
 
 
 def test_seg_fractional(axial, tmp_path):
@@ -403,8 +426,13 @@ def test_seg_multiframe_source_needs_frame_number(enhanced, tmp_path):
     for item in ds.PerFrameFunctionalGroupsSequence:
       del item.DerivationImageSequence[0].SourceImageSequence[0].ReferencedFrameNumber
 
+  def frame_99(ds):
+    ds.PerFrameFunctionalGroupsSequence[0].DerivationImageSequence[0].SourceImageSequence[0].ReferencedFrameNumber = 99
+
   _rejected(lambda: _label(_plan(enhanced), _edited(_read(path), drop_frame_numbers), path),
             r"multi-frame image without ReferencedFrameNumber", _secrets(enhanced))
+  _rejected(lambda: _label(_plan(enhanced), _edited(_read(path), frame_99), path),
+            r"references an instance or frame not in this volume", _secrets(enhanced))
 
 
 def test_seg_malformed_rejected(axial, axial_seg):
@@ -437,10 +465,14 @@ def test_seg_rejects_leave_nothing_in_logs_or_warnings(axial, axial_seg, caplog)
     ds.PatientID = "LAB-9999"
     ds.SegmentSequence[0].SegmentLabel = "not mapped Doe^Jane"
 
+  def bad_value(ds):  # an IS holding a name: pydicom warns, quoting it, when it converts the value
+    ds[0x00280008] = pydicom.dataelem.RawDataElement(pydicom.tag.Tag(0x00280008), "IS", 8, b"Doe^Jane", 0,
+                                                     False, True)
+
   caplog.set_level(logging.DEBUG)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    for edited in (_edited(data, other_patient), data[:3000]):
+    for edited in (_edited(data, other_patient), _edited(data, bad_value), data[:3000]):
       with pytest.raises(labels.LabelRejected):
         _label(_plan(axial), edited, "seg.dcm")
   said = " ".join([r.getMessage() for r in caplog.records] + [str(w.message) for w in caught])
