@@ -204,6 +204,14 @@ def test_the_label_patch_is_the_label_of_the_image_patch(outputs, layout, case, 
   assert seen["padded"] and seen["foreground"], seen  # edges and foreground were both met
 
 
+def test_streamed_windows_cut_the_label_with_the_volume(outputs):
+  """grain's streamed form (window_shards: the split read in windows of shards) fills batches by the same path."""
+  path = outputs["channels", "array_record"]
+  batches = _grain(path, batch_size=3, seed=2, window_shards=1, num_epochs=2, pos_fraction=0.5)
+  seen = _check_batches(batches, ShardedRecords(path), "channels")
+  assert seen["examples"] == 2 * (N // 3 * 3) and seen["foreground"], seen
+
+
 @pytest.mark.parametrize("layout", ["classes", "channels"])
 def test_pos_fraction_one_gives_foreground_whenever_the_record_has_some(outputs, layout):
   path = outputs[layout, "array_record"]
