@@ -178,9 +178,9 @@ def seg_dataset(truth: ct.SeriesTruth, masks: Sequence[np.ndarray], labels: Sequ
     for k, s in enumerate(slots):
       pixels[s.frame] = stack[k]  # the source's frame order
   phi = truth.phi or {}
+  kind = hd.seg.SegmentationTypeValues.FRACTIONAL if fractional else hd.seg.SegmentationTypeValues.BINARY
   seg = hd.seg.Segmentation(
-      source_images=sources, pixel_array=pixels,
-      segmentation_type=hd.seg.SegmentationTypeValues.FRACTIONAL if fractional else hd.seg.SegmentationTypeValues.BINARY,
+      source_images=sources, pixel_array=pixels, segmentation_type=kind,
       segment_descriptions=[_segment(n + 1, label, fractional) for n, label in enumerate(labels)],
       series_instance_uid=_uid(rng), series_number=300, sop_instance_uid=_uid(rng), instance_number=1,
       manufacturer="SYNTHLABEL", manufacturer_model_name="synth", software_versions="1",

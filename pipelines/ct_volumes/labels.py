@@ -22,7 +22,9 @@ sorted by InstanceNumber has no geometry to check a label against); the
 object's PatientID, FrameOfReferenceUID and referenced series (hashed as
 `headers.py` hashes them) must be the volume's; every instance it references
 (ReferencedSeriesSequence / ContourImageSequence, per frame or per contour)
-must be a slice of the volume (or a dropped identical duplicate of one).
+must be a slice of the volume (or a dropped identical duplicate of one). An
+object that names no series has series_uid_key "" (matched by its instances);
+one that names several is a reject.
 Segment labels and ROI names become class ids through `label_map` (exact,
 case-sensitive); a name not in it is a reject naming the segment or ROI
 number, never a silent drop.
@@ -51,8 +53,9 @@ grid" (or "contour outside the volume" beyond the first or last slice); a point
 outside the slice's extent (columns -0.5 .. W - 0.5, rows likewise, plus the
 tolerance) is "contour outside the volume". In-plane, points become continuous
 (column, row) indices by that slice's own position, row and column cosines and
-pixel spacing, rounded to a millionth of a voxel. Fill rule: a voxel is in the ROI when its centre is inside the
-polygon by the even-odd rule; the contours of one ROI on one slice combine by
+pixel spacing, rounded to a millionth of a voxel (so that a vertex meant to be
+on a centre is on it). Fill rule: a voxel is in the ROI when its centre is
+inside the polygon by the even-odd rule; the contours of one ROI on one slice combine by
 XOR (holes by nesting, PS3.3 C.8.8.6). Ties, a centre exactly on an edge: a row
 j crosses an edge when min(y0, y1) <= j < max(y0, y1) and a centre i is past a
 crossing at x when x <= i, so centres on a left or upper edge are inside and
@@ -289,15 +292,24 @@ class _DropOnQuietThread(logging.Filter):
 
 
 _DROP = _DropOnQuietThread()
+_loggers_seen = -1
 
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-  """`quiet_pydicom()`, and highdicom's and nibabel's log records dropped on this thread (they quote values)."""
-  for name in _QUIET_LOGGERS:
-    logger = logging.getLogger(name)
-    if _DROP not in logger.filters:
-      logger.addFilter(_DROP)
+  """`quiet_pydicom()`, and highdicom's and nibabel's log records dropped on this thread (they quote values).
+
+  The filter sits on every logger of those packages (a logger's filters do not apply to its
+  children's records), including ones created since the last call.
+  """
+  global _loggers_seen
+  loggers = logging.root.manager.loggerDict
+  if len(loggers) != _loggers_seen:
+    _loggers_seen = len(loggers)
+    for name, logger in [*loggers.items(), *((n, logging.getLogger(n)) for n in _QUIET_LOGGERS)]:
+      if isinstance(logger, logging.Logger) and name.split(".")[0] in _QUIET_LOGGERS and (
+          _DROP not in logger.filters):
+        logger.addFilter(_DROP)
   _QUIET.depth += 1
   try:
     with quiet_pydicom():
@@ -581,7 +593,8 @@ def _seg_frame(item, shared, salt: str, segments: Mapping[int, int]) -> SegFrame
     raise LabelRejected(f"a SEG frame refers to segment {segment}, which {tag_name('SegmentSequence')} "
                         "does not describe")
   sources = []
-  for derivation in _items(item, "DerivationImageSequence"):
+  derivations = _items(item, "DerivationImageSequence") or (_items(shared, "DerivationImageSequence") if shared else [])
+  for derivation in derivations:
     for src in _items(derivation, "SourceImageSequence"):
       sop = _sop_key(salt, str(_require(src, "ReferencedSOPInstanceUID", "SourceImageSequence")))
       sources += [(sop, n) for n in _frame_numbers(src)]
@@ -1069,8 +1082,8 @@ def _crossings(polygons: Sequence[tuple[np.ndarray, np.ndarray]], rows: int) -> 
 
 def _rasterize_rtstruct(plan: VolumePlan, header: LabelHeader, data: bytes, config: LabelConfig) -> np.ndarray:
   grid = _Grid(plan)
-  depth, rows, columns = grid.shape
-  sz, sy, sx = grid.spacing
+  _, rows, columns = grid.shape
+  sz = grid.spacing[0]
   tol = config.tolerance_mm
   ds = _read_dicom(data, "RTSTRUCT", stop_before_pixels=True)
   st = _structure(ds, "", config)  # unsalted: the contours' references are the header's, salted

@@ -449,11 +449,17 @@ def test_seg_malformed_rejected(axial, axial_seg):
   def truncate(ds):
     ds.PixelData = ds.PixelData[:len(ds.PixelData) // 2]
 
+  def labelmap_class(ds):
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = labels.LABEL_MAP_SEG_STORAGE
+
   _seg_reject(axial, _edited(data, labelmap), r"unsupported SegmentationType")
+  assert labels.sniff(_edited(data, labelmap_class), "seg.dcm") == "seg"
+  _seg_reject(axial, _edited(data, labelmap_class), r"Label Map Segmentation Storage is not supported")
   _seg_reject(axial, _edited(data, rows), r"SEG frame size \(Rows .* x Columns .*\) differs")
   _seg_reject(axial, _edited(data, truncate), r"PixelData .* holds fewer bytes")
-  _seg_reject(axial, data[:3000], r"unreadable or truncated SEG header|invalid SEG header|missing mandatory tag")
-  _seg_reject(axial, data[:len(data) // 3], r"unreadable or truncated SEG header|invalid SEG header|missing mandatory tag")
+  truncated = r"unreadable or truncated SEG header|invalid SEG header|missing mandatory tag"
+  _seg_reject(axial, data[:3000], truncated)
+  _seg_reject(axial, data[:len(data) // 3], truncated)
   sorted_by_number = dataclasses.replace(_plan(axial), sorted_by="instance_number")
   _seg_reject(axial, data, r"no slice positions", plan=sorted_by_number)
 
@@ -475,8 +481,14 @@ def test_seg_rejects_leave_nothing_in_logs_or_warnings(axial, axial_seg, caplog)
     for edited in (_edited(data, other_patient), _edited(data, bad_value), data[:3000]):
       with pytest.raises(labels.LabelRejected):
         _label(_plan(axial), edited, "seg.dcm")
+    with labels._quiet():  # what the readers log while labels reads, on this thread: dropped
+      logging.getLogger("highdicom.seg.sop").warning("segment Doe^Jane")
+      logging.getLogger("nibabel").warning("header of Doe^Jane")
+      warnings.warn("value Doe^Jane")
   said = " ".join([r.getMessage() for r in caplog.records] + [str(w.message) for w in caught])
   assert not [s for s in _secrets(axial, extra=("LAB-9999",)) if s in said], said
+  logging.getLogger("highdicom.seg.sop").warning("outside: kept")
+  assert caplog.records[-1].getMessage() == "outside: kept"
 
 
 # ---------------------------------------------------------------- RTSTRUCT
