@@ -2,7 +2,7 @@
 
     python scripts/bench_ct_volumes.py [--work=bench_work] [--series=4]
         [--slices_per_series=500] [--rounds=3] [--json=results.json]
-        [--profile=PATH] [--memory]
+        [--profile=PATH] [--memory] [--labels=seg]
 
 Generates (once, cached under --work) `--series` uncompressed 512x512 axial
 series (`make_sample_ct.write_big_series`, one subfolder each, seeds 0, 1, ...)
@@ -29,6 +29,16 @@ printed); `--memory` measures, in a child process, the peak RSS of one
 series' read + assemble + encode + write through the pipeline's shard step
 and the local disk that step uses. Exits 0 whether the target is met or not
 (this is a report), non-zero on errors and failed checks.
+
+`--labels=seg` measures the label path instead (issue 26): each series gets a
+DICOM SEG of two organs (highdicom, cached beside the series in their own
+folder), and each round times, alternated, the pipeline on the CT alone and
+on CT + SEG (`--label_sources=seg`), then 50 epochs of random (D, H, W) =
+(32, 128, 128) patches through `loaders.grain` from each output: the volume
+alone, volume + label, and volume + label with `pos_fraction=0.5`. Targets:
+conversion with SEG masks <= 1.3x the time without, loading volume + label
+patches >= 0.8x the throughput of volume patches (medians of the per-round
+ratios). Checks: every record's label equals the masks it was made from.
 """
 
 from __future__ import annotations
@@ -76,6 +86,11 @@ SITK, ASSEMBLY, LOOP, PIPELINE = (
 # (numerator, denominator) of the per-round ratios reported; the first is the target's.
 RATIOS = ((PIPELINE, LOOP), (PIPELINE, ASSEMBLY), (ASSEMBLY, SITK), (LOOP, ASSEMBLY))
 TARGET = 2.0  # issue 14: the DirectRunner pipeline <= 2x the plain loop
+# issue 26: conversion with SEG masks <= 1.3x the time without; volume + label patches >= 0.8x the throughput
+LABEL_CONVERT_TARGET, LABEL_LOAD_TARGET = 1.3, 0.8
+LABEL_MAP = {"liver": 1, "spleen": 2}
+PATCH = (32, 128, 128)
+EPOCHS = 50  # of the loading rounds: enough patches that opening the output is not what is timed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +360,127 @@ def check_volumes(data: CtInput, with_sitk: bool = True) -> list[tuple[str, bool
   return checks
 
 
+def ensure_labels(data: CtInput) -> tuple[str, tuple[str, ...]]:
+  """A SEG of two organs per series (cached): (a root holding the CT and the SEGs, the masks' .npy paths)."""
+  import make_sample_ct_labels as labels  # noqa: PLC0415 (highdicom is only needed here)
+  root = data.root + "_with_seg"
+  seg_dir, masks_dir = os.path.join(root, "seg"), data.root + "_masks"
+  done = root + ".done"
+  masks = tuple(os.path.join(masks_dir, os.path.basename(s) + ".npy") for s in data.series)
+  if not os.path.exists(done):
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(seg_dir)
+    os.makedirs(masks_dir, exist_ok=True)
+    os.symlink(data.root, os.path.join(root, "ct"))
+    t0 = time.perf_counter()
+    for k, (folder, truth_path) in enumerate(zip(data.series, data.truth)):
+      truth = _bench_truth(folder, np.load(truth_path))
+      d, h, w = truth.hu.shape
+      liver = labels.ellipsoid(truth.hu.shape, (d / 2, h * 0.45, w * 0.4), (d / 3, h / 5, w / 4))
+      spleen = labels.ellipsoid(truth.hu.shape, (d / 2, h * 0.55, w * 0.75), (d / 6, h / 12, w / 14))
+      labels.write_seg(truth, os.path.join(seg_dir, f"{k:02d}.dcm"), [liver, spleen], list(LABEL_MAP), seed=k)
+      np.save(masks[k], (liver * 1 + spleen * 2).astype(np.uint8))
+      del truth, liver, spleen
+      gc.collect()
+    with open(done, "w") as f:
+      f.write("ok\n")
+    print(f"wrote {len(data.series)} SEGs in {time.perf_counter() - t0:.1f}s", flush=True)
+  return root, masks
+
+
+def _bench_truth(folder: str, hu: np.ndarray) -> make_sample_ct.SeriesTruth:
+  """The SeriesTruth a SEG generator needs, for a cached series (its files, sorted along the normal, and HU)."""
+  plan = plan_series(folder)
+  return make_sample_ct.SeriesTruth(
+      name=os.path.basename(folder), patient_id="BENCH0001", series_uid="", study_uid="", hu=hu,
+      spacing=plan.spacing, origin=plan.origin, direction=np.asarray(plan.direction).reshape(3, 3).T,
+      files=[s.path for s in plan.slices])
+
+
+def _load_epoch(output: str, with_label: bool, pos_fraction: float | None) -> int:
+  """EPOCHS epochs of random patches through loaders.grain; the patches read."""
+  from loaders import grain as grain_loaders  # noqa: PLC0415
+  n = 0
+  options = {"pos_fraction": pos_fraction} if pos_fraction is not None else {}
+  for batch in grain_loaders.dataset(output, "train", batch_size=2, patch_size=PATCH, num_epochs=EPOCHS,
+                                     **options):
+    if with_label and "label" not in batch:
+      raise RuntimeError(f"{output}: no label in the batch")
+    n += batch["volume"].shape[0]
+  return n
+
+
+def labels_benchmark(a, data: CtInput, work: str) -> int:
+  """`--labels=seg`: conversion and loading with SEG masks against without (see the module docstring)."""
+  root, masks = ensure_labels(data)
+  label_map = os.path.join(work, "label_map.json")
+  with open(label_map, "w") as f:
+    json.dump(LABEL_MAP, f)
+  plain_out, labelled_out = os.path.join(work, "out", "ct_plain"), os.path.join(work, "out", "ct_seg")
+
+  def convert(src: str, out: str, *flags: str) -> Callable[[], None]:
+    def fn() -> None:
+      shutil.rmtree(out, ignore_errors=True)
+      ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--overwrite=true",
+                      "--runner=DirectRunner", "--splits=train=1.0", *flags])
+      if load_manifest(out).num_records != len(data.series):
+        raise RuntimeError(f"{out}: not one record per series")
+    return fn
+
+  without, with_seg = "convert CT", "convert CT + SEG"
+  convert_results = alternated([(without, convert(data.root, plain_out)),
+                                (with_seg, convert(root, labelled_out, "--label_sources=seg",
+                                                   f"--label_map={label_map}"))], a.rounds, data.slices)
+  patches = {}
+
+  def load(name: str, out: str, with_label: bool, pos_fraction: float | None = None) -> Callable[[], None]:
+    def fn() -> None:
+      patches[name] = _load_epoch(out, with_label, pos_fraction)
+    return fn
+
+  volume, labelled, positive = "load volume patches", "load volume + label patches", "... with pos_fraction=0.5"
+  load_results = alternated([(volume, load(volume, plain_out, False)), (labelled, load(labelled, labelled_out, True)),
+                             (positive, load(positive, labelled_out, True, 0.5))], a.rounds, 1)
+  m = load_manifest(labelled_out)
+  got = [m.features.decode(r)["label"] for split in m.splits.values() for shard in split.shards
+         for r in arrayrecord.read_file(fs.join(labelled_out, shard.path))]
+  wanted = [np.load(p) for p in masks]
+  checks = [("every record's label is the masks of a SEG, and every SEG's masks are a record's label",
+             len(got) == len(wanted) and all(any(np.array_equal(w, g) for g in got) for w in wanted)
+             and all(any(np.array_equal(w, g) for w in wanted) for g in got))]
+
+  def per_round(results, num, den, invert=False):
+    by = {r.variant: r.times for r in results}
+    ratios_ = [(y / x if invert else x / y) for x, y in zip(by[num], by[den])]
+    return statistics.median(ratios_), ratios_
+
+  convert_ratio, convert_rounds = per_round(convert_results, with_seg, without)
+  load_ratio, load_rounds = per_round(load_results, labelled, volume, invert=True)  # throughput: time inverted
+  pos_ratio, pos_rounds = per_round(load_results, positive, volume, invert=True)
+  print()
+  for r in (*convert_results, *load_results):
+    print(f"{r.variant:<32} median {r.seconds:7.2f}s   per round " + " ".join(f"{t:.2f}" for t in r.times))
+  print(f"\npatches per epoch: {patches}")
+  for text, ok in checks:
+    print(f"{'ok  ' if ok else 'FAIL'}  {text}")
+  print()
+  print(f"{'PASS' if convert_ratio <= LABEL_CONVERT_TARGET else 'MISS'}  conversion with SEG <= "
+        f"{LABEL_CONVERT_TARGET}x the time without: median {convert_ratio:.2f} "
+        f"(rounds {' '.join(f'{x:.2f}' for x in convert_rounds)})")
+  print(f"{'PASS' if load_ratio >= LABEL_LOAD_TARGET else 'MISS'}  volume + label patches >= "
+        f"{LABEL_LOAD_TARGET}x the throughput of volume patches: median {load_ratio:.2f} "
+        f"(rounds {' '.join(f'{x:.2f}' for x in load_rounds)})")
+  print(f"info  with pos_fraction=0.5: {pos_ratio:.2f}x (rounds {' '.join(f'{x:.2f}' for x in pos_rounds)})")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump({"series": a.series, "slices_per_series": a.slices_per_series, "rounds": a.rounds,
+                 "results": [{"variant": r.variant, "seconds": r.seconds, "times": list(r.times)}
+                             for r in (*convert_results, *load_results)],
+                 "convert_ratio": convert_ratio, "load_ratio": load_ratio, "pos_fraction_ratio": pos_ratio,
+                 "checks": [{"check": t, "pass": ok} for t, ok in checks]}, f, indent=2)
+  return 0 if all(ok for _, ok in checks) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--work", default="bench_work", help="cache of the input and outputs (git-ignored)")
@@ -356,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--profile", default=None, help="then profile one pipeline run; cProfile stats to this path")
   ap.add_argument("--memory", action="store_true",
                   help="then measure the peak RSS and disk of one series' shard step (child process)")
+  ap.add_argument("--labels", default=None, choices=("seg",),
+                  help="measure conversion and loading with SEG label masks against without, instead")
   a = ap.parse_args(argv)
   if a.rounds < 1 or a.series < 1 or a.slices_per_series < 2:
     ap.error("--rounds and --series must be >= 1, --slices_per_series >= 2")
@@ -367,6 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   work = os.path.abspath(a.work)
   data = ensure_series(work, a.series, a.slices_per_series)
+  if a.labels:
+    return labels_benchmark(a, data, work)
   n = data.slices
   t0 = time.perf_counter()
   size = warm_page_cache(data)

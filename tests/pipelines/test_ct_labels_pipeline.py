@@ -274,3 +274,25 @@ def test_a_seg_file_is_dicom_the_store_would_accept(tree):
   ds = pydicom.dcmread(label_files["a"])
   assert ds.SOPClassUID == "1.2.840.10008.5.1.4.1.1.66.4"
   assert ds.NumberOfFrames > 0
+
+
+def test_append_converts_new_series_with_their_labels(tmp_path):
+  root, out = str(tmp_path / "in"), str(tmp_path / "out")
+  label_map = str(tmp_path / "map.json")
+  with open(label_map, "w") as f:
+    json.dump(LABEL_MAP, f)
+  flags = ("--splits=train=1.0", "--label_sources=seg", f"--label_map={label_map}")
+  first = _series(root, "day1", "P1", 31)
+  cl.write_seg(first, os.path.join(root, "day1", "seg.dcm"), [_organs(first)[0]], ["liver"], seed=32)
+  assert convert(root, out, *flags).num_records == 1
+  second = _series(root, "day2", "P2", 33)
+  spleen = _organs(second)[1]
+  cl.write_seg(second, os.path.join(root, "day2", "seg.dcm"), [spleen], ["spleen"], seed=34)
+  with pytest.raises(UsageError, match="other settings"):  # the label settings are the output's
+    convert(root, out, "--splits=train=1.0", "--label_sources=seg,rtstruct", f"--label_map={label_map}",
+            "--mode=append")
+  m = convert(root, out, *flags, "--mode=append")
+  rows = {r["series_id"]: r for _, r in records(out, m)}
+  assert len(rows) == 2
+  np.testing.assert_array_equal(rows[_sid(second)]["label"], spleen * 2)
+  np.testing.assert_array_equal(rows[_sid(first)]["label"], _organs(first)[0] * 1)
