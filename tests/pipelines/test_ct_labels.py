@@ -232,6 +232,18 @@ def test_seg_compressed(syntax, fractional, axial, tmp_path):
   np.testing.assert_array_equal(got, a * 1 + b * 2)
 
 
+def test_seg_binary_frames_not_byte_aligned(tmp_path):
+  """13 x 11 = 143 pixels a frame: native BINARY frames start mid-byte, one bit later each frame."""
+  truth = ct.write_series(str(tmp_path / "odd"), patient_id=PATIENT, seed=15, rows=13, cols=11, num_slices=9)
+  a = cl.ellipsoid(truth.hu.shape, (4, 6, 5), (4, 5, 4))
+  b = cl.ellipsoid(truth.hu.shape, (5, 3, 8), (3, 2, 2)) & ~a
+  path = cl.write_seg(truth, str(tmp_path / "seg.dcm"), [a, b], [LIVER, SPLEEN], seed=27, omit_empty_frames=False)
+  reference = _highdicom(path, truth)
+  got = _label(_plan(truth), _read(path), path)
+  np.testing.assert_array_equal(got, reference[..., 0] * 1 + reference[..., 1] * 2)
+  np.testing.assert_array_equal(got, a * 1 + b * 2)
+
+
 def test_header_pickles(axial, axial_seg):
   path, data = axial_seg
   header = labels.read_label_header(data, path, SALT, _config())
