@@ -27,7 +27,10 @@ object that names no series has series_uid_key "" (matched by its instances);
 one that names several is a reject.
 Segment labels and ROI names become class ids through `label_map` (exact,
 case-sensitive); a name not in it is a reject naming the segment or ROI
-number, never a silent drop.
+number, never a silent drop. A name mapped to 0 (`IGNORED`) is left out on
+purpose: its SEG frames are placed and checked but not painted, its RTSTRUCT
+contours are neither checked nor painted (a BODY or couch ROI that reaches
+past the reconstructed field of view).
 
 DICOM SEG (BINARY or FRACTIONAL; Segmentation Storage): each frame is put on
 the slice its per-frame source image reference names (SOP key, plus
@@ -119,6 +122,7 @@ LABEL_MAP_SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.7"  # sniffed as "seg", reje
 RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
 LAYOUTS = ("classes", "channels")
 MAX_CLASS_ID = 65535
+IGNORED = 0  # a label map's id for a name that is left out on purpose (a BODY or couch ROI)
 DEFAULT_TOLERANCE_MM = 0.05
 # Contour points of one RTSTRUCT file; a whole-body structure set of 50 ROIs on 500 slices
 # at 200 points per contour holds 5 million.
@@ -145,7 +149,8 @@ class LabelConfig:
 
   Attributes:
     sources: the label sources to read, a subset of LABEL_SOURCES.
-    label_map: segment label / ROI name -> class id (1..MAX_CLASS_ID); None only when the
+    label_map: segment label / ROI name -> class id (1..MAX_CLASS_ID, or IGNORED to leave a name
+      out); None only when the
       sources are NIfTI alone (the values are then the class ids).
     layout: "classes" ([D, H, W] class ids) or "channels" ([D, H, W, C] uint8 0/1, C = the
       largest class id; needs a label map).
@@ -179,10 +184,10 @@ class LabelConfig:
       for name, class_id in label_map.items():
         if not isinstance(name, str) or not name:
           raise ValueError("label_map: every name must be a non-empty string")
-        if isinstance(class_id, bool) or not isinstance(class_id, int) or not 1 <= class_id <= MAX_CLASS_ID:
-          raise ValueError(f"label_map: class id {class_id!r} is not an integer in 1..{MAX_CLASS_ID}")
-      if not label_map:
-        raise ValueError("label_map is empty")
+        if isinstance(class_id, bool) or not isinstance(class_id, int) or not 0 <= class_id <= MAX_CLASS_ID:
+          raise ValueError(f"label_map: class id {class_id!r} is not an integer in 0..{MAX_CLASS_ID}")
+      if not any(label_map.values()):
+        raise ValueError("label_map names no class (every id is 0, or it is empty)")
       object.__setattr__(self, "label_map", label_map)
     if self.layout not in LAYOUTS:
       raise ValueError(f"layout={self.layout!r}, expected one of {LAYOUTS}")
@@ -206,7 +211,7 @@ class LabelConfig:
   @property
   def class_ids(self) -> frozenset[int]:
     """The class ids of the label map (empty without one)."""
-    return frozenset(self.label_map.values()) if self.label_map else frozenset()
+    return frozenset(self.label_map.values()) - {IGNORED} if self.label_map else frozenset()
 
 
 def label_dtype(config: LabelConfig) -> str:
@@ -580,7 +585,7 @@ def _seg_header(data: bytes, path: str, salt: str, config: LabelConfig) -> Label
   return LabelHeader(
       path=path, source="seg", series_uid_key=salted_hash(salt, "series-uid", series.pop()) if series else "",
       frame_of_reference_key=salted_hash(salt, "frame-of-reference", _uid(ds, "FrameOfReferenceUID")),
-      referenced_sop_keys=frozenset(referenced), classes=tuple(sorted(set(segments.values()))),
+      referenced_sop_keys=frozenset(referenced), classes=tuple(sorted(set(segments.values()) - {IGNORED})),
       directory=posixpath.dirname(path), segments=tuple(sorted(segments.items())), rows=rows, columns=columns,
       number_of_frames=frames_n, segmentation_type=seg_type, max_fractional_value=max_fraction,
       frames=tuple(frames), **_identity(ds, salt))
@@ -692,6 +697,8 @@ def _structure(ds, salt: str, config: LabelConfig) -> _Structure:
     roi = _int(item, "ReferencedROINumber", required=True)
     if roi not in rois:
       raise LabelRejected(f"contours for ROI {roi}, which {tag_name('StructureSetROISequence')} does not describe")
+    if rois[roi] == IGNORED:  # left out by the label map: its contours are neither checked nor painted
+      continue
     for contour in _items(item, "ContourSequence"):
       kind = str(_element(contour, "ContourGeometricType") or "").strip().upper()
       if kind != "CLOSED_PLANAR":
@@ -725,7 +732,7 @@ def _rtstruct_header(data: bytes, path: str, salt: str, config: LabelConfig) -> 
       path=path, source="rtstruct",
       series_uid_key=salted_hash(salt, "series-uid", next(iter(st.series))) if st.series else "",
       frame_of_reference_key=salted_hash(salt, "frame-of-reference", st.frame_of_reference),
-      referenced_sop_keys=frozenset(st.referenced), classes=tuple(sorted(set(st.rois.values()))),
+      referenced_sop_keys=frozenset(st.referenced), classes=tuple(sorted(set(st.rois.values()) - {IGNORED})),
       directory=posixpath.dirname(path), segments=tuple(sorted(st.rois.items())),
       contour_points=sum(c.points for c in st.contours),
       contour_references=tuple(c.references for c in st.contours), **_identity(ds, salt))
@@ -933,7 +940,7 @@ class _Canvas:
     self.parts = parts
 
   def paint(self, k: int, mask: np.ndarray, class_id: int) -> None:
-    if not mask.any():
+    if class_id == IGNORED or not mask.any():
       return
     if self.channels:
       self.out[k, :, :, class_id - 1][mask] = 1

@@ -77,8 +77,9 @@ class CtVolumesOptions(PipelineOptions):
                              "(RT Structure Set contours), nifti (.nii/.nii.gz label maps), or auto (all three). "
                              "Empty: volumes only. With labels, a series without a label is a reject.")
     parser.add_argument("--label_map", default="",
-                        help="JSON file (local or gs://): {segment label or ROI name: class id 1..65535}; required "
-                             "for seg and rtstruct. A name it does not hold rejects its label file.")
+                        help="JSON file (local or gs://): {segment label or ROI name: class id 1..65535, or 0 to "
+                             "leave the name out}; required for seg and rtstruct. A name it does not hold rejects "
+                             "its label file.")
     parser.add_argument("--label_layout", default="classes", choices=("classes", "channels"),
                         help="classes: one class id per voxel (overlapping classes are a reject); channels: one 0/1 "
                              "channel per class id, [depth, rows, columns, classes].")
@@ -541,8 +542,10 @@ def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str) -> LabelC
   if o.label_map:
     label_map = _read_json_flag("--label_map", o.label_map)
     if (not isinstance(label_map, dict) or not label_map
-        or not all(isinstance(k, str) and k and type(v) is int and 1 <= v <= 65535 for k, v in label_map.items())):
-      raise UsageError("--label_map must hold a JSON object {segment label or ROI name: class id 1..65535}")
+        or not all(isinstance(k, str) and k and type(v) is int and 0 <= v <= 65535 for k, v in label_map.items())
+        or not any(label_map.values())):
+      raise UsageError("--label_map must hold a JSON object {segment label or ROI name: class id 1..65535, or 0 "
+                       "to leave the name out}, with at least one class")
   elif {"seg", "rtstruct"} & set(sources):
     raise UsageError("--label_map is required for seg and rtstruct labels: {segment label or ROI name: class id}")
   nifti_series = {}

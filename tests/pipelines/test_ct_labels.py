@@ -162,8 +162,10 @@ def test_config_validation_and_dtypes():
     labels.LabelConfig(sources=("seg", "png"), label_map=LABEL_MAP)
   with pytest.raises(ValueError, match="need a label map"):
     labels.LabelConfig(sources=("seg", "nifti"), label_map=None)
-  with pytest.raises(ValueError, match="class id 0"):
+  with pytest.raises(ValueError, match="names no class"):
     labels.LabelConfig(sources=("seg",), label_map={"a": 0})
+  with pytest.raises(ValueError, match="class id -1"):
+    labels.LabelConfig(sources=("seg",), label_map={"a": 1, "b": -1})
   with pytest.raises(ValueError, match="class id 70000"):
     labels.LabelConfig(sources=("seg",), label_map={"a": 70000})
   with pytest.raises(ValueError, match="channels"):
@@ -625,6 +627,28 @@ def test_rtstruct_contour_off_grid_or_outside_rejected(axial, tmp_path):
   edge = np.array([[-0.5, -0.5], [w - 0.5, -0.5], [w - 0.5, h - 0.5], [-0.5, h - 0.5]])  # the extent: allowed
   path = cl.write_rtstruct(axial, str(tmp_path / "edge.dcm"), [cl.Roi(LIVER, [(4, edge)])], seed=36)
   assert (_label(_plan(axial), _read(path), path)[4] == 1).all()
+
+
+def test_names_mapped_to_0_are_left_out(axial, tmp_path):
+  """A BODY ROI reaching past the field of view, and a POINT marker, mapped to 0: neither checked nor painted;
+  an ignored SEG segment is not painted; a map of zeros names no class."""
+  d, h, w = axial.hu.shape
+  body = cl.Roi("BODY", [(4, np.array([[-9.2, -8.1], [w + 7.3, -6.2], [w + 5.1, h + 9.7]]))])
+  marker = cl.Roi("marker", [(5, np.array([[3.2, 4.1]]))], contour_type="POINT")
+  rois = _rois(axial)
+  config = _config(label_map={**LABEL_MAP, "BODY": 0, "marker": 0})
+  path = cl.write_rtstruct(axial, str(tmp_path / "rt.dcm"), [*rois, body, marker], seed=37)
+  header = labels.read_label_header(_read(path), path, SALT, config)
+  assert header.classes == (1, 2, 3)  # the empty ROI's 3 is mapped; BODY's and the marker's 0 are not classes
+  np.testing.assert_array_equal(_label(_plan(axial), _read(path), path, config), _polygon_reference(axial, rois))
+  with pytest.raises(labels.LabelRejected, match="ROI 4: beyond"):  # mapped, the same contour is a reject
+    _label(_plan(axial), _read(path), path, _config(label_map={**LABEL_MAP, "BODY": 4, "marker": 0}))
+  a, b = _masks(axial.hu.shape)
+  seg = cl.write_seg(axial, str(tmp_path / "seg.dcm"), [a, b], [LIVER, "couch"], seed=38)
+  got = _label(_plan(axial), _read(seg), seg, _config(label_map={LIVER: 1, "couch": 0}))
+  np.testing.assert_array_equal(got, a * 1)
+  with pytest.raises(ValueError, match="names no class"):
+    _config(label_map={"BODY": 0})
 
 
 def test_rtstruct_contour_on_another_slice_than_it_references(axial, tmp_path):
