@@ -54,7 +54,9 @@ from formats._closing import Closing
 from formats.arrayrecord import RANDOM_ACCESS_READER_OPTIONS
 from formats.errors import CorruptRecordError, WireFormatError
 
-__all__ = ["BLOCK_SIZE", "ReadRange", "RecordIndex", "VerifiedRecordReader", "read_record", "record_ranges"]
+__all__ = ["BLOCK_HEADER_SIZE", "BLOCK_SIZE", "CHUNK_HEADER_SIZE", "SIMPLE_CHUNK", "ChunkHeader", "ReadRange",
+           "RecordIndex", "VerifiedRecordReader", "chunk_end", "file_position", "read_record", "record_ranges",
+           "stream_position", "writes_plain_chunks"]
 
 ReadRange = Callable[[int, int], bytes]
 """`read_range(start, stop)` returns exactly the bytes [start, stop) of the file (an HTTP Range read)."""
@@ -68,6 +70,9 @@ _SIGNATURE_CHUNK_SIZE = 64  # the file signature chunk: block header + an empty 
 _SIMPLE, _TRANSPOSED, _PADDING, _SIGNATURE, _METADATA = 0x72, 0x74, 0x70, 0x73, 0x6D
 _COMPRESSIONS = {0x62: "brotli", 0x7A: "zstd", 0x73: "snappy"}  # riegeli's; 0 is none
 _MAGIC = 0x71930E704FDAE05E
+BLOCK_HEADER_SIZE = _BLOCK_HEADER.size
+CHUNK_HEADER_SIZE = _CHUNK_HEADER.size
+SIMPLE_CHUNK = _SIMPLE
 _VERSION = 1
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 
@@ -394,6 +399,50 @@ def _punch_hole(fd: int, offset: int, length: int) -> bool:
 
 
 # Riegeli framing.
+
+
+def stream_position(pos):
+  """Where file position `pos` (a chunk boundary, or any byte outside the block headers) lies in riegeli's
+  stream: the file's bytes without its block headers. A chunk at file position c holds stream bytes
+  [stream_position(c), ...) in order. Works on ints and int64 numpy arrays alike."""
+  return pos - BLOCK_HEADER_SIZE * (-(-pos // BLOCK_SIZE))
+
+
+def file_position(q):
+  """The file position of stream byte `q` (`stream_position`'s inverse): past the block header of its block.
+  Works on ints and int64 numpy arrays alike."""
+  return q + BLOCK_HEADER_SIZE * (q // _USABLE_BLOCK_SIZE + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkHeader:
+  """A chunk's 40-byte header (its hashes left out): data_size, chunk_type, num_records, decoded_data_size."""
+
+  data_size: int
+  chunk_type: int
+  num_records: int
+  decoded_data_size: int
+
+  @classmethod
+  def parse(cls, raw: bytes) -> ChunkHeader:
+    """The header from its 40 bytes (as they read once block headers are skipped)."""
+    _, data_size, _, type_and_count, decoded_data_size = _CHUNK_HEADER.unpack(raw)
+    return cls(data_size, type_and_count & 0xFF, type_and_count >> 8, decoded_data_size)
+
+
+def chunk_end(begin: int, data_size: int, num_records: int) -> int:
+  """Where a chunk at file position `begin` with `data_size` data bytes and `num_records` records ends (riegeli's
+  formula: block headers and padding included); the next chunk, or the footer, begins there."""
+  return _chunk_end(begin, data_size, num_records)
+
+
+def writes_plain_chunks(writer_options: str) -> bool:
+  """Whether a footer's writer options promise simple chunks stored as they are (`uncompressed`, not transposed):
+  a record's bytes then lie in the file, interrupted only by block headers."""
+  options = dict(option.partition(":")[::2] for option in writer_options.split(","))
+  return "uncompressed" in options and options.get("transpose", "false") == "false"
+
+
 
 
 def _chunk_end(begin: int, data_size: int, num_records: int) -> int:
