@@ -123,7 +123,7 @@ class ArrayRecordFile(Closing):
     what = f"{self.path}: record {i} (chunk at {begin})"
     records = min(self.index.group_size, self.index.num_records - k * self.index.group_size)
     q = stream_position(begin)
-    header = ChunkHeader.parse(self.read_stream(q, CHUNK_HEADER_SIZE))
+    header = ChunkHeader.parse(self.read_stream(q, CHUNK_HEADER_SIZE, what))
     if header.chunk_type != SIMPLE_CHUNK or header.num_records != records:
       raise CorruptRecordError(f"{what}: chunk type {header.chunk_type:#x} with {header.num_records} records, "
                                f"not a simple chunk of {records}")
@@ -131,7 +131,7 @@ class ArrayRecordFile(Closing):
       raise CorruptRecordError(f"{what}: {header.data_size} data bytes end the chunk at "
                                f"{chunk_end(begin, header.data_size, header.num_records)}, the footer says {end}")
     data = q + CHUNK_HEADER_SIZE
-    head = self.read_stream(data, min(header.data_size, 1 + _VARINT_MAX * (records + 1)))
+    head = self.read_stream(data, min(header.data_size, 1 + _VARINT_MAX * (records + 1)), what)
     if not head or head[0] != 0:
       raise CorruptRecordError(f"{what}: not stored uncompressed (compression byte "
                                f"{head[0] if head else None}), as the writer's options say")
@@ -150,12 +150,13 @@ class ArrayRecordFile(Closing):
                                f"{header.data_size} data bytes, decoded_data_size {header.decoded_data_size}")
     return data + sizes_end + sum(sizes[:j]), sizes[j]
 
-  def read_stream(self, q: int, n: int) -> bytes:
-    """The `n` stream bytes from stream position `q` (the file's bytes, block headers skipped)."""
+  def read_stream(self, q: int, n: int, what: str | None = None) -> bytes:
+    """The `n` stream bytes from stream position `q` (the file's bytes, block headers skipped); `what` names
+    them in the error of a file that ends early (default: the file)."""
     if n <= 0:
       return b""
     first, stop = file_position(q), file_position(q + n - 1) + 1
-    raw = self._pread(first, stop)
+    raw = self._pread(first, stop, what)
     if stop - first == n:
       return raw
     view, parts, pos = memoryview(raw), [], first
@@ -167,26 +168,26 @@ class ArrayRecordFile(Closing):
       pos = cut
     return b"".join(parts)
 
-  def _pread(self, start: int, stop: int) -> bytes:
+  def _pread(self, start: int, stop: int, what: str | None = None) -> bytes:
     """Exactly the file's bytes [start, stop)."""
     fd, n = self._descriptor(), stop - start
     data = os.pread(fd, n, start)
     while len(data) < n:  # pread may return less; only the end of the file stops it
       more = os.pread(fd, n - len(data), start + len(data))
       if not more:
-        raise CorruptRecordError(f"{self.path}: ends at {start + len(data)}, bytes [{start}, {stop}) wanted "
-                                 f"(truncated?)")
+        raise CorruptRecordError(f"{what or self.path}: the file ends at {start + len(data)}, bytes [{start}, "
+                                 f"{stop}) wanted (truncated?)")
       data += more
     return data
 
-  def pread_into(self, buf: memoryview, start: int) -> None:
-    """Fills `buf` (writable bytes) with the file's bytes from `start`."""
+  def pread_into(self, buf: memoryview, start: int, what: str | None = None) -> None:
+    """Fills `buf` (writable bytes) with the file's bytes from `start`; `what` as in `read_stream`."""
     fd, n, got = self._descriptor(), len(buf), 0
     while got < n:
       k = os.preadv(fd, [buf[got:]], start + got)
       if k == 0:
-        raise CorruptRecordError(f"{self.path}: ends at {start + got}, bytes [{start}, {start + n}) wanted "
-                                 f"(truncated?)")
+        raise CorruptRecordError(f"{what or self.path}: the file ends at {start + got}, bytes [{start}, "
+                                 f"{start + n}) wanted (truncated?)")
       got += k
 
   def _descriptor(self) -> int:
@@ -251,7 +252,7 @@ class RecordBytes:
     """Bytes [offset, offset + n) of the record."""
     if offset < 0 or n < 0 or offset + n > self._size:
       raise IndexError(f"{self.name}: bytes [{offset}, {offset + n}) outside [0, {self._size})")
-    return self.file.read_stream(self.start + offset, n)
+    return self.file.read_stream(self.start + offset, n, self.name)
 
   def copy_rows(self, starts: np.ndarray, length: int, stride: int, out: np.ndarray) -> None:
     """Copies row segments of the record into `out`: out[g, r] = the record's bytes [starts[g, r], + length).
@@ -286,7 +287,7 @@ class RecordBytes:
     for g in range(groups):
       a = int(first[g])
       n = int(last[g]) - a
-      self.file.pread_into(memoryview(buf[:n]), a)
+      self.file.pread_into(memoryview(buf[:n]), a, self.name)
       pg, sg, bg, dest = p[g] - a, simple[g], block[g], out[g]
       # Runs of rows in one block, none straddling a header: one strided copy each.
       breaks = np.flatnonzero((bg[1:] != bg[:-1]) | (sg[1:] != sg[:-1])) + 1
