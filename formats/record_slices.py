@@ -99,10 +99,12 @@ class ArrayRecordFile(Closing):
     """(device, inode, size, mtime_ns, ctime_ns) of the file as it was opened."""
     return self._identity
 
-  def check_unchanged(self) -> None:
-    """Raises CorruptRecordError when the open file's size, mtime or ctime differ from when it was opened."""
+  def check_unchanged(self, what: str | None = None) -> None:
+    """Raises CorruptRecordError when the open file's size, mtime or ctime differ from when it was opened;
+    `what` names what was to be read in the message (default: the file)."""
     if _identity(os.fstat(self._descriptor())) != self._identity:
-      raise CorruptRecordError(f"{self.path}: changed (size, mtime or ctime) since it was opened and checked")
+      raise CorruptRecordError(f"{what or self.path}: the file changed (size, mtime or ctime) since it was "
+                               f"opened and checked")
 
   def record(self, i: int) -> RecordBytes:
     """Record `i`'s bytes where they lie (found from its chunk's header the first time, then kept).

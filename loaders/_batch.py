@@ -13,7 +13,7 @@ kind's transform in place:
 | images, JPEG | the decoded image (loaders._transforms._decode_into: Pillow's pixels; simplejpeg for a JPEG of the target size) |
 | tensors | every batched Tensor's bytes or values, every ClassLabel |
 | graphs | edges, features and masks padded to max_nodes / max_edges |
-| CT volumes | the transform's patch (decode, transform, copy: the generic path) |
+| CT volumes | the transform's patch: cut from the shard where the record lies when the source offers it (`_Patches`), else decode, transform, copy (the generic path) |
 
 The batch is bit for bit what `fill_batch((transform(source.get(i, copy=False),
 rng) ...), batch_size, with_mask)` gives (same keys in the same order, dtypes,
@@ -21,6 +21,16 @@ shapes and values; tests/loaders/test_batch.py): every feature's value is what
 `Features.decode` would give, by the same `decode_from`, with shortcuts only
 where the result is provably the same (a raw image of the right length, a
 label in an Int64List, an encoded image in a BytesList).
+
+CT patches in place: where `source.record_bytes(i)` gives the record where it
+lies (loaders.ShardedRecords over ArrayRecord shards proven by their SHA-256),
+the record is located once (formats.record_slices.locate_example: the
+volume's and label's byte spans and shapes, every other feature decoded and
+checked as Features.decode would; the label's foreground counts when a
+positive draw first needs them) and kept; each patch then reads only the
+bytes of its box (formats.record_slices.StoredArray) and goes through the same
+transform code (loaders._transforms.volume_patcher). A record the walk does
+not read (a form other than the writers') is read whole.
 
 Errors: a record that does not parse, lacks a feature or holds one that does
 not decode (a raw image of the wrong length, an image Pillow cannot read),
@@ -32,16 +42,21 @@ raises the transform's ValueError.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
+import dataclasses
 import math
+import threading
 
 import numpy as np
 
 from formats.errors import CorruptRecordError, ExampleDecodeError
 from formats.example import BYTES_LIST, FLOAT_LIST, INT64_LIST, FeatureFinder
 from formats.features import ClassLabel, Features, Image, Tensor, Text
+from formats.record_slices import StoredArray, locate_example
+from formats.transforms import foreground_counts
 from loaders._transforms import (ExampleOptions, _decode_into, batched_features, example_transform, fill_batch,
-                                 graph_size)
+                                 graph_size, volume_patcher)
 
 __all__ = ["BatchFiller"]
 
@@ -299,6 +314,137 @@ def _plan(kind: str, features: Features, options: ExampleOptions) -> _Plan | Non
   return None
 
 
+@dataclasses.dataclass
+class _Located:
+  """Where a CT record's arrays lie in it, and its small features: what a patch needs besides the patch's bytes.
+
+  Attributes:
+    arrays: feature name ("volume", "label") → (offset in the record, shape, dtype).
+    spacing: the decoded `spacing`.
+    counts: the label's foreground_counts, once a positive draw needed them.
+  """
+
+  arrays: dict[str, tuple[int, tuple[int, ...], np.dtype]]
+  spacing: np.ndarray
+  counts: np.ndarray | None = None
+
+  @property
+  def nbytes(self) -> int:
+    return 256 + (0 if self.counts is None else self.counts.nbytes)
+
+
+_READ_WHOLE = object()  # a record located in a form the walk does not read: read whole
+
+
+def _stored_shape(spec: Tensor, name: str, values: dict, nbytes: int) -> tuple[int, ...]:
+  """The shape Tensor.decode_from gives a bytes value of `nbytes` (its errors too), without the bytes."""
+  if spec.dynamic:
+    shape = tuple(int(d) for d in values[f"{name}/shape"])
+  else:
+    shape = tuple(-1 if d is None else d for d in spec.shape)
+  dtype = spec._le_dtype
+  if nbytes % dtype.itemsize:
+    raise ValueError("buffer size must be a multiple of element size")
+  # np.frombuffer(...).reshape(shape)'s shape and errors, on a stride-0 stand-in (nothing allocated)
+  return np.broadcast_to(np.zeros((), dtype), (nbytes // dtype.itemsize,)).reshape(shape).shape
+
+
+class _Patches:
+  """CT patches cut from the shard where each record lies (see the module docstring); None where unsupported.
+
+  Records are located once and kept (least recently used dropped past CACHE_BYTES), by split index.
+  """
+
+  CACHE_BYTES = 64 << 20  # located records kept: ~256 bytes each, plus the label's counts (8 bytes a slice)
+
+  def __init__(self, source, options: ExampleOptions):
+    features = source.features
+    self._source, self._features = source, features
+    self._patch = volume_patcher(features, options)
+    self._names = ("volume", "label") if self._patch.layout else ("volume",)
+    self._value_keys = {name: features[name].keys(name)[-1] for name in self._names}
+    self._cache: collections.OrderedDict[int, object] = collections.OrderedDict()
+    self._cached_bytes = 0
+    self._lock = threading.Lock()
+
+  @staticmethod
+  def supports(source, options: ExampleOptions) -> bool:
+    """Whether `source` offers records in place and its volumes (and labels) are stored as bytes."""
+    if source.kind != "volume" or not callable(getattr(source, "record_bytes", None)):
+      return False
+    features = source.features
+    names = ("volume", "label") if "label" in features else ("volume",)
+    return all(isinstance(features[n], Tensor) and features[n].encoding == "bytes" for n in names)
+
+  def example(self, i: int, rng, whole: Callable[[int, object], dict]) -> dict:
+    """The example of split record `i` (`whole(i, rng)` for a record read whole)."""
+    record = self._source.record_bytes(i)
+    if record is None:
+      return whole(i, rng)
+    located = self._located(i, record)
+    if located is _READ_WHOLE:
+      return whole(i, rng)
+    arrays = {name: StoredArray(record, *where) for name, where in located.arrays.items()}
+    label = arrays.get("label")
+
+    def counts() -> np.ndarray:
+      if located.counts is None:  # the label streamed plane by plane, once per record
+        located.counts = foreground_counts(label)
+        with self._lock:
+          self._cached_bytes += located.counts.nbytes
+      return located.counts
+    try:
+      example = self._patch(arrays["volume"], label, located.spacing, rng, counts)
+    except CorruptRecordError as e:
+      raise CorruptRecordError(f"{self._source.where(i)}: {e}") from None
+    example["record_index"] = np.int64(i)
+    return example
+
+  def _located(self, i: int, record):
+    with self._lock:
+      found = self._cache.get(i)
+      if found is not None:
+        self._cache.move_to_end(i)
+        return found
+    found = self._locate(i, record)
+    with self._lock:
+      self._cache[i] = found
+      self._cached_bytes += found.nbytes if found is not _READ_WHOLE else 64
+      while self._cached_bytes > self.CACHE_BYTES and len(self._cache) > 1:
+        _, old = self._cache.popitem(last=False)
+        self._cached_bytes -= old.nbytes if old is not _READ_WHOLE else 64
+    return found
+
+  def _locate(self, i: int, record):
+    """The record's arrays and small features, checked as Features.decode and the transform check them."""
+    where = self._source.where(i)
+    try:
+      layout = locate_example(record, set(self._value_keys.values()))
+    except ExampleDecodeError as e:
+      raise CorruptRecordError(f"{where}: {e}") from None
+    if layout is None:
+      return _READ_WHOLE
+    missing = {key for name, spec in self._features.items() for key in spec.keys(name)} - layout.keys()
+    if missing:
+      raise CorruptRecordError(f"{where}: record lacks features {sorted(missing)}")
+    decoded, arrays = {}, {}
+    for name, spec in self._features.items():
+      try:
+        if name in self._value_keys:
+          key = self._value_keys[name]
+          if key not in layout.spans:  # stored in the schema's key, but not as one bytes value: read whole
+            return _READ_WHOLE
+          a, b = layout.spans[key]
+          arrays[name] = (a, _stored_shape(spec, name, layout.values, b - a), spec._le_dtype)
+        else:
+          decoded[name] = spec.decode_from(name, layout.values)
+      except Exception as e:  # noqa: BLE001 - whatever decode_from raises, the record is bad
+        raise CorruptRecordError(f"{where}: {_why(e)}") from None
+    if len(arrays["volume"][1]) != 3 or ("label" in arrays and len(arrays["label"][1]) not in (3, 4)):
+      return _READ_WHOLE  # a rank the transform does not cut: the generic path says what happens
+    return _Located(arrays, decoded["spacing"])
+
+
 class BatchFiller:
   """Records of a split → one batch of fixed-shape numpy arrays, each example written once into place.
 
@@ -331,6 +477,7 @@ class BatchFiller:
     self._transform = example_transform(source.kind, source.features, options)  # checks the options
     self.needs_rng = bool(self._transform.needs_rng)
     self._plan = _plan(source.kind, source.features, options)
+    self._patches = _Patches(source, options) if _Patches.supports(source, options) else None
 
   def __call__(self, indices: Sequence[int], rngs: Callable[[int], np.random.Generator | None]) -> dict:
     """One batch of the split records `indices`.
@@ -375,21 +522,26 @@ class BatchFiller:
     return batch
 
   def _generic(self, indices: Sequence[int], rngs: Callable[[int], np.random.Generator | None]) -> dict:
-    """Decode, transform, copy: fill_batch over the transform's examples (as source.get, errors named)."""
-    source, features = self._source, self._source.features
+    """Each record's example (a CT patch in place where the source allows, else decode and transform), copied
+    into the batch by fill_batch."""
+    whole, patches = self._whole, self._patches
 
     def examples():
       for j, i in enumerate(indices):
-        i = int(i)
-        data = source.raw(i)
-        try:
-          rec = features.decode(data, copy=False)
-        except Exception as e:  # noqa: BLE001 - whatever the schema's decoders raise, the record is bad
-          raise CorruptRecordError(f"{source.where(i)}: {_why(e)}") from None
-        rec["record_index"] = np.int64(i)
-        try:
-          example = self._transform(rec, rngs(j) if self.needs_rng else None)
-        except CorruptRecordError as e:  # a record whose features disagree (a label not of its volume's shape)
-          raise CorruptRecordError(f"{source.where(i)}: {e}") from None
-        yield example
+        rng = rngs(j) if self.needs_rng else None
+        yield whole(int(i), rng) if patches is None else patches.example(int(i), rng, whole)
     return fill_batch(examples(), self._batch_size, self._with_mask)
+
+  def _whole(self, i: int, rng) -> dict:
+    """Decode, transform: the example of split record `i` read whole (as source.get, errors named)."""
+    source = self._source
+    data = source.raw(i)
+    try:
+      rec = source.features.decode(data, copy=False)
+    except Exception as e:  # noqa: BLE001 - whatever the schema's decoders raise, the record is bad
+      raise CorruptRecordError(f"{source.where(i)}: {_why(e)}") from None
+    rec["record_index"] = np.int64(i)
+    try:
+      return self._transform(rec, rng)
+    except CorruptRecordError as e:  # a record whose features disagree (a label not of its volume's shape)
+      raise CorruptRecordError(f"{source.where(i)}: {e}") from None

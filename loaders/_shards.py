@@ -9,15 +9,27 @@ ArrayRecord shards are read by each thread through its own readers
 (formats.outputs.output.SplitRecords). The manifest is read once: the records are
 those of the generation it named, for the object's life, held by a lease
 (loaders._pinning) until `close()` or collection.
+
+`record_bytes(i)` gives record i where it lies in its shard (a
+formats.record_slices.RecordBytes) for reads of parts of it (CT patches),
+only where those reads rest on a proof of every byte: ArrayRecord shards
+checked at verify="sha256" (each shard's digest against the manifest, once
+per process; its size, mtime and ctime compared again before each record's
+read). Otherwise it is None and records are read whole, each chunk's hash
+checked by array_record's reader (docs/loaders.md).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 
 from formats.errors import CorruptRecordError
-from formats.outputs.integrity import Verify, verify_level
+from formats.outputs.integrity import Verify, check_local_file, verify_level
 from formats.outputs.output import Output
+from formats.record_slices import ArrayRecordFile, RecordBytes
 from loaders._pinning import DataIdentity, Pin, pin_output
 
 __all__ = ["ShardedRecords"]
@@ -57,7 +69,7 @@ class ShardedRecords:
       KeyError: the output has no such split.
       CorruptRecordError: a shard differs from the manifest.
     """
-    verify_level(verify)
+    level = verify_level(verify)
     self.pin: Pin | None = None
     if isinstance(path, Output):
       self.output = path
@@ -69,6 +81,10 @@ class ShardedRecords:
     self.manifest = self.output.manifest
     self.features = self.manifest.features
     self._records = self.output.open_records(split, cache_dir, verify)
+    # Reads in parts rest on the SHA-256 of the whole shard: only then are they offered.
+    self._in_parts = level == "sha256" and self.output.file_format == "array_record"
+    self._files: dict[int, ArrayRecordFile | None] = {}  # shard -> its file for reads in parts (None: read whole)
+    self._files_lock = threading.Lock()
 
   def __len__(self) -> int:
     return len(self._records)
@@ -97,16 +113,66 @@ class ShardedRecords:
     except Exception as e:  # the C++ reader's own error: name the shard and record
       raise CorruptRecordError(f"{self._records.paths[k]}: record {local}: {type(e).__name__}: {e}") from None
 
+  def record_bytes(self, index: int) -> RecordBytes | None:
+    """Record `index` where it lies in its shard, for reads of parts of it; None where it is read whole.
+
+    None unless the shards are ArrayRecord files proven at verify="sha256", and
+    for a shard written with options that do not store records as they are.
+
+    Raises:
+      CorruptRecordError: the shard changed since its digest was checked, or
+        the record's chunk disagrees with the shard's footer (names shard and record).
+    """
+    if not self._in_parts:
+      return None
+    k, local = self._records.locate(index)
+    file = self._files.get(k, False)
+    if file is False:
+      file = self._open_file(k)
+    if file is None:
+      return None
+    file.check_unchanged(f"{self._records.paths[k]}: record {local}")
+    return file.record(local)
+
+  def _open_file(self, k: int) -> ArrayRecordFile | None:
+    """Opens shard k for reads in parts: the file whose digest is the manifest's, as it is now."""
+    with self._files_lock:
+      if k in self._files:
+        return self._files[k]
+      path, info = self._records.paths[k], self.output.shards(self.split)[k]
+      check_local_file(path, info.num_bytes, info.sha256, "sha256")  # remembered: a stat, unless it changed
+      try:
+        file = ArrayRecordFile(path)
+      except ValueError as e:
+        if isinstance(e, CorruptRecordError):
+          raise
+        file = None  # a layout read whole (compressed or transposed chunks)
+      if file is not None:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != file.identity:
+          file.close()
+          raise CorruptRecordError(f"{path}: changed while it was opened")
+        if len(file) != info.num_records:
+          file.close()
+          raise CorruptRecordError(f"{path}: {len(file)} records, the manifest says {info.num_records}")
+      self._files[k] = file
+      return file
+
   def where(self, index: int) -> str:
     """"<shard path>: record <k>", the local path of record `index`'s shard and its number there, as errors name it."""
     return self._records.where(index)
 
   def close(self) -> None:
-    """Closes every open reader (every thread's) and releases the lease; collection does both too.
+    """Closes every open reader (every thread's) and shard file and releases the lease; collection does both too.
 
     A later read opens readers again, without a lease.
     """
     self._records.close()
+    with self._files_lock:
+      files, self._files = self._files, {}
+    for file in files.values():
+      if file is not None:
+        file.close()
     if self.pin is not None:
       self.pin.release()
 

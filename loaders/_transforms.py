@@ -30,7 +30,8 @@ import simplejpeg
 from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Tensor
 from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, LABEL_PADDING, LABEL_PATCH_DTYPES, PATCH_MODES,
-                                center_patch_start, hu_window_constants, label_layout, sampled_patch_start)
+                                center_patch_start, centred_patch_start, foreground_voxel, hu_window_constants,
+                                label_layout, random_patch_start, sampled_patch_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,39 +171,88 @@ def volume_label(features: Features, o: ExampleOptions) -> str | None:
   return None
 
 
-def _cut(array: np.ndarray, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype) -> np.ndarray:
-  """The patch of `array` at `start` (its leading axes; the rest kept whole), `fill` past the far end."""
-  part = array[tuple(slice(s, s + p) for s, p in zip(start, patch_size))]
+def _cut(array, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype) -> np.ndarray:
+  """The patch of `array` at `start` (its leading axes; the rest kept whole), `fill` past the far end.
+
+  `array` is a numpy array or anything indexed like one by step-1 slices (a
+  formats.record_slices.StoredArray, which reads only the box).
+  """
+  part = array[tuple(slice(int(s), int(s) + p) for s, p in zip(start, patch_size))]
   out = np.full((*patch_size, *array.shape[len(patch_size):]), fill, dtype)
   out[tuple(slice(0, n) for n in part.shape)] = part
   return out
 
 
-def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
+def counted_patch_start(shape, patch_size, rng: np.random.Generator, pos_fraction: float | None, label,
+                        counts: Callable[[], np.ndarray]) -> np.ndarray:
+  """formats.transforms.sampled_patch_start, with the label's foreground_counts given by `counts()` (called only
+  for a positive draw, as the specification scans the label only then): the same draws, the same start.
+
+  Args:
+    shape, patch_size, rng, pos_fraction: as sampled_patch_start takes them.
+    label: the record's label, indexed by plane (`label[z]`) and with a `shape`.
+    counts: returns foreground_counts(label) (computed once per record by its caller).
+
+  Returns:
+    The start per axis.
+  """
+  start = random_patch_start(shape, patch_size, rng)
+  if pos_fraction is None or not rng.random() < pos_fraction:
+    return start
+  per_slice = counts()
+  total = int(per_slice.sum())
+  if total == 0:
+    return start
+  return centred_patch_start(foreground_voxel(label, per_slice, int(rng.integers(0, total))), shape, patch_size)
+
+
+def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
+  """patch(volume, label, spacing, rng, counts=None) → the CT example (volume, spacing, patch_start[, label]).
+
+  The CT transform's core: `volume` and `label` are numpy arrays or objects
+  indexed like them (shape, step-1 slices, planes: a
+  formats.record_slices.StoredArray); `label` is None for records without
+  one. counts=None draws with sampled_patch_start itself; else `counts()` is
+  the label's foreground_counts (`counted_patch_start`).
+
+  Raises:
+    ValueError: (on construction) no patch_size, or the label or pos_fraction `volume_label` refuses.
+  """
   if o.patch_size is None:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
   lo, hi, span = hu_window_constants(o.hu_window)
   layout = volume_label(features, o)
 
-  def crop(rec, rng=None):
-    vol = rec["volume"]
-    label = rec["label"] if layout else None
-    if label is not None and label.shape[:3] != vol.shape:
-      raise CorruptRecordError(f"feature 'label' has shape {label.shape}, its volume {vol.shape}: they must share "
-                               f"[D, H, W]")
+  def patch(vol, label, spacing, rng=None, counts: Callable[[], np.ndarray] | None = None) -> dict:
+    if label is not None and tuple(label.shape[:3]) != tuple(vol.shape):
+      raise CorruptRecordError(f"feature 'label' has shape {tuple(label.shape)}, its volume {tuple(vol.shape)}: "
+                               f"they must share [D, H, W]")
     if o.patch == "random":
-      start = sampled_patch_start(vol.shape, o.patch_size, rng or np.random.default_rng(0), o.pos_fraction, label)
+      rng = rng or np.random.default_rng(0)
+      if counts is None:
+        start = sampled_patch_start(vol.shape, o.patch_size, rng, o.pos_fraction, label)
+      else:
+        start = counted_patch_start(vol.shape, o.patch_size, rng, o.pos_fraction, label, counts)
     else:
       start = center_patch_start(vol.shape, o.patch_size)
     out = _cut(vol, start, o.patch_size, CT_PADDING_HU, np.float32)
     np.clip(out, lo, hi, out=out)
     if o.normalize:
       out = (out - lo) / span
-    example = {"volume": out.astype(np.float32), "spacing": np.asarray(rec["spacing"], np.float32),
+    example = {"volume": out.astype(np.float32), "spacing": np.asarray(spacing, np.float32),
                "patch_start": start.astype(np.int64)}
     if label is not None:
       example["label"] = _cut(label, start, o.patch_size, LABEL_PADDING, LABEL_PATCH_DTYPES[layout])
     return example
+  patch.layout = layout
+  return patch
+
+
+def _volume_transform(features: Features, o: ExampleOptions) -> Callable:
+  patch = volume_patcher(features, o)
+
+  def crop(rec, rng=None):
+    return patch(rec["volume"], rec["label"] if patch.layout else None, rec["spacing"], rng)
   return crop
 
 

@@ -297,7 +297,7 @@ def test_a_truncated_file_is_refused_at_open_and_while_read(tmp_path):
     layout = locate_example(record, {"volume/value"})
     stored = StoredArray(record, layout.spans["volume/value"][0], arrays[-1].shape, np.dtype("<f4"))
     os.truncate(path, f.index.byte_range(1)[0])  # shrinks under the open file
-    with pytest.raises(CorruptRecordError, match=r"float32.array_record: changed"):
+    with pytest.raises(CorruptRecordError, match=r"float32.array_record: the file changed"):
       f.check_unchanged()
     with pytest.raises(CorruptRecordError, match=rf"float32.array_record: record {len(arrays) - 1}: the file ends"):
       stored[0:2, 0:5, 0:5]
