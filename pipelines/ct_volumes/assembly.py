@@ -201,6 +201,20 @@ def _check_volume_size(plan: VolumePlan, max_volume_voxels: int) -> None:
         f"exceeds {max_volume_voxels} voxels")
 
 
+def stack_count(slices: Sequence[SliceHeader]) -> int:
+  """How many volumes (stacks) `plan_volumes` makes or rejects from one candidate series: what a label
+  that names no instance must know to be given to the only one.
+
+  Args:
+    slices: the slice headers of one candidate series.
+
+  Returns:
+    The number of stacks.
+  """
+  with_pos = [s for s in slices if s.position is not None]
+  return len(_stacks(with_pos if with_pos and len(with_pos) < len(slices) else slices))
+
+
 def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE,
                  max_volume_voxels: int = MAX_VOLUME_VOXELS
                  ) -> tuple[list[VolumePlan], list[tuple[str, str, int]]]:

@@ -160,6 +160,8 @@ class LabelConfig:
     tolerance_mm: the largest distance between a label's voxel centres and the volume's.
     fraction_threshold: a FRACTIONAL SEG voxel is in its segment where fraction >= this.
     max_contour_points: the most contour points an RTSTRUCT file may hold.
+    max_voxels: the most voxels a NIfTI label map may hold (checked from its header, before its
+      data is inflated).
   """
 
   sources: tuple[str, ...]
@@ -170,6 +172,7 @@ class LabelConfig:
   tolerance_mm: float = DEFAULT_TOLERANCE_MM
   fraction_threshold: float = 0.5
   max_contour_points: int = MAX_CONTOUR_POINTS
+  max_voxels: int = MAX_VOLUME_VOXELS  # the largest NIfTI label map, in voxels (--max_volume_voxels)
 
   def __post_init__(self):
     sources = tuple(self.sources)
@@ -206,7 +209,7 @@ class LabelConfig:
   def __hash__(self) -> int:  # the mappings are dicts (picklable): hash their items
     return hash((self.sources, tuple(sorted((self.label_map or {}).items())), self.layout,
                  tuple(sorted(self.nifti_series.items())), self.resample, self.tolerance_mm,
-                 self.fraction_threshold, self.max_contour_points))
+                 self.fraction_threshold, self.max_contour_points, self.max_voxels))
 
   @property
   def class_ids(self) -> frozenset[int]:
@@ -466,6 +469,14 @@ def _frame_numbers(item) -> list[int | None]:
   return out
 
 
+def _some_class(classes: set[int], what: str) -> tuple[int, ...]:
+  """The classes a SEG or RTSTRUCT brings; one that brings none (every name mapped to 0) labels nothing."""
+  classes = classes - {IGNORED}
+  if not classes:
+    raise LabelRejected(f"every {what} is mapped to 0 in --label_map: the file labels nothing")
+  return tuple(sorted(classes))
+
+
 def _label_class(config: LabelConfig, name, what: str, number: int) -> int:
   """The class id of a segment label / ROI name; the reason names the number only."""
   keyword = "SegmentLabel" if what == "segment" else "ROIName"
@@ -585,7 +596,7 @@ def _seg_header(data: bytes, path: str, salt: str, config: LabelConfig) -> Label
   return LabelHeader(
       path=path, source="seg", series_uid_key=salted_hash(salt, "series-uid", series.pop()) if series else "",
       frame_of_reference_key=salted_hash(salt, "frame-of-reference", _uid(ds, "FrameOfReferenceUID")),
-      referenced_sop_keys=frozenset(referenced), classes=tuple(sorted(set(segments.values()) - {IGNORED})),
+      referenced_sop_keys=frozenset(referenced), classes=_some_class(set(segments.values()), "segment"),
       directory=posixpath.dirname(path), segments=tuple(sorted(segments.items())), rows=rows, columns=columns,
       number_of_frames=frames_n, segmentation_type=seg_type, max_fractional_value=max_fraction,
       frames=tuple(frames), **_identity(ds, salt))
@@ -732,7 +743,7 @@ def _rtstruct_header(data: bytes, path: str, salt: str, config: LabelConfig) -> 
       path=path, source="rtstruct",
       series_uid_key=salted_hash(salt, "series-uid", next(iter(st.series))) if st.series else "",
       frame_of_reference_key=salted_hash(salt, "frame-of-reference", st.frame_of_reference),
-      referenced_sop_keys=frozenset(st.referenced), classes=tuple(sorted(set(st.rois.values()) - {IGNORED})),
+      referenced_sop_keys=frozenset(st.referenced), classes=_some_class(set(st.rois.values()), "ROI"),
       directory=posixpath.dirname(path), segments=tuple(sorted(st.rois.items())),
       contour_points=sum(c.points for c in st.contours),
       contour_references=tuple(c.references for c in st.contours), **_identity(ds, salt))
@@ -741,16 +752,38 @@ def _rtstruct_header(data: bytes, path: str, salt: str, config: LabelConfig) -> 
 # --------------------------------------------------------------------------- NIfTI
 
 
-def _nifti_image(data: bytes, path: str):
-  raw = data
-  if path.lower().endswith(".gz"):
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-      raw = inflater.decompress(data, MAX_NIFTI_BYTES + 1)
-    except zlib.error:
-      raise LabelRejected("unreadable NIfTI (not a gzip stream)") from None
-    if len(raw) > MAX_NIFTI_BYTES:
-      raise LabelRejected(f"NIfTI over the size limit: it inflates to more than {MAX_NIFTI_BYTES} bytes")
+_NIFTI_HEADER_BYTES = 544  # a NIfTI-2 header (540) and its extension flag; NIfTI-1 needs 352
+
+
+def _nifti_bytes(data: bytes, path: str, max_voxels: int) -> bytes:
+  """The NIfTI's bytes, a .gz inflated only as far as its header says the image reaches: the voxel count
+  is checked from the header before the data is inflated (a small .gz can inflate to gigabytes)."""
+  inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if path.lower().endswith(".gz") else None
+  try:
+    head = inflater.decompress(data, _NIFTI_HEADER_BYTES) if inflater else data[:_NIFTI_HEADER_BYTES]
+  except zlib.error:
+    raise LabelRejected("unreadable NIfTI (not a gzip stream)") from None
+  header_class = nibabel.Nifti2Header if head[4:8] == b"n+2\x00" else nibabel.Nifti1Header
+  try:
+    header = header_class.from_fileobj(io.BytesIO(head), check=False)
+    voxels = math.prod(int(n) for n in header.get_data_shape())
+    needed = int(header.get_data_offset()) + voxels * header.get_data_dtype().itemsize
+  except Exception as e:  # noqa: BLE001 (nibabel raises many types on a damaged header)
+    raise LabelRejected(f"unreadable NIfTI header: {type(e).__name__}") from None
+  if voxels > max_voxels:
+    raise LabelRejected(f"NIfTI over the size limit: more than {max_voxels} voxels")
+  if needed > MAX_NIFTI_BYTES:
+    raise LabelRejected(f"NIfTI over the size limit: its image takes more than {MAX_NIFTI_BYTES} bytes")
+  if inflater is None or needed <= len(head):
+    return data if inflater is None else head
+  try:
+    return head + inflater.decompress(inflater.unconsumed_tail, needed - len(head))
+  except zlib.error:
+    raise LabelRejected("unreadable NIfTI (a damaged gzip stream)") from None
+
+
+def _nifti_image(data: bytes, path: str, max_voxels: int = MAX_VOLUME_VOXELS):
+  raw = _nifti_bytes(data, path, max_voxels)
   image_class = nibabel.Nifti2Image if raw[4:8] == b"n+2\x00" else nibabel.Nifti1Image
   try:
     image = image_class.from_bytes(raw)
@@ -761,8 +794,8 @@ def _nifti_image(data: bytes, path: str):
     shape = shape[:3]
   if len(shape) != 3 or min(shape) < 1:
     raise LabelRejected("not a 3D NIfTI label map (dim)")
-  if math.prod(shape) > MAX_VOLUME_VOXELS:
-    raise LabelRejected(f"NIfTI over the size limit: more than {MAX_VOLUME_VOXELS} voxels")
+  if math.prod(shape) > max_voxels:
+    raise LabelRejected(f"NIfTI over the size limit: more than {max_voxels} voxels")
   header = image.header
   if int(header["sform_code"]) == 0 and int(header["qform_code"]) == 0:
     raise LabelRejected("NIfTI without an orientation (sform_code and qform_code are 0)")
@@ -788,7 +821,7 @@ def _nifti_values(image, shape: tuple[int, ...], config: LabelConfig) -> np.ndar
     raise LabelRejected(f"NIfTI label values outside 0..{MAX_CLASS_ID}")
   values = values.astype(np.uint16)
   if config.label_map is not None:
-    present = np.unique(values)
+    present = np.flatnonzero(np.bincount(values.ravel(), minlength=1))  # one pass, no sorted copy
     unknown = [int(v) for v in present if v and int(v) not in config.class_ids]
     if unknown:
       more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
@@ -797,9 +830,9 @@ def _nifti_values(image, shape: tuple[int, ...], config: LabelConfig) -> np.ndar
 
 
 def _nifti_header(data: bytes, path: str, salt: str, config: LabelConfig) -> LabelHeader:
-  image, shape, affine = _nifti_image(data, path)
+  image, shape, affine = _nifti_image(data, path, config.max_voxels)
   values = _nifti_values(image, shape, config)
-  classes = tuple(int(v) for v in np.unique(values) if v)
+  classes = tuple(int(v) for v in np.flatnonzero(np.bincount(values.ravel(), minlength=1)) if v)
   return LabelHeader(
       path=path, source="nifti", series_uid_key=config.nifti_series.get(path, ""), patient_id="",
       frame_of_reference_key="", referenced_sop_keys=frozenset(), classes=classes,
@@ -1221,9 +1254,19 @@ def _nifti_resampled(grid: _Grid, values: np.ndarray, affine: np.ndarray) -> np.
   return out
 
 
+def _check_resampled(grid: _Grid, values: np.ndarray, affine: np.ndarray, labels: np.ndarray) -> None:
+  """A resampled label map must keep its foreground: nearest neighbour keeps its volume in mm^3 to within
+  the rounding at its edges, so keeping less than half says the map lies largely outside the volume."""
+  before = np.count_nonzero(values) * abs(np.linalg.det(affine[:3, :3]))
+  after = np.count_nonzero(labels) * math.prod(grid.spacing)
+  if before and after < 0.5 * before:
+    raise LabelRejected(f"resampled NIfTI label map keeps {after / before:.0%} of its foreground: it lies "
+                        "largely outside the volume")
+
+
 def _rasterize_nifti(plan: VolumePlan, header: LabelHeader, data: bytes, config: LabelConfig) -> np.ndarray:
   grid = _Grid(plan)
-  image, shape, affine = _nifti_image(data, header.path)
+  image, shape, affine = _nifti_image(data, header.path, config.max_voxels)
   if shape != tuple(header.shape) or not np.array_equal(affine.ravel(), np.asarray(header.affine)):
     raise LabelRejected("the NIfTI changed since its header was read")
   canvas = _Canvas(grid.shape, config, "classes")  # sized and bounded before the values are read
@@ -1234,6 +1277,7 @@ def _rasterize_nifti(plan: VolumePlan, header: LabelHeader, data: bytes, config:
     if not config.resample:
       raise
     labels = _nifti_resampled(grid, values, affine)
+    _check_resampled(grid, values, affine, labels)
   else:
     labels = np.transpose(values, axes)
     labels = labels[tuple(slice(None, None, -1) if f else slice(None) for f in flips)]

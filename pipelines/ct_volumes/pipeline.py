@@ -42,10 +42,11 @@ from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter, Units, counters
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
-from pipelines.core.records import Record, Reject
+from pipelines.core.records import Event, Record, Reject
 from pipelines.core.shards import ListedOnWorkers, PlanUnit
 from pipelines.ct_volumes.assembly import (
-    DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume)
+    DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume,
+    stack_count)
 from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, read_slices, salted_hash
 from pipelines.ct_volumes import labels as labels_lib
 from pipelines.ct_volumes.labels import LABEL_SOURCES, LabelConfig, LabelHeader, LabelRejected
@@ -53,6 +54,7 @@ from pipelines.ct_volumes.labels import LABEL_SOURCES, LabelConfig, LabelHeader,
 NAME = "ct_volumes"
 PIPELINE = f"pipelines.{NAME}"
 DEFAULT_SPLITS = "train=0.8,validation=0.1,test=0.1"
+EMPTY_LABEL = "empty_label"  # the Event of a volume written with a label that has no foreground
 _log = logging.getLogger(PIPELINE)
 
 
@@ -233,9 +235,11 @@ class _ReadHeadersFn(beam.DoFn):
 
 
 class _PlanFn(beam.DoFn):
-  """(series key, headers) → VolumePlans; files left out → Rejects. No pixels read."""
+  """(series key, headers) → VolumePlans; files left out → Rejects; and (tagged) the candidate series'
+  salted SeriesInstanceUID, folders and stack count, which label matching needs. No pixels read."""
 
   REJECTS = "rejects"
+  CANDIDATES = "candidates"
 
   def __init__(self, tolerance: float, max_volume_voxels: int = MAX_VOLUME_VOXELS):
     self._tolerance = tolerance
@@ -243,7 +247,10 @@ class _PlanFn(beam.DoFn):
 
   def process(self, element):
     _, slices = element
-    plans, rejected = plan_volumes(list(slices), self._tolerance, self._max_volume_voxels)
+    slices = list(slices)
+    yield beam.pvalue.TaggedOutput(self.CANDIDATES, (
+        slices[0].series_uid_key, tuple(sorted({posixpath.dirname(s.path) for s in slices})), stack_count(slices)))
+    plans, rejected = plan_volumes(slices, self._tolerance, self._max_volume_voxels)
     for path, reason, frames in rejected:
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, units=frames))
     yield from plans
@@ -255,43 +262,57 @@ def _volume_directory(plan: VolumePlan) -> str | None:
   return folders.pop() if len(folders) == 1 else None
 
 
+def _label_reject(h: LabelHeader, reason: str) -> beam.pvalue.TaggedOutput:
+  return beam.pvalue.TaggedOutput("rejects", Reject(h.path, f"{h.source} label rejected: {reason}"))
+
+
 def _match_by_series(element):
-  """(("uid", series key), {"plans", "labels"}) → plans with their labels attached; labels that match
-  no volume of the series → Rejects (tagged). A label goes to the volumes (stacks) holding an instance
-  it references, or to the series' one volume when it references none."""
+  """(series key, {"plans", "labels", "stacks"}) → plans with their labels attached; a label that does not
+  name exactly one volume → a Reject (tagged). A label goes to the one volume (stack) holding the instances
+  it references; one that references none, only when its series made one stack (counting rejected ones:
+  a mask of one contrast phase may not land on another)."""
   _, grouped = element
   plans, labels = list(grouped["plans"]), sorted(grouped["labels"], key=lambda h: h.path)
+  stacks = sum(grouped["stacks"])
   attached: dict[int, list[LabelHeader]] = collections.defaultdict(list)
   for h in labels:
     if not plans:
-      yield beam.pvalue.TaggedOutput("rejects", Reject(
-          h.path, f"{h.source} label rejected: no CT volume of the input for the series it labels (that series "
-                  "is missing from the input or was rejected)"))
+      yield _label_reject(h, "no CT volume of the input for the series it labels (that series is missing from "
+                             "the input or was rejected)")
       continue
     if h.referenced_sop_keys:
       hits = [i for i, plan in enumerate(plans) if h.referenced_sop_keys & {s.sop_key for s in plan.slices}]
+      if not hits:
+        yield _label_reject(h, "it references no instance of the series' volumes")
+        continue
+      if len(hits) > 1:
+        yield _label_reject(h, f"it references instances of {len(hits)} volumes of its series (stacks, e.g. "
+                               "contrast phases): one label file must label one volume")
+        continue
+    elif stacks != 1 or len(plans) != 1:
+      yield _label_reject(h, f"it references no instances and its series holds {max(stacks, len(plans))} "
+                             "volumes (stacks, counting rejected ones)")
+      continue
     else:
-      hits = [0] if len(plans) == 1 else []
-    if not hits:
-      reason = ("it references no instance of the series' volumes" if h.referenced_sop_keys else
-                "it references no instances and its series holds several volumes (stacks)")
-      yield beam.pvalue.TaggedOutput("rejects", Reject(h.path, f"{h.source} label rejected: {reason}"))
-    for i in hits:
-      attached[i].append(h)
+      hits = [0]
+    attached[hits[0]].append(h)
   for i, plan in enumerate(plans):
     yield dataclasses.replace(plan, labels=plan.labels + tuple(attached.get(i, ())))
 
 
 def _match_by_folder(element):
-  """(folder, {"plans", "labels"}) → plans with the NIfTI labels of their folder attached; a folder's
-  labels need exactly one volume in it, else they are Rejects (tagged)."""
+  """(folder, {"plans", "labels", "stacks"}) → plans with the NIfTI labels of their folder attached; a
+  folder's labels need exactly one volume in it and no other series or stack (rejected ones counted),
+  else they are Rejects (tagged)."""
   folder, grouped = element
   plans, labels = list(grouped["plans"]), sorted(grouped["labels"], key=lambda h: h.path)
-  if labels and len(plans) != 1:
+  stacks = sum(grouped["stacks"])
+  if labels and (len(plans) != 1 or stacks != 1):
     reason = ("no CT volume in its folder" if not plans else
-              f"{len(plans)} CT volumes in its folder: name its series in --label_nifti_map")
+              f"{max(stacks, len(plans))} CT volumes in its folder (counting rejected ones): name its series "
+              "in --label_nifti_map")
     for h in labels:
-      yield beam.pvalue.TaggedOutput("rejects", Reject(h.path, f"{h.source} label rejected: {reason}"))
+      yield _label_reject(h, reason)
     labels = []
   for plan in plans:
     yield dataclasses.replace(plan, labels=plan.labels + tuple(labels)) if labels else plan
@@ -307,19 +328,27 @@ class AttachLabels(beam.PTransform):
     self._by_folder = by_folder
 
   def expand(self, pcolls):
-    plans, labels = pcolls
+    plans, labels, candidates = pcolls
     named = labels | "NamedSeries" >> beam.Filter(lambda h: bool(h.series_uid_key))
     by_series = (
         {"plans": plans | "PlanSeries" >> beam.Map(lambda p: (p.slices[0].series_uid_key, p)),
-         "labels": named | "LabelSeries" >> beam.Map(lambda h: (h.series_uid_key, h))}
+         "labels": named | "LabelSeries" >> beam.Map(lambda h: (h.series_uid_key, h)),
+         "stacks": candidates | "SeriesStacks" >> beam.Map(lambda c: (c[0], c[2]))}
         | "JoinBySeries" >> beam.CoGroupByKey()
         | "MatchBySeries" >> beam.FlatMap(_match_by_series).with_outputs("rejects", main="plans"))
     plans, rejects = by_series.plans, [by_series.rejects]
+    unnamed = labels | "UnnamedSeries" >> beam.Filter(lambda h: not h.series_uid_key)
+    # A SEG or RTSTRUCT names its series; one that does not is refused (by instances alone, a label could
+    # not be told from one of another series).
+    rejects.append(unnamed | "NoSeries" >> beam.Filter(lambda h: h.source != "nifti") | "NoSeriesRejects" >> beam.Map(
+        lambda h: Reject(h.path, f"{h.source} label rejected: it names no series (ReferencedSeriesSequence or "
+                                 "RTReferencedSeriesSequence)")))
     if self._by_folder:
-      unnamed = labels | "UnnamedSeries" >> beam.Filter(lambda h: not h.series_uid_key)
       by_folder = (
           {"plans": plans | "PlanFolder" >> beam.Map(lambda p: (_volume_directory(p), p)),
-           "labels": unnamed | "LabelFolder" >> beam.Map(lambda h: (h.directory, h))}
+           "labels": (unnamed | "UnnamedNifti" >> beam.Filter(lambda h: h.source == "nifti")
+                      | "LabelFolder" >> beam.Map(lambda h: (h.directory, h))),
+           "stacks": candidates | "FolderStacks" >> beam.FlatMap(lambda c: [(folder, c[2]) for folder in c[1]])}
           | "JoinByFolder" >> beam.CoGroupByKey()
           | "MatchByFolder" >> beam.FlatMap(_match_by_folder).with_outputs("rejects", main="plans"))
       plans = by_folder.plans
@@ -387,8 +416,10 @@ class _VolumeUnits(UnitConverter):
       except _LabelFailed as e:
         del volume
         yield from self._reject_all(plan, split, f"series rejected, its label was rejected: {e.reason}",
-                                    {e.path: f"label rejected: {e.reason}"} if e.path else {})
+                                    {e.path: e.reason} if e.path else {})
         return
+      if not label.any():  # an annotated volume without foreground: kept, and counted in the warnings
+        yield Event(EMPTY_LABEL)
     for path, reason in dropped:
       yield Reject(path, reason, split)
     direction = np.asarray(plan.direction, np.float32).reshape(3, 3)
@@ -421,7 +452,7 @@ class _VolumeUnits(UnitConverter):
         data = self._read_policy.read(inputs.InputFile(h.path, raw_paths.get(h.path, b"")).location)
         label = labels_lib.rasterize(plan, h, data, self._labels)
       except (inputs.Unreadable, LabelRejected) as e:
-        raise _LabelFailed(h.path, f"{h.source}: {e}") from None
+        raise _LabelFailed(h.path, f"{h.source} label rejected: {e}") from None
       if out is None:
         out = label
       else:
@@ -445,11 +476,11 @@ def _merge_labels(out: np.ndarray, label: np.ndarray, shared: set[int], layout: 
   for c in sorted(shared):
     a, b = (out == c, label == c) if layout == "classes" else (out[..., c - 1], label[..., c - 1])
     if not np.array_equal(a, b):
-      raise _LabelFailed("", f"label sources disagree on class {c} ({h.source} {h.path} and another)")
+      raise _LabelFailed("", f"label sources disagree on class {c} (a {h.source} label and another)")
   if layout != "classes":
     return np.maximum(out, label)
   if np.any((out != 0) & (label != 0) & (out != label)):
-    raise _LabelFailed("", f"label sources overlap with different classes ({h.source} {h.path} and another): "
+    raise _LabelFailed("", f"label sources overlap with different classes (a {h.source} label and another): "
                            "use --label_layout=channels")
   return np.where(out == 0, label, out)
 
@@ -493,6 +524,7 @@ class CtVolumesConfig:
   max_file_bytes: int = MAX_FILE_BYTES
   max_volume_voxels: int = MAX_VOLUME_VOXELS
   labels: LabelConfig | None = None  # None: volumes only
+  label_nifti_digest: str = ""  # salted digest of --label_nifti_map's content (the manifest's record of it)
 
 
 def _read_json_flag(flag: str, location: str):
@@ -512,13 +544,18 @@ def _input_location(root: str, rel: str) -> str:
   return os.path.join(root, *rel.split("/"))
 
 
-def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str) -> LabelConfig | None:
-  """The label flags, checked: None when --label_sources is empty.
+def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str,
+                 max_voxels: int = MAX_VOLUME_VOXELS) -> tuple[LabelConfig | None, str]:
+  """The label flags, checked, and a salted digest of --label_nifti_map's content ("" without one).
 
   Args:
     o: --label_sources, --label_map, --label_layout, --label_nifti_map, --label_resample.
     common: the input, which --label_nifti_map's paths are relative to.
     salt: --id_salt (the mapped SeriesInstanceUIDs are kept only as salted hashes).
+    max_voxels: --max_volume_voxels, which bounds a NIfTI label map too.
+
+  Returns:
+    (the label settings, or None when --label_sources is empty; the digest).
 
   Raises:
     UsageError: an unknown source, a label flag without --label_sources, seg or rtstruct without
@@ -532,7 +569,7 @@ def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str) -> LabelC
                             ("--label_layout", o.label_layout != "classes")) if v]
     if given:
       raise UsageError(f"{given[0]} needs --label_sources (seg, rtstruct, nifti or auto)")
-    return None
+    return None, ""
   sources = LABEL_SOURCES if text == "auto" else tuple(dict.fromkeys(x.strip() for x in text.split(",")))
   unknown = [x for x in sources if x not in LABEL_SOURCES]
   if unknown:
@@ -548,7 +585,7 @@ def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str) -> LabelC
                        "to leave the name out}, with at least one class")
   elif {"seg", "rtstruct"} & set(sources):
     raise UsageError("--label_map is required for seg and rtstruct labels: {segment label or ROI name: class id}")
-  nifti_series = {}
+  nifti_series, digest = {}, ""
   if o.label_nifti_map:
     mapping = _read_json_flag("--label_nifti_map", o.label_nifti_map)
     if not isinstance(mapping, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
@@ -557,11 +594,20 @@ def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str) -> LabelC
                        "SeriesInstanceUID}")
     nifti_series = {inputs.printable(_input_location(common.input, rel)): salted_hash(salt, "series-uid", uid)
                     for rel, uid in mapping.items()}
+    digest = salted_hash(salt, "nifti map", json.dumps(sorted(mapping.items())))
+    missing = sorted(rel for rel in mapping if not common.input.startswith("gs://")
+                     and not os.path.isfile(_input_location(common.input, rel)))
+    if missing:  # a key that names no file would leave its NIfTI to be matched by folder, silently
+      raise UsageError(f"--label_nifti_map names {len(missing)} files that are not under --input, e.g. "
+                       f"{missing[0]!r} (paths relative to --input, with / separators)")
   if (o.label_nifti_map or o.label_resample) and "nifti" not in sources:
     raise UsageError(f"{'--label_nifti_map' if o.label_nifti_map else '--label_resample'} needs nifti in "
                      "--label_sources")
-  return LabelConfig(sources=sources, label_map=label_map, layout=o.label_layout, nifti_series=nifti_series,
-                     resample=o.label_resample)
+  try:
+    return LabelConfig(sources=sources, label_map=label_map, layout=o.label_layout, nifti_series=nifti_series,
+                       resample=o.label_resample, max_voxels=max_voxels), digest
+  except ValueError as e:  # the combinations LabelConfig refuses (channels without a label map, ...)
+    raise UsageError(f"label flags: {e}") from None
 
 
 class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
@@ -595,10 +641,11 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       if "volume" not in list(held_features) or not isinstance(held_features["volume"], Tensor):
         raise UsageError(f"--mode=append: {common.output} holds no CT volume output (no volume feature)")
       volume_dtype = held_features["volume"].dtype
+    labels, nifti_digest = label_config(o, common, o.id_salt, o.max_volume_voxels)
     return CtVolumesConfig(
         salt=o.id_salt, splits=splits, volume_dtype=volume_dtype, tolerance=o.slice_tolerance,
         max_file_bytes=o.max_file_bytes, max_volume_voxels=o.max_volume_voxels,
-        labels=label_config(o, common, o.id_salt))
+        labels=labels, label_nifti_digest=nifti_digest)
 
   def plan(self, common: CommonConfig, config: CtVolumesConfig) -> OutputPlan:
     """See Converter.plan. Lists nothing: the splits come from --splits, and with
@@ -616,7 +663,8 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     labels = config.labels
     if labels is not None:  # the class ids are the user's own vocabulary, kept so a reader can name them
       source.update(label_sources=list(labels.sources), label_layout=labels.layout,
-                    label_map=dict(sorted((labels.label_map or {}).items())), label_resample=labels.resample)
+                    label_map=dict(sorted((labels.label_map or {}).items())), label_resample=labels.resample,
+                    label_nifti_map=config.label_nifti_digest)
     return OutputPlan(
         features=volume_features("float32" if policy == "float32" else "int16", labels),
         splits=tuple(s for s, _ in config.splits),
@@ -662,14 +710,14 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         headers.slices
         | "GroupBySeries" >> beam.GroupByKey()
         | "PlanVolumes" >> beam.ParDo(_PlanFn(config.tolerance, config.max_volume_voxels)).with_outputs(
-            _PlanFn.REJECTS, main="plans")
+            _PlanFn.REJECTS, _PlanFn.CANDIDATES, main="plans")
     )
     plans, unit_rejects = planned.plans, [headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS]]
     counted = [headers.slices | "Frames" >> beam.Map(lambda kv: 1),
                headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1)]
     if config.labels is not None:
       label_headers = headers[_ReadHeadersFn.LABELS]
-      plans, label_rejects = (plans, label_headers) | "AttachLabels" >> AttachLabels(
+      plans, label_rejects = (plans, label_headers, planned[_PlanFn.CANDIDATES]) | "AttachLabels" >> AttachLabels(
           by_folder="nifti" in config.labels.sources)
       unit_rejects.append(label_rejects)
       counted.append(label_headers | "LabelFiles" >> beam.Map(lambda h: 1))
@@ -694,6 +742,13 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
             if plan.sorted_by != "position" else []),
         side_inputs={"dtype": beam.pvalue.AsSingleton(dtype), "raw_paths": beam.pvalue.AsDict(raw_paths)},
         features=dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d]))
+
+  def warnings(self, config: CtVolumesConfig, plan: OutputPlan, found) -> list[str]:
+    """See Converter.warnings: also the volumes written with a label that has no foreground."""
+    out = super().warnings(config, plan, found)
+    if found.events.get(EMPTY_LABEL):
+      out.append(f"{found.events[EMPTY_LABEL]} volumes have a label without foreground (every voxel background)")
+    return out
 
   def unit_converter(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> UnitConverter:
     """See Converter.unit_converter: a series' plan → its volume's record, or rejects for its files."""

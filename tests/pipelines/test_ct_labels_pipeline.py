@@ -296,3 +296,82 @@ def test_append_converts_new_series_with_their_labels(tmp_path):
   assert len(rows) == 2
   np.testing.assert_array_equal(rows[_sid(second)]["label"], spleen * 2)
   np.testing.assert_array_equal(rows[_sid(first)]["label"], _organs(first)[0] * 1)
+
+
+@pytest.fixture(scope="module")
+def phases(tmp_path_factory):
+  """Series in two contrast phases (one stack each, positions repeated), labels that name one, both or none."""
+  base = tmp_path_factory.mktemp("ct_phases")
+  root = str(base / "in")
+  rng = np.random.default_rng(41)
+  plain, arterial = ct.write_contrast_phases(os.path.join(root, "ph1"), rng=rng, patient_id="P1", num_slices=8,
+                                             rows=24, cols=24)
+  mask = cl.ellipsoid(plain.hu.shape, (4, 12, 12), (2, 5, 5))
+  files = {"plain_seg": cl.write_seg(plain, os.path.join(root, "ph1", "seg_plain.dcm"), [mask], ["liver"], seed=42)}
+  both = cl.seg_dataset(plain, [mask], ["liver"], seed=43)
+  refs = both.ReferencedSeriesSequence[0].ReferencedInstanceSequence
+  for path in arterial.files:  # a SEG made from both phases' images names instances of both
+    item = pydicom.Dataset()
+    source = pydicom.dcmread(path, stop_before_pixels=True)
+    item.ReferencedSOPClassUID, item.ReferencedSOPInstanceUID = source.SOPClassUID, source.SOPInstanceUID
+    refs.append(item)
+  files["both_seg"] = cl.save(both, os.path.join(root, "ph1", "seg_both.dcm"))
+  files["ph1_nifti"] = cl.write_nifti(plain, os.path.join(root, "ph1", "labels.nii.gz"), mask * 1)
+  plain2, arterial2 = ct.write_contrast_phases(os.path.join(root, "ph2"), rng=rng, patient_id="P2", num_slices=8,
+                                               rows=24, cols=24)
+  ct.drop_middle_slice(arterial2)  # that phase is rejected: a NIfTI beside the other may not go to it unasked
+  files["ph2_nifti"] = cl.write_nifti(plain2, os.path.join(root, "ph2", "labels.nii"), mask * 1)
+  lone = _series(root, "nn", "P3", 44)
+  unnamed = cl.seg_dataset(lone, [_organs(lone)[0]], ["liver"], seed=45)
+  del unnamed.ReferencedSeriesSequence
+  files["unnamed_seg"] = cl.save(unnamed, os.path.join(root, "nn", "seg.dcm"))
+  empty = _series(root, "zz", "P4", 46)
+  files["empty_nifti"] = cl.write_nifti(empty, os.path.join(root, "zz", "labels.nii"), np.zeros(empty.hu.shape, int))
+  label_map = str(base / "map.json")
+  with open(label_map, "w") as f:
+    json.dump(LABEL_MAP, f)
+  out = str(base / "out")
+  m = convert(root, out, "--splits=train=1.0", "--label_sources=auto", f"--label_map={label_map}")
+  truths = {"plain": plain, "arterial": arterial, "plain2": plain2, "arterial2": arterial2, "lone": lone,
+            "empty": empty}
+  return out, m, truths, files, mask
+
+
+def test_a_label_goes_to_its_one_phase_and_never_to_another(phases):
+  out, m, truths, files, mask = phases
+  errs = errors(out)
+  rows = {r["series_id"]: r for _, r in records(out, m)}
+  got = [r for r in rows.values() if r["label_source"] == "seg"]
+  assert len(got) == 1
+  np.testing.assert_array_equal(got[0]["label"], mask * 1)
+  np.testing.assert_array_equal(got[0]["volume"], truths["plain"].hu)
+  assert any("instances of 2 volumes of its series" in r for r in errs[files["both_seg"]]), errs[files["both_seg"]]
+  assert any("2 CT volumes in its folder" in r for r in errs[files["ph1_nifti"]]), errs[files["ph1_nifti"]]
+  assert any("2 CT volumes in its folder (counting rejected ones)" in r for r in errs[files["ph2_nifti"]])
+  for f in truths["arterial"].files + truths["plain2"].files:  # phases without a label of their own
+    assert any("no label source found" in r for r in errs[f]), errs[f]
+
+
+def test_a_seg_that_names_no_series_is_rejected(phases):
+  out, _, truths, files, _ = phases
+  errs = errors(out)
+  assert any("it names no series" in r for r in errs[files["unnamed_seg"]]), errs[files["unnamed_seg"]]
+  assert all(f in errs for f in truths["lone"].files)
+
+
+def test_a_label_without_foreground_is_kept_and_counted_in_the_warnings(phases):
+  out, m, truths, _, _ = phases
+  empty = [r for _, r in records(out, m) if r["label_source"] == "nifti"]
+  assert len(empty) == 1
+  assert not empty[0]["label"].any()
+  assert any("1 volumes have a label without foreground" in w for w in m.warnings), m.warnings
+
+
+def test_a_nifti_mapping_that_names_a_missing_file_is_a_usage_error(tmp_path):
+  src = tmp_path / "in"
+  src.mkdir()
+  (tmp_path / "map.json").write_text(json.dumps({"labelsTr/case_9.nii.gz": "1.2.3"}))
+  with pytest.raises(UsageError, match="names 1 files that are not under --input"):
+    ct_volumes.run([f"--input={src}", f"--output={tmp_path / 'out'}", f"--id_salt={SALT}", "--label_sources=nifti",
+                    f"--label_nifti_map={tmp_path / 'map.json'}"])
+  assert not (tmp_path / "out").exists()
