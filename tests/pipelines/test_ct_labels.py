@@ -813,3 +813,26 @@ def test_nifti_values_rejected(axial, tmp_path):
   with open(junk, "wb") as f:
     f.write(gzip.compress(gzip.decompress(_read(path))[:400]))  # the header, and a few voxels
   _nifti_reject(axial, junk, r"unreadable NIfTI")
+
+
+def test_nifti_resampled_off_the_volume_rejected(axial, tmp_path):
+  label = _classes(axial)
+  shift = np.eye(4)
+  shift[:3, 3] = [0.0, 0.0, axial.hu.shape[0] * 0.7]  # 70 % of the map beyond the last slice
+  path = cl.write_nifti(axial, str(tmp_path / "off.nii.gz"), label, affine=cl.series_affine(axial) @ shift)
+  _nifti_reject(axial, path, r"resampled NIfTI label map keeps \d+% of its foreground", _config(resample=True))
+
+
+def test_nifti_voxel_count_bounded_before_inflating(axial, tmp_path):
+  """A .gz of a few KB whose header claims 8 Gi voxels: refused from the header, nothing inflated past it."""
+  header = nib.Nifti1Header()
+  header.set_data_shape((2048, 2048, 2048))
+  header.set_data_dtype(np.uint8)
+  header.set_sform(cl.series_affine(axial), code=1)
+  raw = io.BytesIO()
+  header.write_to(raw)
+  path = str(tmp_path / "bomb.nii.gz")
+  with gzip.open(path, "wb") as f:
+    f.write(raw.getvalue() + b"\0" * 4 + b"\0" * (1 << 20))
+  _nifti_reject(axial, path, r"NIfTI over the size limit: more than 1000 voxels", _config(max_voxels=1000))
+  _nifti_reject(axial, path, r"NIfTI over the size limit")
