@@ -18,7 +18,7 @@ really holds, so that a reader can refuse a header that promises more.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 import contextlib
 import dataclasses
 import hashlib
@@ -226,15 +226,48 @@ def _invalid(keyword: str, why: str = "") -> SliceRejected:
   return SliceRejected(f"invalid {tag_name(keyword)}" + (f": {why}" if why else ""))
 
 
-def _element(ds, keyword: str):
-  """The value, or None when absent or empty. pydicom converts values on access
-  and may raise with the value in the message: only the tag's name gets out."""
+def tag_value(ds, keyword: str, invalid: Callable[[str], Exception]):
+  """A tag's value, or None when absent or empty. pydicom converts values on access and may raise with
+  the value in the message: only `invalid(keyword)`, which names the tag, gets out.
+
+  Args:
+    ds: a pydicom Dataset.
+    keyword: the tag's keyword.
+    invalid: makes the exception raised for a value that does not convert.
+
+  Returns:
+    The value, or None.
+  """
   try:
     value = ds.get(keyword)
     return None if value is None or value == "" else value
   except Exception:  # noqa: BLE001 (any conversion error; its message may hold the value)
     pass
-  raise _invalid(keyword)
+  raise invalid(keyword)
+
+
+def whole_number(value, low: int | None = None, high: int | None = None) -> int | None:
+  """int(value) when it is a whole number within [low, high] (IS, US, UL, ... values), else None.
+
+  Args:
+    value: a tag's value.
+    low, high: the bounds (None: unbounded).
+
+  Returns:
+    The integer, or None.
+  """
+  try:
+    out = int(value)
+  except (TypeError, ValueError, OverflowError):
+    return None
+  if (isinstance(value, float) and out != value) or (low is not None and out < low) or (
+      high is not None and out > high):
+    return None
+  return out
+
+
+def _element(ds, keyword: str):
+  return tag_value(ds, keyword, _invalid)
 
 
 def _require(ds, keyword: str):
@@ -250,13 +283,8 @@ def _int(ds, keyword: str, default: int | None = None, *, required: bool = False
   value = _require(ds, keyword) if required else _element(ds, keyword)
   if value is None:
     return default
-  try:
-    out = int(value)
-    ok = (not isinstance(value, float) or out == value) and (low is None or out >= low) and (
-        high is None or out <= high)
-  except (TypeError, ValueError, OverflowError):
-    ok = False
-  if not ok:
+  out = whole_number(value, low, high)
+  if out is None:
     raise _invalid(keyword)
   return out
 

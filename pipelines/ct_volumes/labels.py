@@ -114,7 +114,7 @@ from pydicom.uid import UID
 from pipelines.ct_volumes.assembly import MAX_VOLUME_VOXELS, VolumePlan
 from pipelines.ct_volumes.headers import (
     EXPLICIT_BIG_ENDIAN, MAX_FILE_BYTES, MAX_HEADER_BYTES, SUPPORTED_TRANSFER_SYNTAXES, SliceHeader, SliceRejected,
-    quiet_pydicom, read_dataset, read_file_meta, salted_hash, tag_name)
+    quiet_pydicom, read_dataset, read_file_meta, salted_hash, tag_name, tag_value, whole_number)
 
 LABEL_SOURCES = ("seg", "rtstruct", "nifti")
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -382,14 +382,13 @@ def sniff(data: bytes, path: str) -> str | None:
 # --------------------------------------------------------------------------- DICOM helpers
 
 
+def _invalid(keyword: str) -> LabelRejected:
+  return LabelRejected(f"invalid {tag_name(keyword)}")
+
+
 def _element(ds, keyword: str):
   """The value, or None when absent or empty; a conversion error names the tag only."""
-  try:
-    value = ds.get(keyword)
-    return None if value is None or value == "" else value
-  except Exception:  # noqa: BLE001 (pydicom's message may hold the value)
-    pass
-  raise LabelRejected(f"invalid {tag_name(keyword)}")
+  return tag_value(ds, keyword, _invalid)
 
 
 def _require(ds, keyword: str, what: str = ""):
@@ -404,14 +403,9 @@ def _int(ds, keyword: str, *, required: bool = False, low: int | None = None, hi
   value = _require(ds, keyword) if required else _element(ds, keyword)
   if value is None:
     return default
-  try:
-    out = int(value)
-    ok = (not isinstance(value, float) or out == value) and (low is None or out >= low) and (
-        high is None or out <= high)
-  except (TypeError, ValueError, OverflowError):
-    ok = False
-  if not ok:
-    raise LabelRejected(f"invalid {tag_name(keyword)}")
+  out = whole_number(value, low, high)
+  if out is None:
+    raise _invalid(keyword)
   return out
 
 
