@@ -246,23 +246,30 @@ def tag_value(ds, keyword: str, invalid: Callable[[str], Exception]):
   raise invalid(keyword)
 
 
-def whole_number(value, low: int | None = None, high: int | None = None) -> int | None:
-  """int(value) when it is a whole number within [low, high] (IS, US, UL, ... values), else None.
+def int_tag(value, keyword: str, invalid: Callable[[str], Exception], default: int | None = None,
+            low: int | None = None, high: int | None = None) -> int | None:
+  """An integer tag's value (IS, US, UL, ...) checked to be a whole number within [low, high].
 
   Args:
-    value: a tag's value.
+    value: the tag's value (`tag_value`), None when absent.
+    keyword: the tag, for `invalid`.
+    invalid: makes the exception raised for a value that is not such a number.
+    default: what an absent tag gives.
     low, high: the bounds (None: unbounded).
 
   Returns:
-    The integer, or None.
+    The integer, or `default`.
   """
+  if value is None:
+    return default
   try:
     out = int(value)
+    ok = not (isinstance(value, float) and out != value) and (low is None or out >= low) and (
+        high is None or out <= high)
   except (TypeError, ValueError, OverflowError):
-    return None
-  if (isinstance(value, float) and out != value) or (low is not None and out < low) or (
-      high is not None and out > high):
-    return None
+    ok = False
+  if not ok:
+    raise invalid(keyword)
   return out
 
 
@@ -281,12 +288,7 @@ def _int(ds, keyword: str, default: int | None = None, *, required: bool = False
          high: int | None = None) -> int | None:
   """An integer tag (IS, US, UL, ...) within [low, high], or `default` when absent."""
   value = _require(ds, keyword) if required else _element(ds, keyword)
-  if value is None:
-    return default
-  out = whole_number(value, low, high)
-  if out is None:
-    raise _invalid(keyword)
-  return out
+  return int_tag(value, keyword, _invalid, default, low, high)
 
 
 def _float(ds, keyword: str, *, required: bool = False) -> float | None:

@@ -114,7 +114,7 @@ from pydicom.uid import UID
 from pipelines.ct_volumes.assembly import MAX_VOLUME_VOXELS, VolumePlan
 from pipelines.ct_volumes.headers import (
     EXPLICIT_BIG_ENDIAN, MAX_FILE_BYTES, MAX_HEADER_BYTES, SUPPORTED_TRANSFER_SYNTAXES, SliceHeader, SliceRejected,
-    quiet_pydicom, read_dataset, read_file_meta, salted_hash, tag_name, tag_value, whole_number)
+    quiet_pydicom, read_dataset, read_file_meta, salted_hash, int_tag, tag_name, tag_value)
 
 LABEL_SOURCES = ("seg", "rtstruct", "nifti")
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -401,12 +401,7 @@ def _require(ds, keyword: str, what: str = ""):
 def _int(ds, keyword: str, *, required: bool = False, low: int | None = None, high: int | None = None,
          default: int | None = None) -> int | None:
   value = _require(ds, keyword) if required else _element(ds, keyword)
-  if value is None:
-    return default
-  out = whole_number(value, low, high)
-  if out is None:
-    raise _invalid(keyword)
-  return out
+  return int_tag(value, keyword, _invalid, default, low, high)
 
 
 def _floats(value, n: int, keyword: str) -> tuple[float, ...]:
