@@ -525,13 +525,29 @@ def read_slices(fileobj: BinaryIO, path: str, salt: str, max_file_bytes: int = M
     SliceRejected: the file cannot be part of a volume; the reason never holds a header value.
   """
   with quiet_pydicom():
-    try:
-      return _read_slices(fileobj, path, salt, max_file_bytes)
-    except SliceRejected:
-      raise
-    except Exception as e:  # noqa: BLE001 (a damaged sequence, an odd value: its message may quote it)
-      reason = f"invalid DICOM header: {type(e).__name__}"
-  raise SliceRejected(reason)
+    return named_errors(SliceRejected, "invalid DICOM header", _read_slices, fileobj, path, salt, max_file_bytes)
+
+
+def named_errors(error: type[Exception], what: str, fn: Callable, *args):
+  """fn(*args), with any exception but `error` raised as `error(f"{what}: <its type name>")`: pydicom's
+  (and its plugins') messages may quote header values, so only the type leaves, without a context.
+
+  Args:
+    error: the exception type that carries a reason (raised as is).
+    what: the reason's start.
+    fn: the function called.
+    *args: its arguments.
+
+  Returns:
+    What `fn` returns.
+  """
+  try:
+    return fn(*args)
+  except error:
+    raise
+  except Exception as e:  # noqa: BLE001 (a damaged sequence, an odd value: its message may quote it)
+    reason = f"{what}: {type(e).__name__}"
+  raise error(reason)
 
 
 @dataclasses.dataclass(frozen=True)

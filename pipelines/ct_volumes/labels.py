@@ -114,7 +114,7 @@ from pydicom.uid import UID
 from pipelines.ct_volumes.assembly import MAX_VOLUME_VOXELS, VolumePlan
 from pipelines.ct_volumes.headers import (
     EXPLICIT_BIG_ENDIAN, MAX_FILE_BYTES, MAX_HEADER_BYTES, SUPPORTED_TRANSFER_SYNTAXES, SliceHeader, SliceRejected,
-    quiet_pydicom, read_dataset, read_file_meta, salted_hash, int_tag, tag_name, tag_value)
+    quiet_pydicom, read_dataset, read_file_meta, salted_hash, int_tag, named_errors, tag_name, tag_value)
 
 LABEL_SOURCES = ("seg", "rtstruct", "nifti")
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -504,13 +504,7 @@ def read_label_header(data: bytes, path: str, salt: str, config: LabelConfig) ->
     raise LabelRejected(f"label source {source} not among the label sources read")
   reader = {"seg": _seg_header, "rtstruct": _rtstruct_header, "nifti": _nifti_header}[source]
   with _quiet():
-    try:
-      return reader(data, path, salt, config)
-    except LabelRejected:
-      raise
-    except Exception as e:  # noqa: BLE001 (a damaged sequence, an odd value: its message may quote it)
-      reason = f"invalid {_NAMES[source]} header: {type(e).__name__}"
-  raise LabelRejected(reason)
+    return named_errors(LabelRejected, f"invalid {_NAMES[source]} header", reader, data, path, salt, config)
 
 
 def _group(item, shared, keyword: str):
@@ -849,19 +843,17 @@ def rasterize(plan: VolumePlan, header: LabelHeader, data: bytes, config: LabelC
       (each misalignment a named reason, see the module docstring).
   """
   with _quiet():
-    try:
-      _check_volume(plan, header)
-      if header.source == "nifti":
-        return _rasterize_nifti(plan, header, data, config)
-      _check_references(plan, header)
-      if header.source == "seg":
-        return _rasterize_seg(plan, header, data, config)
-      return _rasterize_rtstruct(plan, header, data, config)
-    except LabelRejected:
-      raise
-    except Exception as e:  # noqa: BLE001 (a decoder or parser error: its message may quote values)
-      reason = f"unreadable {header.name}: {type(e).__name__}"
-  raise LabelRejected(reason)
+    return named_errors(LabelRejected, f"unreadable {header.name}", _rasterize, plan, header, data, config)
+
+
+def _rasterize(plan: VolumePlan, header: LabelHeader, data: bytes, config: LabelConfig) -> np.ndarray:
+  _check_volume(plan, header)
+  if header.source == "nifti":
+    return _rasterize_nifti(plan, header, data, config)
+  _check_references(plan, header)
+  if header.source == "seg":
+    return _rasterize_seg(plan, header, data, config)
+  return _rasterize_rtstruct(plan, header, data, config)
 
 
 def _check_volume(plan: VolumePlan, header: LabelHeader) -> None:
