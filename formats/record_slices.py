@@ -16,9 +16,10 @@ and copies it for every record it serves; here a record is read in parts:
   values named `in_place` (their payload spans are returned, not read) and
   decoding the other features (small ones) as formats.example does.
 - `StoredArray` is a little-endian C-order array lying in a record: `a[z]`
-  reads one plane, `a[z0:z1, y0:y1, x0:x1]` one box, row segment by row
-  segment (one os.pread per plane of the box, the segments then copied out
-  vectorised, those that straddle a block header in two pieces).
+  reads one plane, `a[z0:z1, y0:y1, x0:x1]` one box: per plane of the box
+  one os.preadv of the bytes from its first row segment to the end of its
+  last (the block headers among them read aside), then one strided copy of
+  the segments.
 
 Reads are os.pread on one descriptor, which threads share; a file that ends
 early is a CorruptRecordError (never a crash, as a mapped file that shrinks
@@ -170,6 +171,32 @@ class ArrayRecordFile(Closing):
       pos = cut
     return b"".join(parts)
 
+  def read_stream_into(self, q: int, buf: memoryview, what: str | None = None) -> None:
+    """Fills `buf` (writable bytes) with the stream bytes from stream position `q`: one os.preadv of the file's
+    bytes they span, each block header among them read into a scratch buffer; `what` as in `read_stream`."""
+    n = len(buf)
+    if n == 0:
+      return
+    first, stop = file_position(q), file_position(q + n - 1) + 1
+    parts, pos, at = [], first, 0
+    for header in range(-(-first // BLOCK_SIZE) * BLOCK_SIZE, stop, BLOCK_SIZE):
+      parts.append(buf[at:at + header - pos])
+      parts.append(memoryview(bytearray(BLOCK_HEADER_SIZE)))
+      at += header - pos
+      pos = header + BLOCK_HEADER_SIZE
+    parts.append(buf[at:])
+    fd, offset = self._descriptor(), first
+    while parts:
+      got = os.preadv(fd, parts, offset)
+      if got == 0:
+        raise CorruptRecordError(f"{what or self.path}: the file ends at {offset}, bytes [{first}, {stop}) wanted "
+                                 f"(truncated?)")
+      offset += got
+      while parts and got >= len(parts[0]):  # preadv may read less: go on after what it read
+        got -= len(parts.pop(0))
+      if parts:
+        parts[0] = parts[0][got:]
+
   def _pread(self, start: int, stop: int, what: str | None = None) -> bytes:
     """Exactly the file's bytes [start, stop)."""
     fd, n = self._descriptor(), stop - start
@@ -181,16 +208,6 @@ class ArrayRecordFile(Closing):
                                  f"{stop}) wanted (truncated?)")
       data += more
     return data
-
-  def pread_into(self, buf: memoryview, start: int, what: str | None = None) -> None:
-    """Fills `buf` (writable bytes) with the file's bytes from `start`; `what` as in `read_stream`."""
-    fd, n, got = self._descriptor(), len(buf), 0
-    while got < n:
-      k = os.preadv(fd, [buf[got:]], start + got)
-      if k == 0:
-        raise CorruptRecordError(f"{what or self.path}: the file ends at {start + got}, bytes [{start}, "
-                                 f"{start + n}) wanted (truncated?)")
-      got += k
 
   def _descriptor(self) -> int:
     if self._fd < 0:
@@ -260,14 +277,14 @@ class RecordBytes:
     """Copies row segments of the record into `out`: out[g, r] = the record's bytes [starts[g, r], + length).
 
     Rows of a group lie `stride` bytes apart (starts[g, r + 1] - starts[g, r] == stride); each group is one
-    pread, from its first row to the end of its last. Within a group, the rows between two block headers are
-    one strided copy; a row that straddles a header is copied in pieces.
+    os.preadv of the file from its first row to the end of its last, its block headers read aside (so the
+    bytes land as they are in the record), then one strided copy.
 
     Args:
-      starts: int64 [groups, rows], offsets in the record, increasing along each group.
+      starts: int64 [groups, rows], offsets in the record, each group's first row first.
       length: bytes per row segment.
-      stride: bytes from one row of a group to the next.
-      out: uint8 [groups, rows, length], written.
+      stride: bytes from one row of a group to the next (>= length).
+      out: uint8 [groups, rows, length], C-contiguous, written.
 
     Raises:
       IndexError: a segment outside the record.
@@ -278,42 +295,15 @@ class RecordBytes:
       return
     if int(starts.min()) < 0 or int(starts.max()) + length > self._size:
       raise IndexError(f"{self.name}: row segments outside [0, {self._size})")
-    q = self.start + starts  # stream positions
-    first = file_position(q[:, 0])
-    last = file_position(q[:, -1] + (length - 1)) + 1
-    span = int((last - first).max())
-    buf = np.empty(span, np.uint8)
-    p = file_position(q)  # file positions of every row's first byte
-    simple = (p % BLOCK_SIZE) + length <= BLOCK_SIZE  # the row holds no block header
-    block = p // BLOCK_SIZE
-    for g in range(groups):
-      a = int(first[g])
-      n = int(last[g]) - a
-      self.file.pread_into(memoryview(buf[:n]), a, self.name)
-      pg, sg, bg, dest = p[g] - a, simple[g], block[g], out[g]
-      # Runs of rows in one block, none straddling a header: one strided copy each.
-      breaks = np.flatnonzero((bg[1:] != bg[:-1]) | (sg[1:] != sg[:-1])) + 1
-      for r0, r1 in zip(np.concatenate(([0], breaks)).tolist(), np.concatenate((breaks, [rows])).tolist()):
-        if sg[r0]:
-          dest[r0:r1] = np.lib.stride_tricks.as_strided(buf[int(pg[r0]):], (r1 - r0, length), (stride, 1),
-                                                        writeable=False)
-        else:
-          for r in range(r0, r1):
-            self._straddling(buf, int(pg[r]), a, length, dest[r])
-
-  @staticmethod
-  def _straddling(buf: np.ndarray, at: int, base: int, length: int, dest: np.ndarray) -> None:
-    """Copies a row segment at buffer offset `at` (file position base + at) that block headers interrupt."""
-    done = 0
-    while done < length:
-      pos = base + at
-      if pos % BLOCK_SIZE == 0:
-        at += BLOCK_HEADER_SIZE
-        continue
-      take = min(length - done, BLOCK_SIZE - pos % BLOCK_SIZE)
-      dest[done:done + take] = buf[at:at + take]
-      done += take
-      at += take
+    span = (rows - 1) * stride + length
+    contiguous = stride == length or rows == 1  # each group's bytes are its rows: read straight into `out`
+    buf = None if contiguous else np.empty(span, np.uint8)
+    for g, first in enumerate(starts[:, 0].tolist()):
+      if contiguous:
+        self.file.read_stream_into(self.start + first, memoryview(out[g]).cast("B"), self.name)
+      else:
+        self.file.read_stream_into(self.start + first, memoryview(buf), self.name)
+        out[g] = np.ndarray((rows, length), np.uint8, buffer=buf, strides=(stride, 1))
 
 
 @dataclasses.dataclass(frozen=True)

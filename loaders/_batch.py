@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 import dataclasses
+import json
 import math
 import threading
 
@@ -336,6 +337,48 @@ class _Located:
 _READ_WHOLE = object()  # a record located in a form the walk does not read: read whole
 
 
+class _LocatedCache:
+  """Located CT records, process-wide: (shard file identity, record, schema) → _Located or _READ_WHOLE.
+
+  Keyed by the file's (device, inode, size, mtime, ctime), so every loader of the process over the same
+  shard shares them and a changed file is located anew; the least recently used go past `limit` bytes.
+  """
+
+  def __init__(self, limit: int):
+    self._limit, self._bytes = limit, 0
+    self._items: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  @staticmethod
+  def _size(found) -> int:
+    return 64 if found is _READ_WHOLE else found.nbytes
+
+  def get(self, key: tuple):
+    with self._lock:
+      found = self._items.get(key)
+      if found is not None:
+        self._items.move_to_end(key)
+      return found
+
+  def put(self, key: tuple, found) -> None:
+    with self._lock:
+      if key in self._items:
+        self._bytes -= self._size(self._items[key])
+      self._items[key] = found
+      self._bytes += self._size(found)
+      while self._bytes > self._limit and len(self._items) > 1:
+        self._bytes -= self._size(self._items.popitem(last=False)[1])
+
+  def grew(self, nbytes: int) -> None:
+    """A kept record grew by `nbytes` (its label's counts)."""
+    with self._lock:
+      self._bytes += nbytes
+
+
+# Located records kept: ~256 bytes each, plus a label's foreground counts (8 bytes a slice) once drawn.
+_LOCATED = _LocatedCache(64 << 20)
+
+
 def _stored_shape(spec: Tensor, name: str, values: dict, nbytes: int) -> tuple[int, ...]:
   """The shape Tensor.decode_from gives a bytes value of `nbytes` (its errors too), without the bytes."""
   if spec.dynamic:
@@ -350,12 +393,10 @@ def _stored_shape(spec: Tensor, name: str, values: dict, nbytes: int) -> tuple[i
 
 
 class _Patches:
-  """CT patches cut from the shard where each record lies (see the module docstring); None where unsupported.
+  """CT patches cut from the shard where each record lies (see the module docstring).
 
-  Records are located once and kept (least recently used dropped past CACHE_BYTES), by split index.
+  Each record is located once per process (`_LOCATED`, by shard file, record and schema).
   """
-
-  CACHE_BYTES = 64 << 20  # located records kept: ~256 bytes each, plus the label's counts (8 bytes a slice)
 
   def __init__(self, source, options: ExampleOptions):
     features = source.features
@@ -363,9 +404,7 @@ class _Patches:
     self._patch = volume_patcher(features, options)
     self._names = ("volume", "label") if self._patch.layout else ("volume",)
     self._value_keys = {name: features[name].keys(name)[-1] for name in self._names}
-    self._cache: collections.OrderedDict[int, object] = collections.OrderedDict()
-    self._cached_bytes = 0
-    self._lock = threading.Lock()
+    self._schema = json.dumps(features.to_json(), sort_keys=True)
 
   @staticmethod
   def supports(source, options: ExampleOptions) -> bool:
@@ -376,43 +415,55 @@ class _Patches:
     names = ("volume", "label") if "label" in features else ("volume",)
     return all(isinstance(features[n], Tensor) and features[n].encoding == "bytes" for n in names)
 
-  def example(self, i: int, rng, whole: Callable[[int, object], dict]) -> dict:
-    """The example of split record `i` (`whole(i, rng)` for a record read whole)."""
+  def fill(self, indices: Sequence[int], rngs: Callable[[int], object], batch_size: int, with_mask: bool,
+           whole: Callable[[int, object], dict]) -> dict:
+    """The batch of split records `indices`, each example written into its slot (`whole(i, rng)`'s example
+    copied in for a record read whole); the keys, dtypes and zero padding of fill_batch's."""
+    n = len(indices)
+    layout = {**self._patch.shapes(), "record_index": ((), np.dtype(np.int64))}
+    batch = {key: np.empty((batch_size, *shape), dtype) for key, (shape, dtype) in layout.items()}
+    keys = [key for key in layout if key != "record_index"]
+    for j, i in enumerate(indices):
+      i = int(i)
+      rng, slot = rngs(j), {key: batch[key][j] for key in keys}
+      if not self.write(i, rng, slot):  # nothing drawn yet: the record read whole draws the same
+        for key, value in whole(i, rng).items():
+          batch[key][j] = value
+      batch["record_index"][j] = i
+    for array in batch.values():
+      array[n:] = 0
+    if with_mask:
+      batch["mask"] = np.arange(batch_size) < n
+    return batch
+
+  def write(self, i: int, rng, slot: dict) -> bool:
+    """Writes the example of split record `i` into `slot` (key → array); False for a record read whole."""
     record = self._source.record_bytes(i)
     if record is None:
-      return whole(i, rng)
+      return False
     located = self._located(i, record)
     if located is _READ_WHOLE:
-      return whole(i, rng)
+      return False
     arrays = {name: StoredArray(record, *where) for name, where in located.arrays.items()}
     label = arrays.get("label")
 
     def counts() -> np.ndarray:
       if located.counts is None:  # the label streamed plane by plane, once per record
         located.counts = foreground_counts(label)
-        with self._lock:
-          self._cached_bytes += located.counts.nbytes
+        _LOCATED.grew(located.counts.nbytes)
       return located.counts
     try:
-      example = self._patch(arrays["volume"], label, located.spacing, rng, counts)
+      self._patch(arrays["volume"], label, located.spacing, rng, counts, slot)
     except CorruptRecordError as e:
       raise CorruptRecordError(f"{self._source.where(i)}: {e}") from None
-    example["record_index"] = np.int64(i)
-    return example
+    return True
 
   def _located(self, i: int, record):
-    with self._lock:
-      found = self._cache.get(i)
-      if found is not None:
-        self._cache.move_to_end(i)
-        return found
-    found = self._locate(i, record)
-    with self._lock:
-      self._cache[i] = found
-      self._cached_bytes += found.nbytes if found is not _READ_WHOLE else 64
-      while self._cached_bytes > self.CACHE_BYTES and len(self._cache) > 1:
-        _, old = self._cache.popitem(last=False)
-        self._cached_bytes -= old.nbytes if old is not _READ_WHOLE else 64
+    key = (record.file.identity, record.record, self._schema)
+    found = _LOCATED.get(key)
+    if found is None:
+      found = self._locate(i, record)
+      _LOCATED.put(key, found)
     return found
 
   def _locate(self, i: int, record):
@@ -440,8 +491,10 @@ class _Patches:
           decoded[name] = spec.decode_from(name, layout.values)
       except Exception as e:  # noqa: BLE001 - whatever decode_from raises, the record is bad
         raise CorruptRecordError(f"{where}: {_why(e)}") from None
-    if len(arrays["volume"][1]) != 3 or ("label" in arrays and len(arrays["label"][1]) not in (3, 4)):
-      return _READ_WHOLE  # a rank the transform does not cut: the generic path says what happens
+    label_spec = self._features.get("label")
+    if len(arrays["volume"][1]) != 3 or ("label" in arrays and (len(arrays["label"][1]) != len(label_spec.shape)
+                                                               or arrays["label"][1][3:] != label_spec.shape[3:])):
+      return _READ_WHOLE  # a rank or channel count the batch does not hold: the generic path says what happens
     return _Located(arrays, decoded["spacing"])
 
 
@@ -499,6 +552,9 @@ class BatchFiller:
     n = len(indices)
     if n > self._batch_size:
       raise ValueError(f"{n} indices for a batch of {self._batch_size}")
+    if self._patches is not None and n:
+      return self._patches.fill(indices, rngs if self.needs_rng else lambda j: None, self._batch_size,
+                                self._with_mask, self._whole)
     if self._plan is None or n == 0:
       return self._generic(indices, rngs)
     plan, source, size = self._plan, self._source, self._batch_size
@@ -522,14 +578,10 @@ class BatchFiller:
     return batch
 
   def _generic(self, indices: Sequence[int], rngs: Callable[[int], np.random.Generator | None]) -> dict:
-    """Each record's example (a CT patch in place where the source allows, else decode and transform), copied
-    into the batch by fill_batch."""
-    whole, patches = self._whole, self._patches
-
+    """Decode, transform, copy: fill_batch over the transform's examples."""
     def examples():
       for j, i in enumerate(indices):
-        rng = rngs(j) if self.needs_rng else None
-        yield whole(int(i), rng) if patches is None else patches.example(int(i), rng, whole)
+        yield self._whole(int(i), rngs(j) if self.needs_rng else None)
     return fill_batch(examples(), self._batch_size, self._with_mask)
 
   def _whole(self, i: int, rng) -> dict:

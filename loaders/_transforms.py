@@ -171,15 +171,20 @@ def volume_label(features: Features, o: ExampleOptions) -> str | None:
   return None
 
 
-def _cut(array, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype) -> np.ndarray:
+def _cut(array, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype, out: np.ndarray | None = None):
   """The patch of `array` at `start` (its leading axes; the rest kept whole), `fill` past the far end.
 
   `array` is a numpy array or anything indexed like one by step-1 slices (a
-  formats.record_slices.StoredArray, which reads only the box).
+  formats.record_slices.StoredArray, which reads only the box). Written into
+  `out` when given (of the patch's shape and `dtype`), else into a new array.
   """
   part = array[tuple(slice(int(s), int(s) + p) for s, p in zip(start, patch_size))]
-  out = np.full((*patch_size, *array.shape[len(patch_size):]), fill, dtype)
+  if out is None:
+    out = np.empty((*patch_size, *array.shape[len(patch_size):]), dtype)
   out[tuple(slice(0, n) for n in part.shape)] = part
+  for axis, n in enumerate(part.shape[:len(patch_size)]):  # past the far end: axis by axis, each voxel once
+    if n < patch_size[axis]:
+      out[(*(slice(0, m) for m in part.shape[:axis]), slice(n, None))] = fill
   return out
 
 
@@ -207,13 +212,16 @@ def counted_patch_start(shape, patch_size, rng: np.random.Generator, pos_fractio
 
 
 def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
-  """patch(volume, label, spacing, rng, counts=None) → the CT example (volume, spacing, patch_start[, label]).
+  """patch(volume, label, spacing, rng, counts=None, out=None) → the CT example (volume, spacing, patch_start[,
+  label]).
 
   The CT transform's core: `volume` and `label` are numpy arrays or objects
   indexed like them (shape, step-1 slices, planes: a
   formats.record_slices.StoredArray); `label` is None for records without
   one. counts=None draws with sampled_patch_start itself; else `counts()` is
-  the label's foreground_counts (`counted_patch_start`).
+  the label's foreground_counts (`counted_patch_start`). `out`, when given,
+  holds an array per key of the example's shape and dtype (a batch's slot),
+  written in place and returned; `patch.shapes` gives them.
 
   Raises:
     ValueError: (on construction) no patch_size, or the label or pos_fraction `volume_label` refuses.
@@ -222,29 +230,46 @@ def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
   lo, hi, span = hu_window_constants(o.hu_window)
   layout = volume_label(features, o)
+  patch_size = tuple(o.patch_size)
 
-  def patch(vol, label, spacing, rng=None, counts: Callable[[], np.ndarray] | None = None) -> dict:
+  def patch(vol, label, spacing, rng=None, counts: Callable[[], np.ndarray] | None = None,
+            out: dict | None = None) -> dict:
     if label is not None and tuple(label.shape[:3]) != tuple(vol.shape):
       raise CorruptRecordError(f"feature 'label' has shape {tuple(label.shape)}, its volume {tuple(vol.shape)}: "
                                f"they must share [D, H, W]")
     if o.patch == "random":
       rng = rng or np.random.default_rng(0)
       if counts is None:
-        start = sampled_patch_start(vol.shape, o.patch_size, rng, o.pos_fraction, label)
+        start = sampled_patch_start(vol.shape, patch_size, rng, o.pos_fraction, label)
       else:
-        start = counted_patch_start(vol.shape, o.patch_size, rng, o.pos_fraction, label, counts)
+        start = counted_patch_start(vol.shape, patch_size, rng, o.pos_fraction, label, counts)
     else:
-      start = center_patch_start(vol.shape, o.patch_size)
-    out = _cut(vol, start, o.patch_size, CT_PADDING_HU, np.float32)
-    np.clip(out, lo, hi, out=out)
-    if o.normalize:
-      out = (out - lo) / span
-    example = {"volume": out.astype(np.float32), "spacing": np.asarray(spacing, np.float32),
-               "patch_start": start.astype(np.int64)}
+      start = center_patch_start(vol.shape, patch_size)
+    spacing = np.asarray(spacing, np.float32)
+    if out is None:
+      out = {"volume": None, "spacing": spacing, "patch_start": start.astype(np.int64)}
+    else:
+      out["spacing"][...] = spacing
+      out["patch_start"][...] = start
+    volume = _cut(vol, start, patch_size, CT_PADDING_HU, np.float32, out["volume"])
+    np.clip(volume, lo, hi, out=volume)
+    if o.normalize:  # (x - low) / span in float32, in place
+      np.subtract(volume, lo, out=volume)
+      np.divide(volume, span, out=volume)
+    out["volume"] = volume
     if label is not None:
-      example["label"] = _cut(label, start, o.patch_size, LABEL_PADDING, LABEL_PATCH_DTYPES[layout])
-    return example
-  patch.layout = layout
+      out["label"] = _cut(label, start, patch_size, LABEL_PADDING, LABEL_PATCH_DTYPES[layout], out.get("label"))
+    return out
+
+  def shapes() -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The example's keys in order → (shape, dtype) (a channels label's C from the schema)."""
+    keys = {"volume": (patch_size, np.dtype(np.float32)), "spacing": (tuple(features["spacing"].shape),
+                                                                      np.dtype(np.float32)),
+            "patch_start": ((len(patch_size),), np.dtype(np.int64))}
+    if layout:
+      keys["label"] = ((*patch_size, *features["label"].shape[3:]), np.dtype(LABEL_PATCH_DTYPES[layout]))
+    return keys
+  patch.layout, patch.shapes = layout, shapes
   return patch
 
 

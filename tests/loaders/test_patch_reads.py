@@ -127,6 +127,14 @@ def test_patches_in_place_are_the_whole_record_patches(outputs, case, name):
     assert any(np.any((s == 0) & (r > 0)) for (s, _), r in zip(starts, room))  # at the near edge
 
 
+def _reference_cut(array: np.ndarray, start, patch, fill, dtype) -> np.ndarray:
+  """The specification's patch: `fill` everywhere, then the array's part at `start`."""
+  part = array[tuple(slice(int(s), int(s) + p) for s, p in zip(start, patch))]
+  out = np.full((*patch, *array.shape[3:]), fill, dtype)
+  out[tuple(slice(0, n) for n in part.shape)] = part
+  return out
+
+
 @pytest.mark.parametrize("case", ["int16-classes", "float32-channels"])
 def test_a_patch_at_every_corner_is_the_arrays_patch(outputs, case):
   source = ShardedRecords(outputs[case])
@@ -141,7 +149,10 @@ def test_a_patch_at_every_corner_is_the_arrays_patch(outputs, case):
         room = np.maximum(np.array(array.shape[:3]) - patch, 0)
         for corner in np.ndindex(2, 2, 2):
           start = np.array(corner) * room
-          assert np.array_equal(_cut(stored, start, patch, fill, dtype), _cut(array, start, patch, fill, dtype))
+          want = _reference_cut(array, start, patch, fill, dtype)
+          assert np.array_equal(_cut(stored, start, patch, fill, dtype), want)
+          slot = np.full(want.shape, 77, dtype)  # a batch slot holding another patch's values
+          assert _cut(stored, start, patch, fill, dtype, slot) is slot and np.array_equal(slot, want)
 
 
 def test_counted_patch_start_is_sampled_patch_start():
@@ -162,29 +173,43 @@ def test_counted_patch_start_is_sampled_patch_start():
       assert len(calls) <= (p is not None and p > 0)
 
 
-def test_a_located_record_reads_only_its_patch_and_counts_once(outputs, monkeypatch):
-  path = outputs["int16-classes"]
+def test_a_located_record_reads_only_its_patch_and_counts_once(tmp_path, monkeypatch):
+  """After the first batch, a batch reads exactly its boxes: per plane of a box, the bytes from its first row
+  segment to the end of its last (volume and label), and the label plane holding the drawn foreground voxel."""
+  features, payloads = _records("int16-classes", 1)  # a new output: none of its records located yet
+  path = make_outputs.write(str(tmp_path / "out"), features, {"train": payloads}, kind="volume", num_shards=3)
   source = _NoWholeReads(path)
-  sizes = {i: len(source.record_bytes(i)) for i in range(N)}
+  records = [features.decode(ShardedRecords(path).raw(i)) for i in range(N)]
   read, located, counted = [], [], []
-  pread, pread_into = ArrayRecordFile._pread, ArrayRecordFile.pread_into
+  pread, pread_into = ArrayRecordFile._pread, ArrayRecordFile.read_stream_into
   monkeypatch.setattr(ArrayRecordFile, "_pread", lambda self, a, b, what=None: read.append(b - a) or
                       pread(self, a, b, what))
-  monkeypatch.setattr(ArrayRecordFile, "pread_into", lambda self, buf, a, what=None: read.append(len(buf)) or
-                      pread_into(self, buf, a, what))
+  monkeypatch.setattr(ArrayRecordFile, "read_stream_into", lambda self, q, buf, what=None:
+                      read.append(len(buf)) or pread_into(self, q, buf, what))
   locate = _batch.locate_example
   monkeypatch.setattr(_batch, "locate_example", lambda *a, **k: located.append(1) or locate(*a, **k))
   counts = _batch.foreground_counts
   monkeypatch.setattr(_batch, "foreground_counts", lambda label: counted.append(1) or counts(label))
-  fill = BatchFiller(source, ExampleOptions(patch_size=PATCH, pos_fraction=1.0), batch_size=3, with_mask=False)
-  for position in range(6):
-    fill(range(3), lambda j: element_rng(2, position, j))
-    if position == 0:
-      first, read[:] = sum(read), []
-  assert len(located) == 3 and len(counted) <= 3  # each record located once, its label counted once
-  assert first >= sum(sizes[i] for i in range(3)) // 2  # the first batch streamed the labels to count them
-  per_patch = sum(read) / 15
-  assert per_patch < min(sizes[i] for i in range(3)) / 2, (per_patch, sizes)
+  indices = [0, 1, 2, 4]
+  assert all(records[i]["label"].any() for i in indices)  # pos_fraction=1: every patch centred on foreground
+
+  def box_bytes(rec) -> int:
+    d, h, w = rec["volume"].shape
+    dz, dy, dx = min(d, PATCH[0]), min(h, PATCH[1]), min(w, PATCH[2])
+    return sum(dz * ((dy - 1) * w * s + dx * s) for s in (2, 1)) + h * w  # volume, label, one label plane
+
+  fill = BatchFiller(source, ExampleOptions(patch_size=PATCH, pos_fraction=1.0), batch_size=4, with_mask=False)
+  for position in range(5):
+    read.clear()
+    fill(indices, lambda j: element_rng(2, position, j))
+    if position == 0:  # located, and the labels streamed plane by plane to count their foreground
+      assert sum(read) > sum(len(source.record_bytes(i)) for i in indices) // 3
+    else:
+      assert sum(read) == sum(box_bytes(records[i]) for i in indices)
+  assert len(located) == 4 and len(counted) == 4  # each record located once, its label counted once
+  again = BatchFiller(ShardedRecords(path), ExampleOptions(patch_size=PATCH, pos_fraction=1.0), 4, False)
+  again(indices, lambda j: element_rng(2, 9, j))
+  assert len(located) == 4 and len(counted) == 4  # and kept for the process: a new loader finds them
 
 
 @pytest.mark.parametrize("case", ["int16", "float32-channels"])
