@@ -273,18 +273,19 @@ class RecordBytes:
       raise IndexError(f"{self.name}: bytes [{offset}, {offset + n}) outside [0, {self._size})")
     return self.file.read_stream(self.start + offset, n, self.name)
 
-  def copy_rows(self, starts: np.ndarray, length: int, stride: int, out: np.ndarray) -> None:
+  def copy_rows(self, starts: np.ndarray, length: int, stride: int, out: np.ndarray, dtype=None) -> None:
     """Copies row segments of the record into `out`: out[g, r] = the record's bytes [starts[g, r], + length).
 
     Rows of a group lie `stride` bytes apart (starts[g, r + 1] - starts[g, r] == stride); each group is one
     os.preadv of the file from its first row to the end of its last, its block headers read aside (so the
-    bytes land as they are in the record), then one strided copy.
+    bytes land as they are in the record), then one strided copy (a cast when `out` has another dtype).
 
     Args:
       starts: int64 [groups, rows], offsets in the record, each group's first row first.
       length: bytes per row segment.
       stride: bytes from one row of a group to the next (>= length).
-      out: uint8 [groups, rows, length], C-contiguous, written.
+      out: [groups, rows, *row], written; a row segment holds the `row` elements of `dtype` (length bytes).
+      dtype: what the bytes are (default: out's dtype).
 
     Raises:
       IndexError: a segment outside the record.
@@ -295,15 +296,20 @@ class RecordBytes:
       return
     if int(starts.min()) < 0 or int(starts.max()) + length > self._size:
       raise IndexError(f"{self.name}: row segments outside [0, {self._size})")
+    dtype = out.dtype if dtype is None else np.dtype(dtype)
+    row, strides = out.shape[2:], [dtype.itemsize]
+    for n in reversed(row[1:]):
+      strides.insert(0, strides[0] * n)
     span = (rows - 1) * stride + length
-    contiguous = stride == length or rows == 1  # each group's bytes are its rows: read straight into `out`
-    buf = None if contiguous else np.empty(span, np.uint8)
+    # Each group's bytes its rows, of out's dtype and in its layout: read straight into `out`.
+    straight = (stride == length or rows == 1) and out.dtype == dtype and out[0].flags.c_contiguous
+    buf = None if straight else np.empty(span, np.uint8)
     for g, first in enumerate(starts[:, 0].tolist()):
-      if contiguous:
+      if straight:
         self.file.read_stream_into(self.start + first, memoryview(out[g]).cast("B"), self.name)
       else:
         self.file.read_stream_into(self.start + first, memoryview(buf), self.name)
-        out[g] = np.ndarray((rows, length), np.uint8, buffer=buf, strides=(stride, 1))
+        out[g] = np.ndarray((rows, *row), dtype, buffer=buf, strides=(stride, *strides[:len(row)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -459,24 +465,42 @@ class StoredArray:
 
   def _box(self, key: tuple) -> np.ndarray:
     """The box of step-1 slices `key` over the leading axes, clipped as numpy clips."""
+    out = np.empty(self.box_shape(key), self.dtype)
+    self.read_into(key, out)
+    return out
+
+  def box_shape(self, key: tuple) -> tuple[int, ...]:
+    """The shape of `self[key]` for step-1 slices `key` (numpy's clipping), nothing read."""
+    self._check(key)
+    return (*(len(range(*s.indices(n))) for s, n in zip(key, self.shape)), *self.shape[len(key):])
+
+  def read_into(self, key: tuple, out: np.ndarray) -> None:
+    """Writes `self[key]` into `out` (of `box_shape(key)`, any layout; cast to its dtype), reading only its bytes.
+
+    Raises:
+      TypeError: `key` is not step-1 slices of at most three axes.
+      ValueError: `out` has another shape.
+    """
+    shape = self.box_shape(key)
+    if out.shape != shape:
+      raise ValueError(f"out has shape {out.shape}, the box {shape}")
+    if out.size == 0:
+      return
+    ranges = [s.indices(n)[:2] for s, n in zip(key, self.shape)]
+    k = len(key)
+    # Row segments: the last sliced axis' run (with the axes after it whole) is contiguous in the record;
+    # groups are the first axis (one group when k == 1), rows the second (one row when k <= 2).
+    length = shape[k - 1] * self._strides[k - 1]
+    base = self.offset + sum(a * s for (a, _), s in zip(ranges, self._strides))
+    if k == 1:
+      starts, stride, out = np.array([[base]], np.int64), length, out[None, None]
+    else:
+      rows = np.arange(shape[1], dtype=np.int64) * self._strides[1] if k == 3 else np.zeros(1, np.int64)
+      starts = base + self._strides[0] * np.arange(shape[0], dtype=np.int64)[:, None] + rows[None, :]
+      stride, out = (self._strides[1], out) if k == 3 else (length, out[:, None])
+    self.record.copy_rows(starts, length, stride, out, self.dtype)
+
+  def _check(self, key: tuple) -> None:
     most = min(3, self.ndim)
     if not 0 < len(key) <= most or not all(isinstance(s, slice) and s.step in (None, 1) for s in key):
       raise TypeError(f"StoredArray takes an int or step-1 slices of at most {most} axes, got {key!r}")
-    ranges = [s.indices(n)[:2] for s, n in zip(key, self.shape)]
-    counts = [max(0, b - a) for a, b in ranges]
-    k = len(key)
-    out = np.empty((*counts, *self.shape[k:]), self.dtype)
-    if out.size == 0:
-      return out
-    # Row segments: the last sliced axis' run (with the axes after it whole) is contiguous in the record;
-    # groups are the first axis (one group when k == 1), rows the second (one row when k <= 2).
-    length = counts[-1] * self._strides[k - 1]
-    base = self.offset + sum(a * s for (a, _), s in zip(ranges, self._strides))
-    if k == 1:
-      starts, stride = np.array([[base]], np.int64), length
-    else:
-      rows = np.arange(counts[1], dtype=np.int64) * self._strides[1] if k == 3 else np.zeros(1, np.int64)
-      starts = base + self._strides[0] * np.arange(counts[0], dtype=np.int64)[:, None] + rows[None, :]
-      stride = self._strides[1] if k == 3 else length
-    self.record.copy_rows(starts, length, stride, out.reshape(starts.shape[0], starts.shape[1], -1).view(np.uint8))
-    return out

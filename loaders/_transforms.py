@@ -174,17 +174,24 @@ def volume_label(features: Features, o: ExampleOptions) -> str | None:
 def _cut(array, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype, out: np.ndarray | None = None):
   """The patch of `array` at `start` (its leading axes; the rest kept whole), `fill` past the far end.
 
-  `array` is a numpy array or anything indexed like one by step-1 slices (a
-  formats.record_slices.StoredArray, which reads only the box). Written into
-  `out` when given (of the patch's shape and `dtype`), else into a new array.
+  `array` is a numpy array or a formats.record_slices.StoredArray, whose
+  `read_into` reads only the box, straight into place. Written into `out`
+  when given (of the patch's shape and `dtype`), else into a new array.
   """
-  part = array[tuple(slice(int(s), int(s) + p) for s, p in zip(start, patch_size))]
+  key = tuple(slice(int(s), int(s) + p) for s, p in zip(start, patch_size))
   if out is None:
     out = np.empty((*patch_size, *array.shape[len(patch_size):]), dtype)
-  out[tuple(slice(0, n) for n in part.shape)] = part
-  for axis, n in enumerate(part.shape[:len(patch_size)]):  # past the far end: axis by axis, each voxel once
+  read_into = getattr(array, "read_into", None)
+  if read_into is None:
+    part = array[key]
+    shape = part.shape
+    out[tuple(slice(0, n) for n in shape)] = part
+  else:
+    shape = array.box_shape(key)
+    read_into(key, out[tuple(slice(0, n) for n in shape)])
+  for axis, n in enumerate(shape[:len(patch_size)]):  # past the far end: axis by axis, each voxel once
     if n < patch_size[axis]:
-      out[(*(slice(0, m) for m in part.shape[:axis]), slice(n, None))] = fill
+      out[(*(slice(0, m) for m in shape[:axis]), slice(n, None))] = fill
   return out
 
 

@@ -117,6 +117,11 @@ def test_boxes_and_planes_of_a_stored_array_are_numpys(tmp_path, kind):
         key = tuple(slice(s, s + int(rng.integers(0, n + 3))) for s, n in zip(start, want.shape))
         got = stored[key]
         assert got.dtype == want.dtype and np.array_equal(got, want[key]), key
+        assert stored.box_shape(key) == want[key].shape
+        room = np.zeros(tuple(n + 2 for n in want[key].shape), np.float64)  # a region of a larger array
+        region = room[tuple(slice(1, 1 + n) for n in want[key].shape)]
+        stored.read_into(key, region)  # cast on the copy, as numpy's assignment casts
+        assert np.array_equal(region, want[key].astype(np.float64)) and room.sum() == region.sum(), key
       for z in range(len(want)):  # count the rows of full-width boxes that a block header interrupts
         for y in range(want.shape[1]):
           p = file_position(record.start + a + (z * want.shape[1] + y) * row)
