@@ -4,7 +4,6 @@ composition, the CSV fast path and streamed npz members: the same bytes as one w
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import os
 import zipfile
