@@ -12,9 +12,9 @@ and copies it for every record it serves; here a record is read in parts:
   headers at every multiple of 65536; `arrayrecord_index.stream_position`);
   `record(i)` returns them as a `RecordBytes`.
 - `locate_example(record, in_place)` walks the serialized tf.train.Example
-  through formats.protowire, reading only tags, lengths and keys of the
-  values named `in_place` (their payload spans are returned, not read) and
-  decoding the other features (small ones) as formats.example does.
+  through formats.protowire, reading its tags, lengths and keys: the values
+  of the keys named `in_place` are located (their spans, not their bytes),
+  the other features (small ones) read and decoded as formats.example does.
 - `StoredArray` is a little-endian C-order array lying in a record: `a[z]`
   reads one plane, `a[z0:z1, y0:y1, x0:x1]` one box: per plane of the box
   one os.preadv of the bytes from its first row segment to the end of its

@@ -13,7 +13,7 @@ kind's transform in place:
 | images, JPEG | the decoded image (loaders._transforms._decode_into: Pillow's pixels; simplejpeg for a JPEG of the target size) |
 | tensors | every batched Tensor's bytes or values, every ClassLabel |
 | graphs | edges, features and masks padded to max_nodes / max_edges |
-| CT volumes | the transform's patch: cut from the shard where the record lies when the source offers it (`_Patches`), else decode, transform, copy (the generic path) |
+| CT volumes | the transform's patch, cut from the shard where the record lies (`_Patches`) or decoded whole |
 
 The batch is bit for bit what `fill_batch((transform(source.get(i, copy=False),
 rng) ...), batch_size, with_mask)` gives (same keys in the same order, dtypes,
