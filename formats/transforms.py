@@ -22,8 +22,8 @@ implementations bit-equal:
   "classes", [D, H, W] uint8 or uint16 class ids, 0 background; or
   "channels", [D, H, W, C] uint8 0/1, channel c - 1 is class c) is cut at the
   SAME start as its volume, padded at the far end with `LABEL_PADDING`
-  (background) and given the dtype of `LABEL_PATCH_DTYPES` (int32 class ids,
-  uint8 channels), shape patch_size (+ (C,)). `patch="random"` with a
+  (background) and given the dtype `label_patch_dtype` says (uint8 class ids
+  as stored, int32 for uint16 ones, uint8 channels), shape patch_size (+ (C,)). `patch="random"` with a
   `pos_fraction` p draws its start with `sampled_patch_start`: the uniform
   start first (the draws of `random_patch_start`, so p=0 is exactly the plain
   draw), then with probability p a foreground voxel (label != 0, any channel)
@@ -55,8 +55,22 @@ DEFAULT_HU_WINDOW = (-1024.0, 3071.0)
 PATCH_MODES = ("random", "center")
 # How a CT label is laid out (by its rank, `label_layout`) and the stored dtypes each layout allows.
 LABEL_LAYOUTS = {"classes": ("uint8", "uint16"), "channels": ("uint8",)}
-# The dtype of a label patch, per layout: the same in every loader (int32: what torch, XLA and TF all index with).
-LABEL_PATCH_DTYPES = {"classes": "int32", "channels": "uint8"}
+
+
+def label_patch_dtype(layout: str, stored: str) -> str:
+  """The dtype of a label patch, the same in every loader: uint8 class ids and channels as stored (a patch
+  costs a quarter of the float32 volume patch's bytes), uint16 class ids as int32 (torch and XLA have no
+  full uint16).
+
+  Args:
+    layout: "classes" or "channels" (`label_layout`).
+    stored: the label's stored dtype (uint8 or uint16).
+
+  Returns:
+    "uint8" or "int32".
+  """
+  return "uint8" if layout == "channels" or stored == "uint8" else "int32"
+
 # What a label patch holds past the volume's far end: background.
 LABEL_PADDING = 0
 # libjpeg's DCT that Pillow uses (JDCT_ISLOW), by TensorFlow's name for it.

@@ -29,9 +29,9 @@ import simplejpeg
 
 from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Tensor
-from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, LABEL_PADDING, LABEL_PATCH_DTYPES, PATCH_MODES,
+from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, LABEL_PADDING, PATCH_MODES,
                                 center_patch_start, centred_patch_start, foreground_voxel, hu_window_constants,
-                                label_layout, random_patch_start, sampled_patch_start)
+                                label_layout, label_patch_dtype, random_patch_start, sampled_patch_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +237,7 @@ def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
   lo, hi, span = hu_window_constants(o.hu_window)
   layout = volume_label(features, o)
+  label_dtype = label_patch_dtype(layout, features["label"].dtype) if layout else None
   patch_size = tuple(o.patch_size)
 
   def patch(vol, label, spacing, rng=None, counts: Callable[[], np.ndarray] | None = None,
@@ -265,7 +266,7 @@ def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
       np.divide(volume, span, out=volume)
     out["volume"] = volume
     if label is not None:
-      out["label"] = _cut(label, start, patch_size, LABEL_PADDING, LABEL_PATCH_DTYPES[layout], out.get("label"))
+      out["label"] = _cut(label, start, patch_size, LABEL_PADDING, label_dtype, out.get("label"))
     return out
 
   def shapes() -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -274,7 +275,7 @@ def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
                                                                       np.dtype(np.float32)),
             "patch_start": ((len(patch_size),), np.dtype(np.int64))}
     if layout:
-      keys["label"] = ((*patch_size, *features["label"].shape[3:]), np.dtype(LABEL_PATCH_DTYPES[layout]))
+      keys["label"] = ((*patch_size, *features["label"].shape[3:]), np.dtype(label_dtype))
     return keys
   patch.layout, patch.shapes = layout, shapes
   return patch

@@ -30,9 +30,9 @@ from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.outputs.integrity import Verify, verify_level
 from formats.outputs.output import Output
 from loaders._pinning import pin_output
-from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING, LABEL_PATCH_DTYPES,
-                                RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, resize_plan,
-                                seeded_patch_start)
+from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
+                                RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
+                                resize_plan, seeded_patch_start)
 from loaders._transforms import ExampleOptions, batched_features, volume_label
 
 __all__ = ["dataset"]
@@ -223,7 +223,7 @@ def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: i
   layout = volume_label(features, o)
   if layout:
     parse_label = _label_parser(features, layout)
-    label_dtype = tf.as_dtype(LABEL_PATCH_DTYPES[layout])
+    label_dtype = tf.as_dtype(label_patch_dtype(layout, features["label"].dtype))
     channels = tuple(features["label"].shape[3:])  # (C,) for channels, () for class ids
 
   def draw(shape, n, *label):

@@ -6,9 +6,9 @@
 OUTPUT is a CT output whose records carry a `label` (ct_volumes with labels,
 or tests/loaders/make_outputs.labelled_volumes). Each batch holds `volume`
 (float32 [B, D, H, W], the HU window mapped to [0, 1]) and `label`, cut at the
-same start: int32 class ids [B, D, H, W] (--num_classes foreground classes,
-0 background) trained with a per-voxel cross-entropy over num_classes + 1
-logits, or uint8 channels [B, D, H, W, C] trained with a per-voxel, per-channel
+same start: class ids [B, D, H, W] (uint8; int32 when stored as uint16;
+--num_classes foreground classes, 0 background) trained with a per-voxel
+cross-entropy over num_classes + 1 logits, or uint8 channels [B, D, H, W, C] trained with a per-voxel, per-channel
 binary cross-entropy. Random patches are centred on foreground with
 probability --pos_fraction (loaders.ExampleOptions.pos_fraction), so the small
 structures are seen. Every shape is static, so the step compiles once.

@@ -16,7 +16,7 @@ import pytest
 
 from formats.errors import CorruptRecordError
 from formats.features import Features, Tensor
-from formats.transforms import (LABEL_PATCH_DTYPES, centred_patch_start, element_rng, foreground_counts,
+from formats.transforms import (label_patch_dtype, centred_patch_start, element_rng, foreground_counts,
                                 foreground_voxel, label_layout, random_patch_start, sampled_patch_start)
 from loaders import ExampleOptions, ShardedRecords, grain as grain_loader, tfdata
 from tests.loaders import make_outputs
@@ -172,7 +172,7 @@ def _check_batches(batches: list[dict], records: ShardedRecords, layout: str) ->
   seen = {"padded": 0, "foreground": 0, "examples": 0}
   channels = (3,) if layout == "channels" else ()
   for b in batches:
-    assert b["label"].dtype == np.dtype(LABEL_PATCH_DTYPES[layout])
+    assert b["label"].dtype == np.dtype(label_patch_dtype(layout, records.features["label"].dtype))
     assert b["label"].shape == (len(b["volume"]), *PATCH, *channels)
     for vol, label, start, idx in zip(b["volume"], b["label"], b["patch_start"], b["record_index"]):
       rec = records[int(idx)]
