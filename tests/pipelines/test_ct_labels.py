@@ -836,3 +836,27 @@ def test_nifti_voxel_count_bounded_before_inflating(axial, tmp_path):
     f.write(raw.getvalue() + b"\0" * 4 + b"\0" * (1 << 20))
   _nifti_reject(axial, path, r"NIfTI over the size limit: more than 1000 voxels", _config(max_voxels=1000))
   _nifti_reject(axial, path, r"NIfTI over the size limit")
+
+
+def test_seg_of_real_vendor_slices(tmp_path):
+  """Real CT: 128 x 128 tiles of pydicom-data's 693_UNCR.dcm (and CT_small) stacked into a series, its bone
+  (HU > 300, a real anatomy's shape) as a SEG segment: the converted mask is highdicom's and the threshold's."""
+  from tests.pipelines import test_ct_syntaxes as syntaxes
+  paths = []
+  for i, tile in enumerate(syntaxes._real_slices()):
+    stored, tags = syntaxes._pixels("ct16", tile)
+    ds = syntaxes._dataset("1.2.826.0.1.3680043.8.498.77", i, stored, tags)
+    ds.PatientID = PATIENT
+    paths.append(str(tmp_path / f"{i}.dcm"))
+    ds.save_as(paths[-1], enforce_file_format=True)
+  plan = _plan(None, paths)
+  hu = np.stack([s.astype(np.int32) - 1024 for s in (syntaxes._pixels("ct16", t)[0] for t in syntaxes._real_slices())])
+  truth = ct.SeriesTruth(name="vendor", patient_id=PATIENT, series_uid="", study_uid="", hu=hu, spacing=plan.spacing,
+                         origin=plan.origin, direction=np.asarray(plan.direction).reshape(3, 3).T,
+                         files=[s.path for s in plan.slices])
+  bone = hu > 300
+  assert 0 < bone.mean() < 0.5
+  path = cl.write_seg(truth, str(tmp_path / "seg.dcm"), [bone], [LIVER], seed=39)
+  got = _label(plan, _read(path), path)
+  np.testing.assert_array_equal(got, _highdicom(path, truth)[..., 0])
+  np.testing.assert_array_equal(got, bone * 1)
