@@ -42,6 +42,7 @@ implementations bit-equal:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import math
 
 import numpy as np
@@ -212,7 +213,7 @@ def foreground_voxel(label: np.ndarray, counts: np.ndarray, k: int) -> np.ndarra
 
 
 def sampled_patch_start(shape, patch_size, rng: np.random.Generator, pos_fraction: float | None,
-                        label: np.ndarray | None) -> np.ndarray:
+                        label: np.ndarray | None, counts: Callable[[], np.ndarray] | None = None) -> np.ndarray:
   """The start of a random patch, centred on a foreground voxel with probability `pos_fraction`.
 
   Draws, in order: the uniform start (`random_patch_start`); with a
@@ -228,6 +229,7 @@ def sampled_patch_start(shape, patch_size, rng: np.random.Generator, pos_fractio
     rng: the example's generator (`element_rng`).
     pos_fraction: the probability of a foreground centre, in [0, 1]; None: uniform only.
     label: the record's label (its first three axes are `shape`); needed with a pos_fraction.
+    counts: returns `foreground_counts(label)` (a reader that keeps them per record); None: scanned here.
 
   Returns:
     The start per axis.
@@ -235,11 +237,11 @@ def sampled_patch_start(shape, patch_size, rng: np.random.Generator, pos_fractio
   start = random_patch_start(shape, patch_size, rng)
   if pos_fraction is None or not rng.random() < pos_fraction:
     return start
-  counts = foreground_counts(label)
-  total = int(counts.sum())
+  per_slice = foreground_counts(label) if counts is None else counts()
+  total = int(per_slice.sum())
   if total == 0:
     return start
-  return centred_patch_start(foreground_voxel(label, counts, int(rng.integers(0, total))), shape, patch_size)
+  return centred_patch_start(foreground_voxel(label, per_slice, int(rng.integers(0, total))), shape, patch_size)
 
 
 def seeded_patch_start(shape, patch_size, seed: int, position: int, slot: int, pos_fraction: float | None = None,

@@ -30,8 +30,8 @@ import simplejpeg
 from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Tensor
 from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, LABEL_PADDING, PATCH_MODES,
-                                center_patch_start, centred_patch_start, foreground_voxel, hu_window_constants,
-                                label_layout, label_patch_dtype, random_patch_start, sampled_patch_start)
+                                center_patch_start, hu_window_constants, label_layout, label_patch_dtype,
+                                sampled_patch_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,29 +195,6 @@ def _cut(array, start: np.ndarray, patch_size: tuple[int, ...], fill, dtype, out
   return out
 
 
-def counted_patch_start(shape, patch_size, rng: np.random.Generator, pos_fraction: float | None, label,
-                        counts: Callable[[], np.ndarray]) -> np.ndarray:
-  """formats.transforms.sampled_patch_start, with the label's foreground_counts given by `counts()` (called only
-  for a positive draw, as the specification scans the label only then): the same draws, the same start.
-
-  Args:
-    shape, patch_size, rng, pos_fraction: as sampled_patch_start takes them.
-    label: the record's label, indexed by plane (`label[z]`) and with a `shape`.
-    counts: returns foreground_counts(label) (computed once per record by its caller).
-
-  Returns:
-    The start per axis.
-  """
-  start = random_patch_start(shape, patch_size, rng)
-  if pos_fraction is None or not rng.random() < pos_fraction:
-    return start
-  per_slice = counts()
-  total = int(per_slice.sum())
-  if total == 0:
-    return start
-  return centred_patch_start(foreground_voxel(label, per_slice, int(rng.integers(0, total))), shape, patch_size)
-
-
 def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
   """patch(volume, label, spacing, rng, counts=None, out=None) → the CT example (volume, spacing, patch_start[,
   label]).
@@ -225,8 +202,8 @@ def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
   The CT transform's core: `volume` and `label` are numpy arrays or objects
   indexed like them (shape, step-1 slices, planes: a
   formats.record_slices.StoredArray); `label` is None for records without
-  one. counts=None draws with sampled_patch_start itself; else `counts()` is
-  the label's foreground_counts (`counted_patch_start`). `out`, when given,
+  one. `counts()`, when given, is the label's foreground_counts (kept per
+  record by the reader) for sampled_patch_start. `out`, when given,
   holds an array per key of the example's shape and dtype (a batch's slot),
   written in place and returned; `patch.shapes` gives them.
 
@@ -247,10 +224,7 @@ def volume_patcher(features: Features, o: ExampleOptions) -> Callable:
                                f"they must share [D, H, W]")
     if o.patch == "random":
       rng = rng or np.random.default_rng(0)
-      if counts is None:
-        start = sampled_patch_start(vol.shape, patch_size, rng, o.pos_fraction, label)
-      else:
-        start = counted_patch_start(vol.shape, patch_size, rng, o.pos_fraction, label, counts)
+      start = sampled_patch_start(vol.shape, patch_size, rng, o.pos_fraction, label, counts)
     else:
       start = center_patch_start(vol.shape, patch_size)
     spacing = np.asarray(spacing, np.float32)

@@ -23,7 +23,7 @@ from formats.transforms import element_rng, foreground_counts, sampled_patch_sta
 from loaders import ExampleOptions, ShardedRecords, grain as grain_loader
 from loaders import _batch
 from loaders._batch import BatchFiller
-from loaders._transforms import _cut, counted_patch_start
+from loaders._transforms import _cut
 from tests.damage import flip_byte
 from tests.loaders import make_outputs
 
@@ -155,7 +155,7 @@ def test_a_patch_at_every_corner_is_the_arrays_patch(outputs, case):
           assert _cut(stored, start, patch, fill, dtype, slot) is slot and np.array_equal(slot, want)
 
 
-def test_counted_patch_start_is_sampled_patch_start():
+def test_counts_given_to_sampled_patch_start_give_the_same_start():
   rng = np.random.default_rng(0)
   for _ in range(200):
     shape = tuple(int(v) for v in rng.integers(1, 12, 3))
@@ -168,7 +168,7 @@ def test_counted_patch_start_is_sampled_patch_start():
         calls.append(1)
         return foreground_counts(label)
       want = sampled_patch_start(shape, PATCH, np.random.default_rng(seed), p, label)
-      got = counted_patch_start(shape, PATCH, np.random.default_rng(seed), p, label, counts)
+      got = sampled_patch_start(shape, PATCH, np.random.default_rng(seed), p, label, counts)
       assert got.tolist() == want.tolist()
       assert len(calls) <= (p is not None and p > 0)
 
