@@ -38,6 +38,7 @@ import numpy as np
 from formats import naming
 from formats.features import Features, Tensor, Text
 from formats.outputs.output import is_output, load_manifest
+from formats.storage import files
 from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter, Units, counters
 from pipelines.core.errors import UsageError
@@ -241,15 +242,17 @@ class _PlanFn(beam.DoFn):
   REJECTS = "rejects"
   CANDIDATES = "candidates"
 
-  def __init__(self, tolerance: float, max_volume_voxels: int = MAX_VOLUME_VOXELS):
+  def __init__(self, tolerance: float, max_volume_voxels: int = MAX_VOLUME_VOXELS, candidates: bool = False):
     self._tolerance = tolerance
     self._max_volume_voxels = max_volume_voxels
+    self._candidates = candidates  # only a run that matches labels needs them
 
   def process(self, element):
     _, slices = element
     slices = list(slices)
-    yield beam.pvalue.TaggedOutput(self.CANDIDATES, (
-        slices[0].series_uid_key, tuple(sorted({posixpath.dirname(s.path) for s in slices})), stack_count(slices)))
+    if self._candidates:
+      yield beam.pvalue.TaggedOutput(self.CANDIDATES, (
+          slices[0].series_uid_key, tuple(sorted({posixpath.dirname(s.path) for s in slices})), stack_count(slices)))
     plans, rejected = plan_volumes(slices, self._tolerance, self._max_volume_voxels)
     for path, reason, frames in rejected:
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, reason, units=frames))
@@ -537,13 +540,6 @@ def _read_json_flag(flag: str, location: str):
     raise UsageError(f"{flag}: {inputs.printable(location)} is not JSON ({type(e).__name__})") from None
 
 
-def _input_location(root: str, rel: str) -> str:
-  """The path a listing prints for `rel` (a path relative to --input, with / separators) under `root`."""
-  if root.startswith("gs://"):
-    return f"{root.rstrip('/')}/{rel.lstrip('/')}"
-  return os.path.join(root, *rel.split("/"))
-
-
 def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str,
                  max_voxels: int = MAX_VOLUME_VOXELS) -> tuple[LabelConfig | None, str]:
   """The label flags, checked, and a salted digest of --label_nifti_map's content ("" without one).
@@ -592,11 +588,12 @@ def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str,
                                                 for k, v in mapping.items()):
       raise UsageError("--label_nifti_map must hold a JSON object {NIfTI path relative to --input: "
                        "SeriesInstanceUID}")
-    nifti_series = {inputs.printable(_input_location(common.input, rel)): salted_hash(salt, "series-uid", uid)
+    # Each path as the listing prints it (formats.storage.files.join, as the listing joins).
+    located = {rel: files.join(common.input, *rel.split("/")) for rel in mapping}
+    nifti_series = {inputs.printable(located[rel]): salted_hash(salt, "series-uid", uid)
                     for rel, uid in mapping.items()}
     digest = salted_hash(salt, "nifti map", json.dumps(sorted(mapping.items())))
-    missing = sorted(rel for rel in mapping if not common.input.startswith("gs://")
-                     and not os.path.isfile(_input_location(common.input, rel)))
+    missing = sorted(rel for rel, path in located.items() if not files.is_gcs(path) and not os.path.isfile(path))
     if missing:  # a key that names no file would leave its NIfTI to be matched by folder, silently
       raise UsageError(f"--label_nifti_map names {len(missing)} files that are not under --input, e.g. "
                        f"{missing[0]!r} (paths relative to --input, with / separators)")
@@ -709,7 +706,8 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     planned = (
         headers.slices
         | "GroupBySeries" >> beam.GroupByKey()
-        | "PlanVolumes" >> beam.ParDo(_PlanFn(config.tolerance, config.max_volume_voxels)).with_outputs(
+        | "PlanVolumes" >> beam.ParDo(_PlanFn(config.tolerance, config.max_volume_voxels,
+                                              candidates=config.labels is not None)).with_outputs(
             _PlanFn.REJECTS, _PlanFn.CANDIDATES, main="plans")
     )
     plans, unit_rejects = planned.plans, [headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS]]
