@@ -254,10 +254,15 @@ def _walk(data, slots, found) -> None:
           raise ExampleDecodeError("feature map entry without a key")
         if slot is not None:
           found[slot] = value if built else _feature(data, vx, ve, True)
-  except UnicodeDecodeError as e:
-    raise ExampleDecodeError(f"feature key is not UTF-8: {e.reason} at byte {e.start}") from None
-  except WireFormatError as e:
-    raise ExampleDecodeError(str(e)) from None
+  except (UnicodeDecodeError, WireFormatError) as e:
+    raise decode_error(e) from None
+
+
+def decode_error(e: UnicodeDecodeError | WireFormatError) -> ExampleDecodeError:
+  """The ExampleDecodeError of a walk of an Example that met a key not in UTF-8 or bytes not in wire format."""
+  if isinstance(e, UnicodeDecodeError):
+    return ExampleDecodeError(f"feature key is not UTF-8: {e.reason} at byte {e.start}")
+  return ExampleDecodeError(str(e))
 
 
 def decode_example(data: bytes | memoryview, copy: bool = True) -> dict[str, list[bytes] | np.ndarray]:

@@ -43,8 +43,8 @@ from formats._closing import Closing
 from formats.arrayrecord_index import (BLOCK_HEADER_SIZE, BLOCK_SIZE, CHUNK_HEADER_SIZE, SIMPLE_CHUNK, ChunkHeader,
                                        RecordIndex, chunk_end, file_position, record_ranges, stream_position,
                                        writes_plain_chunks)
-from formats.errors import CorruptRecordError, ExampleDecodeError, WireFormatError
-from formats.example import decode_example, encode_example
+from formats.errors import CorruptRecordError, WireFormatError
+from formats.example import decode_error, decode_example, encode_example
 
 __all__ = ["ArrayRecordFile", "ExampleLayout", "RecordBytes", "StoredArray", "locate_example"]
 
@@ -384,10 +384,8 @@ def locate_example(record, in_place, small_limit: int = SMALL_FEATURE_BYTES) -> 
         return None
       else:
         values[key] = decode_example(encode_example({key: record[vx:ve]}))[key]
-  except UnicodeDecodeError as e:
-    raise ExampleDecodeError(f"feature key is not UTF-8: {e.reason} at byte {e.start}") from None
-  except WireFormatError as e:
-    raise ExampleDecodeError(str(e)) from None
+  except (UnicodeDecodeError, WireFormatError) as e:
+    raise decode_error(e) from None
   return ExampleLayout(spans, values)
 
 
