@@ -5,7 +5,7 @@
     blob.upload_from_string(data, if_generation_match=g, retry=policy.named("gs://b/o"))
 
 Transient (`is_transient`): HTTP 408, 429 and 5xx (gcs_media's TransientHTTPError,
-google.api_core's errors of those codes, google-cloud-storage's InvalidResponse),
+google.api_core's errors of those codes, google-cloud-storage's InvalidResponse, requests' HTTPError),
 requests' and urllib3's connection, protocol and timeout errors, google-auth's
 TransportError, http.client's broken answers, ConnectionError, TimeoutError (socket
 timeouts), name-resolution and TLS failures, and the network OSErrors (reset, aborted,
@@ -102,9 +102,12 @@ class RetryExhausted(ConnectionError):
 
 
 def _status(e: BaseException) -> int | None:
-  """The HTTP status of a google-cloud-storage error (gcs_media's are ConnectionErrors or final)."""
+  """The HTTP status of a google-cloud-storage error (gcs_media's are ConnectionErrors or final) or of
+  a `requests` answer that raised (the DICOM store's)."""
   if isinstance(e, api_exceptions.GoogleAPICallError):
     return e.code
+  if isinstance(e, requests.HTTPError) and e.response is not None:
+    return e.response.status_code
   storage = sys.modules.get("google.cloud.storage.exceptions")  # raised only once the client is imported
   if storage is not None and isinstance(e, storage.InvalidResponse):
     return getattr(e.response, "status_code", None)
