@@ -11,6 +11,8 @@ it gives up.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
 import functools
 import os
 import shutil
@@ -225,11 +227,32 @@ def write_bytes(path: str, data: bytes) -> None:
   if is_gcs(path):  # a GCS object appears only when complete; a retry uploads the same bytes again
     gcs_blob(path).upload_from_string(data, retry=retry.named(path))
     return
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-  with open(tmp, "wb") as f:
+  with replacing(path) as tmp, open(tmp, "wb") as f:
     f.write(data)
-  os.replace(tmp, path)
+
+
+def temp_beside(path: str) -> str:
+  """A fresh local path beside the local `path` (`<path>.tmp-<uuid>`; the folder is created): a file built
+  there is renamed onto `path` in one atomic step."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  return f"{path}.tmp-{uuid.uuid4().hex}"
+
+
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[str]:
+  """A `temp_beside(path)` for the block to write, renamed onto the local `path` when the block ends and
+  removed when it raises: a reader sees the old file or the whole new one.
+
+      with files.replacing(dest) as tmp:
+        shutil.copyfile(source, tmp)
+  """
+  tmp = temp_beside(path)
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def _delete(path: str) -> None:
@@ -321,17 +344,11 @@ def download(path: str, local_path: str) -> None:
     path: a local or gs:// file.
     local_path: where the copy goes (its folder is created).
   """
-  os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-  tmp = f"{local_path}.tmp-{uuid.uuid4().hex}"
-  try:
+  with replacing(local_path) as tmp:
     if is_gcs(path):
       gcs_blob(path).download_to_filename(tmp, retry=retry.named(path))  # a retry resumes where the answer broke
     else:
       shutil.copyfile(path, tmp)
-    os.replace(tmp, local_path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def cache_path(path: str, sha256: str, cache_root: str) -> str:

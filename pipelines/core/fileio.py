@@ -1,4 +1,4 @@
-"""Publishing a finished local file to the output (local or gs://) in one atomic step.
+"""Building a file locally and publishing it to the output (local or gs://) in one atomic step.
 
 Whole small files (manifests, reject lists) are written with
 `formats.storage.files.write_bytes`; this module adds what only the writers need:
@@ -11,9 +11,11 @@ completes; locally the file is built beside its destination and renamed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
 import os
 import shutil
-import uuid
+import tempfile
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -22,46 +24,27 @@ from formats.storage import files as fs
 _COPY_CHUNK = 16 << 20
 
 
-def local_staging_path(dest: str, tmpdir: str) -> str:
-  """Where to build `dest` locally before `publish`: beside it when local (no copy).
+@contextlib.contextmanager
+def staged(dest: str) -> Iterator[str]:
+  """A local path for the block to build `dest` at, published to `dest` when the block ends (renamed onto a
+  local `dest`, one upload to a gs:// one); when the block raises, nothing is published. The local file is
+  removed either way.
 
-  Args:
-    dest: the file's final path, local or gs://.
-    tmpdir: the local folder for files bound for gs://.
-
-  Returns:
-    A fresh local path (a uuid in its name); a local `dest`'s folder is created.
-  """
-  if not fs.is_gcs(dest):
-    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    return f"{dest}.tmp-{uuid.uuid4().hex}"
-  return os.path.join(tmpdir, f"{uuid.uuid4().hex}-{os.path.basename(dest)}")
-
-
-def publish(local_path: str, dest: str) -> None:
-  """Moves a finished local file to `dest` in one atomic step (one upload when remote).
-
-  The local file is removed afterwards, also when the upload fails.
-
-  Args:
-    local_path: the finished file, from `local_staging_path`.
-    dest: the final path, local or gs://.
+      with fileio.staged(dest) as local:
+        adapters.get("array_record").write_file(local, payloads)
 
   Raises:
     OSError: the rename, copy or upload failed.
   """
   if not fs.is_gcs(dest):
-    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    try:
-      os.replace(local_path, dest)
-    except OSError:  # another file system: copy beside the destination, then rename
-      tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
-      shutil.copyfile(local_path, tmp)
-      os.replace(tmp, dest)
-      os.remove(local_path)
+    with fs.replacing(dest) as local:
+      yield local
     return
+  tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")  # removed here: runners need not call teardown
   try:
-    with open(local_path, "rb") as src, FileSystems.create(dest, mime_type="application/octet-stream") as out:
+    local = os.path.join(tmpdir, os.path.basename(dest))
+    yield local
+    with open(local, "rb") as src, FileSystems.create(dest, mime_type="application/octet-stream") as out:
       shutil.copyfileobj(src, out, _COPY_CHUNK)
   finally:
-    os.remove(local_path)
+    shutil.rmtree(tmpdir, ignore_errors=True)

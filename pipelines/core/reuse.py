@@ -473,8 +473,7 @@ def _adopt_local(src: str, dest: str, rec: ShardInfo) -> bool:
     digest, n = _sha256_of(f, rec.num_bytes) if st.st_size == rec.num_bytes else ("", 0)
     if digest != rec.sha256 or n != rec.num_bytes:
       return False
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+    tmp = fs.temp_beside(dest)
     try:
       os.link(src, tmp)
       linked = os.stat(tmp)

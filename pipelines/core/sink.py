@@ -14,8 +14,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import apache_beam as beam
@@ -126,17 +124,10 @@ def write_shard(spec: OutputSpec, split: str, index: int, num_shards: int, paylo
   """
   name = spec.relative(spec.shard_name(split, index, num_shards).filename)
   dest = fs.join(spec.output, name)
-  tmpdir = tempfile.mkdtemp(prefix="toolkit-shards-")  # removed here: runners need not call teardown
-  local = fileio.local_staging_path(dest, tmpdir)
-  try:
+  with fileio.staged(dest) as local:
     count = adapters.get(spec.file_format).write_file(local, payloads)
     size = os.path.getsize(local)
     digest = sha256_file(local)
-    fileio.publish(local, dest)
-  finally:
-    if os.path.exists(local):
-      os.remove(local)
-    shutil.rmtree(tmpdir, ignore_errors=True)
   return ShardInfo(name, count, size, digest)
 
 

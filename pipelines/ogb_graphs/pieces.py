@@ -26,7 +26,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import os
-import uuid
 
 from apache_beam.io.filesystems import FileSystems
 import google_crc32c
@@ -70,8 +69,7 @@ class PieceWriter:
       self._tmp = None
       self._f = FileSystems.create(dest, mime_type="application/octet-stream")
     else:
-      os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-      self._tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+      self._tmp = fs.temp_beside(dest)
       self._f = open(self._tmp, "wb")
 
   def write(self, data) -> None:
@@ -216,32 +214,25 @@ def join_local(segments: Sequence[Segment], dest: str) -> tuple[str, int]:
   Returns:
     (hex SHA-256, size) of the file.
   """
-  os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-  tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
   h = hashlib.sha256()
   size = 0
-  try:
-    with open(tmp, "wb") as out:
-      for seg in segments:
-        if isinstance(seg, bytes):
-          h.update(seg)
-          out.write(seg)
-          size += len(seg)
-          continue
-        with open(seg.path, "rb") as f:
-          copied = 0
-          while block := f.read(_COPY_CHUNK):
-            h.update(block)
-            out.write(block)
-            copied += len(block)
-        if copied != seg.nbytes:
-          raise RuntimeError(f"{seg.path}: {copied} bytes, its writer reported {seg.nbytes}")
-        size += copied
-        os.remove(seg.path)
-    os.replace(tmp, dest)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with fs.replacing(dest) as tmp, open(tmp, "wb") as out:
+    for seg in segments:
+      if isinstance(seg, bytes):
+        h.update(seg)
+        out.write(seg)
+        size += len(seg)
+        continue
+      with open(seg.path, "rb") as f:
+        copied = 0
+        while block := f.read(_COPY_CHUNK):
+          h.update(block)
+          out.write(block)
+          copied += len(block)
+      if copied != seg.nbytes:
+        raise RuntimeError(f"{seg.path}: {copied} bytes, its writer reported {seg.nbytes}")
+      size += copied
+      os.remove(seg.path)
   return h.hexdigest(), size
 
 
