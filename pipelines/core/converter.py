@@ -394,8 +394,9 @@ def _summarize(_, converter: Converter, config: Any, plan: OutputPlan, fixed: in
 
 
 # Settings (the manifest's `source` keys) an append may change: where the input is, the order
-# and count of the new shards, and CT's dtype policy (the schema check covers the dtype itself).
-APPEND_MAY_CHANGE = frozenset({"input", "seed", "num_shards", "volume_dtype"})
+# and count of the new shards, CT's dtype policy (the schema check covers the dtype itself) and
+# which studies of a DICOM store it lists (a daily run moves its StudyDate window).
+APPEND_MAY_CHANGE = frozenset({"input", "seed", "num_shards", "volume_dtype", "dicomweb_filter"})
 
 
 def check_append(current: Manifest, features: Features, file_format: str, name: str,

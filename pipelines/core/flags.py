@@ -479,7 +479,8 @@ def dataset_name(name_flag: str | None, input_root: str) -> str:
 
 
 def check_input_output(input_flag: str | None, output_flag: str | None, overwrite: bool,
-                       input_kind: str = "a folder", append: bool = False) -> tuple[str, str, bool]:
+                       input_kind: str = "a folder", append: bool = False,
+                       service_input: bool = False) -> tuple[str, str, bool]:
   """(input root, output root, overwrite) after the checks every converter makes.
 
   Local paths become absolute. The input must exist, the output must not be
@@ -492,6 +493,7 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
     input_kind: the expected input, for the "--input is required" message.
     append: --mode=append: adding to a complete output needs no --overwrite (and without one, the run
       makes it, as rebuild would).
+    service_input: --input is a service's URL (a DICOM store), kept as given: the converter checks it.
 
   Returns:
     (input root, output root, overwrite); local roots are absolute paths.
@@ -504,11 +506,11 @@ def check_input_output(input_flag: str | None, output_flag: str | None, overwrit
     raise UsageError(f"--input is required ({input_kind}, local or gs://)")
   if not output_flag:
     raise UsageError("--output is required (a folder, local or gs://)")
-  root = input_flag.rstrip("/") if fs.is_gcs(input_flag) else os.path.abspath(input_flag)
+  root = input_flag.rstrip("/") if fs.is_gcs(input_flag) or service_input else os.path.abspath(input_flag)
   output = output_flag.rstrip("/") if fs.is_gcs(output_flag) else os.path.abspath(output_flag)
-  if not fs.is_dir(root):
+  if not service_input and not fs.is_dir(root):
     raise UsageError(f"--input {input_flag!r} does not exist or is not a folder")
-  if fs.is_gcs(output) == fs.is_gcs(root):  # a gs:// output is never inside a local input, nor the reverse
+  if not service_input and fs.is_gcs(output) == fs.is_gcs(root):  # a gs:// output is never inside a local input, nor the reverse
     # Real paths: an output reached through a symbolic link into the input is inside it too.
     real_root, real_output = (root, output) if fs.is_gcs(root) else (os.path.realpath(root), os.path.realpath(output))
     if (real_output + "/").startswith(real_root + "/"):
@@ -566,7 +568,8 @@ class CommonConfig:
 
 
 def common_config(options: PipelineOptions, input_kind: str, name: str | None = None,
-                  name_rule: Callable[[str | None, str], str] | None = None) -> CommonConfig:
+                  name_rule: Callable[[str | None, str], str] | None = None,
+                  service_input: bool = False) -> CommonConfig:
   """The shared flags of `options`, checked, as a `CommonConfig`.
 
   Args:
@@ -574,6 +577,7 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
     input_kind: what --input should be, for the "--input is required" message.
     name: the data set name when the caller already has it.
     name_rule: (--name, checked input root) -> the data set name; `dataset_name` when None.
+    service_input: --input is a service's URL, as for `check_input_output`.
 
   Returns:
     The `CommonConfig`, without the launcher's `generation` and `expected`.
@@ -582,7 +586,8 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
     UsageError: --input or --output is missing or unusable, or --name is not a valid data set name.
   """
   c = options.view_as(ConverterOptions)
-  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind, append=c.mode == "append")
+  root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind,
+                                               append=c.mode == "append", service_input=service_input)
   return CommonConfig(
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
       file_format=c.file_format, num_shards=c.num_shards, target_shard_bytes=c.shard_size_mb << 20, seed=c.seed,

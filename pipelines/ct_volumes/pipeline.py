@@ -34,6 +34,7 @@ import re
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
+import pydicom
 
 from formats import naming
 from formats.features import Features, Tensor, Text
@@ -48,7 +49,8 @@ from pipelines.core.shards import ListedOnWorkers, PlanUnit
 from pipelines.ct_volumes.assembly import (
     DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume,
     stack_count)
-from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, read_slices, salted_hash
+from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, quiet_pydicom, read_slices, salted_hash
+from pipelines.ct_volumes import dicomweb
 from pipelines.ct_volumes import labels as labels_lib
 from pipelines.ct_volumes.labels import LABEL_SOURCES, LabelConfig, LabelHeader, LabelRejected
 
@@ -89,6 +91,18 @@ class CtVolumesOptions(PipelineOptions):
     parser.add_argument("--label_nifti_map", default="",
                         help="JSON file: {NIfTI path relative to --input: its CT's SeriesInstanceUID}; without "
                              "it, a NIfTI label map belongs to the one series in its folder.")
+    parser.add_argument("--dicomweb_filter", default="",
+                        help="With a DICOMweb --input: QIDO-RS query parameters joined by &, e.g. "
+                             "'ModalitiesInStudy=CT&StudyDate=20260101-20260131'; series attributes (Modality, "
+                             "SeriesInstanceUID, ...) filter each study's series. Empty: the whole store.")
+    parser.add_argument("--dicomweb_auth", default="auto", choices=dicomweb.AUTH_MODES,
+                        help="With a DICOMweb --input: auto (google for healthcare.googleapis.com, else none), none, "
+                             "google (application default credentials), basic or bearer (--dicomweb_credentials).")
+    parser.add_argument("--dicomweb_credentials", default="",
+                        help="JSON file (local or gs://) read by the launcher and each worker: {\"username\", "
+                             "\"password\"} for basic, {\"token\"} for bearer. Never given on the command line.")
+    parser.add_argument("--dicomweb_page_size", type=flags.integer(1), default=dicomweb.DEFAULT_PAGE_SIZE,
+                        help="Results asked for per QIDO-RS page (limit); pages are read until one is empty.")
     parser.add_argument("--label_resample", type=flags.boolean, default=False,
                         help="Resample a NIfTI label map whose grid differs from its series' (nearest neighbour); "
                              "without it such a map is a reject.")
@@ -190,6 +204,33 @@ class _Opener:
       raise
 
 
+class _StoreOpener:
+  """Opens a store's instances by their instance paths (`dicomweb.instance_path`), as `_Opener` opens files:
+  each series is retrieved once (one WADO-RS request) and must still hold exactly the instances its listing
+  named, or its instances are Unreadable (the series changed in the store during the run)."""
+
+  def __init__(self, store: dicomweb.Store, salt: str, series: Mapping[str, dicomweb.Series]):
+    self._store, self._salt, self._series = store, salt, series
+    self._retrieved: dict[str, dict[str, bytes] | inputs.Unreadable] = {}
+    self.errors: dict[str, Exception] = {}
+
+  def __call__(self, path: str) -> io.BytesIO:
+    prefix = path.split("/instances/")[0].split("/parts/")[0]
+    try:
+      if prefix not in self._retrieved:
+        try:
+          self._retrieved[prefix] = dict(_retrieved(self._store, self._salt, self._series[prefix]))
+        except _SeriesUnusable as e:
+          self._retrieved[prefix] = inputs.Unreadable(e.reason.removeprefix("series rejected, "))
+      got = self._retrieved[prefix]
+      if isinstance(got, inputs.Unreadable):
+        raise got
+      return io.BytesIO(got[path])
+    except (inputs.Unreadable, inputs.TransientInputError) as e:
+      self.errors[path] = e
+      raise
+
+
 class _ReadHeadersFn(beam.DoFn):
   """InputFile → (series key, SliceHeader) per image frame, a LabelHeader (tagged), or a Reject."""
 
@@ -207,25 +248,31 @@ class _ReadHeadersFn(beam.DoFn):
     self._count = counters(PIPELINE, "files_read", "frames_found", "files_rejected", "label_files_found")
 
   def process(self, f: inputs.InputFile):
-    self._count.files_read.inc()
     try:
       data = self._read_policy.read(f.location)  # a transient error fails the job
-      slices = read_slices(io.BytesIO(data), f.path, self._salt, self._max_file_bytes)
     except inputs.Unreadable as e:
+      self._count.files_read.inc()
       self._count.files_rejected.inc()
       yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
       return
+    yield from self._headers(data, f.path)
+
+  def _headers(self, data: bytes, path: str):
+    """One file's bytes → its frames' (series key, SliceHeader)s, its LabelHeader (tagged) or a Reject (tagged)."""
+    self._count.files_read.inc()
+    try:
+      slices = read_slices(io.BytesIO(data), path, self._salt, self._max_file_bytes)
     except SliceRejected as e:  # not a CT image: a label source, when the run converts them
-      source = labels_lib.sniff(data, f.path) if self._labels is not None else None
+      source = labels_lib.sniff(data, path) if self._labels is not None else None
       if source is None or source not in self._labels.sources:
         self._count.files_rejected.inc()
-        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, str(e)))
+        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, str(e)))
         return
       try:
-        header = labels_lib.read_label_header(data, f.path, self._salt, self._labels)
+        header = labels_lib.read_label_header(data, path, self._salt, self._labels)
       except LabelRejected as e:
         self._count.files_rejected.inc()
-        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(f.path, f"{source} label rejected: {e}"))
+        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, f"{source} label rejected: {e}"))
         return
       self._count.label_files_found.inc()
       yield beam.pvalue.TaggedOutput(self.LABELS, header)
@@ -233,6 +280,123 @@ class _ReadHeadersFn(beam.DoFn):
     self._count.frames_found.inc(len(slices))
     for s in slices:
       yield s.series_key, s
+
+
+class _ReadSeriesHeadersFn(_ReadHeadersFn):
+  """A store's `dicomweb.Series` → what `_ReadHeadersFn` makes of each of its instances, retrieved in one
+  WADO-RS request; when the retrieval does not hold exactly the listed instances (the series changed
+  in the store, or the store lists what it does not serve), every instance of it is a Reject instead."""
+
+  def __init__(self, store: dicomweb.Store, salt: str, max_file_bytes: int = MAX_FILE_BYTES,
+               labels: LabelConfig | None = None):
+    super().__init__(salt, store.read_policy, max_file_bytes, labels)
+    self._store = store
+
+  def process(self, s: dicomweb.Series):
+    try:
+      paths = _retrieved(self._store, self._salt, s)
+    except _SeriesUnusable as e:
+      self._count.files_read.inc(len(e.paths))
+      self._count.files_rejected.inc(len(e.paths))
+      for path in e.paths:
+        yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, e.reason))
+      return
+    for path, data in paths:
+      yield from self._headers(data, path)
+
+
+class _SeriesUnusable(Exception):
+  """A store's series cannot be converted as listed: `paths` (every listed instance and every part
+  retrieved) are rejects with `reason`."""
+
+  def __init__(self, paths: list[str], reason: str):
+    super().__init__(reason)
+    self.paths, self.reason = paths, reason
+
+
+def _part_sop(data: bytes) -> str | None:
+  """The SOP Instance UID a retrieved part names (its file meta's, else its data set's), or None."""
+  try:
+    with quiet_pydicom():
+      ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
+    uid = ds.file_meta.get("MediaStorageSOPInstanceUID") or ds.get("SOPInstanceUID")
+  except Exception:  # not DICOM: its own reject, from the header path
+    return None
+  return str(uid) if uid else None
+
+
+def _retrieved(store: dicomweb.Store, salt: str, s: dicomweb.Series) -> list[tuple[str, bytes]]:
+  """A listed series, retrieved: (instance path, bytes) per part, which must be exactly the listed instances.
+
+  Raises:
+    _SeriesUnusable: the listing named an invalid UID, the store does not serve the series or sent a malformed
+      answer, or the parts are not the listed instances (missing, added, repeated): nothing of it is used.
+    TransientInputError: transient errors until the deadline (the job fails).
+  """
+  url = store.config.url
+  prefix = dicomweb.series_path(url, salt, s.study, s.series)
+  listed = sorted(dicomweb.instance_path(url, salt, s.study, s.series, sop) for sop in s.instances if sop)
+  invalid = [f"{prefix}/listing/{i}" for i, sop in enumerate(s.instances) if not sop]
+  if invalid:
+    raise _SeriesUnusable(listed + invalid, "series rejected, the store's instance search listed an instance "
+                                            "without a valid SOPInstanceUID (0008,0018)")
+  try:
+    parts = store.retrieve(s)
+  except dicomweb.NotServed as e:
+    raise _SeriesUnusable(listed, f"series rejected, the store lists it but does not serve it ({e})") from None
+  except dicomweb.MalformedBody as e:
+    raise _SeriesUnusable(listed, f"series rejected, the store's WADO-RS answer is malformed: {e}") from None
+  named, seen = [], set()
+  for i, (media, data) in enumerate(parts):
+    sop = _part_sop(data) if media == "application/dicom" else None
+    path = dicomweb.part_path(prefix, i) if sop is None else dicomweb.instance_path(url, salt, s.study, s.series, sop)
+    if path in seen:
+      path = dicomweb.part_path(prefix, i)  # a repeated instance: the set check below refuses the series
+    seen.add(path)
+    named.append((path, data))
+  if sorted(seen) != listed:
+    extra = sorted(seen - set(listed))
+    raise _SeriesUnusable(sorted(set(listed) | seen), (
+        f"series rejected, the store's retrieval of it does not hold the instances its search listed "
+        f"({len(listed)} listed, {len(parts)} parts retrieved, {len(set(listed) - seen)} listed missing, "
+        f"{len(extra)} not listed or unreadable): it changed in the store during the run, or the store is "
+        "inconsistent"))
+  return named
+
+
+class _SearchStudiesFn(beam.DoFn):
+  """The store → the Study Instance UIDs its study search lists (paged); a result without a valid one → a
+  Reject (tagged)."""
+
+  def __init__(self, store: dicomweb.Store):
+    self._store = store
+
+  def process(self, _):
+    for i, study in enumerate(self._store.studies()):
+      if study is None:
+        yield beam.pvalue.TaggedOutput("rejects", Reject(
+            f"{self._store.config.url}/studies/listing/{i}",
+            "the store's study search listed a study without a valid StudyInstanceUID (0020,000D)"))
+      else:
+        yield study
+
+
+class _SearchSeriesFn(beam.DoFn):
+  """A study → a `dicomweb.Series` per series its series search lists, with the SOP Instance UIDs its instance
+  search lists; a result without a valid Series Instance UID → a Reject (tagged)."""
+
+  def __init__(self, store: dicomweb.Store, salt: str):
+    self._store, self._salt = store, salt
+
+  def process(self, study: str):
+    study_path = f"{self._store.config.url}/studies/{salted_hash(self._salt, 'study', study)}"
+    for i, series in enumerate(self._store.series_of(study)):
+      if series is None:
+        yield beam.pvalue.TaggedOutput("rejects", Reject(
+            f"{study_path}/series/listing/{i}",
+            "the store's series search listed a series without a valid SeriesInstanceUID (0020,000E)"))
+      else:
+        yield dicomweb.Series(study, series, tuple(self._store.instances_of(study, series)))
 
 
 class _PlanFn(beam.DoFn):
@@ -367,18 +531,23 @@ class _VolumeUnits(UnitConverter):
   """
 
   def __init__(self, splits, features_by_dtype: dict[str, Features], read_policy: inputs.ReadPolicy,
-               max_volume_voxels: int = MAX_VOLUME_VOXELS, labels: LabelConfig | None = None):
+               max_volume_voxels: int = MAX_VOLUME_VOXELS, labels: LabelConfig | None = None,
+               store: dicomweb.Store | None = None, salt: str = ""):
     self._splits = splits
     self._features = features_by_dtype
     self._read_policy = read_policy
     self._max_volume_voxels = max_volume_voxels
     self._labels = labels
+    self._store, self._salt = store, salt  # a DICOMweb input: instances are opened from the store
 
   def setup(self):
     self._count = counters(PIPELINE, "volumes_written", "slices_used", "volumes_rejected", "labels_written")
 
-  def input_paths(self, plan: VolumePlan, dtype: str = "", raw_paths: dict[str, bytes] | None = None):
-    del dtype
+  def input_paths(self, plan: VolumePlan, dtype: str = "", raw_paths: dict[str, bytes] | None = None,
+                  store_series=None):
+    del dtype, store_series
+    if self._store is not None:
+      return None  # a store's instances have no versions to check: its shards are converted every time
     paths = [*plan.files, *sorted(h.path for h in plan.labels)]
     return [inputs.InputFile(p, (raw_paths or {}).get(p, b"")).location for p in paths]
 
@@ -394,13 +563,15 @@ class _VolumeUnits(UnitConverter):
     for h in plan.labels:
       yield Reject(h.path, own.get(h.path, reason), split)
 
-  def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes]):
+  def convert(self, plan: VolumePlan, dtype: str, raw_paths: dict[str, bytes],
+              store_series: Mapping[str, dicomweb.Series] | None = None):
     split = split_of(plan.patient_id, self._splits)
     if self._labels is not None and not plan.labels:
       yield from self._reject_all(plan, split, "series rejected, no label source found for it "
                                                f"(--label_sources={','.join(self._labels.sources)})")
       return
-    opener = _Opener(raw_paths, self._read_policy)
+    opener = (_Opener(raw_paths, self._read_policy) if self._store is None
+              else _StoreOpener(self._store, self._salt, store_series))
     try:
       volume, dropped = read_volume(plan, opener, dtype, self._max_volume_voxels)
     except SeriesRejected as e:
@@ -415,7 +586,7 @@ class _VolumeUnits(UnitConverter):
     label = sources = None
     if self._labels is not None:
       try:
-        label, sources = self._read_labels(plan, raw_paths)
+        label, sources = self._read_labels(plan, opener)
       except _LabelFailed as e:
         del volume
         yield from self._reject_all(plan, split, f"series rejected, its label was rejected: {e.reason}",
@@ -441,7 +612,7 @@ class _VolumeUnits(UnitConverter):
     self._count.slices_used.inc(len(plan.slices))
     yield Record(split, plan.key, payload, num_inputs=len(plan.slices) + len(plan.labels))
 
-  def _read_labels(self, plan: VolumePlan, raw_paths: dict[str, bytes]) -> tuple[np.ndarray, str]:
+  def _read_labels(self, plan: VolumePlan, opener: _Opener | _StoreOpener) -> tuple[np.ndarray, str]:
     """The volume's label from all its label files, and their sources (comma-separated, in --label_sources
     order). Label files may add classes; where two give one class, they must agree voxel for voxel.
 
@@ -452,8 +623,7 @@ class _VolumeUnits(UnitConverter):
     out, classes = None, set()
     for h in sorted(plan.labels, key=lambda h: (LABEL_SOURCES.index(h.source), h.path)):
       try:
-        data = self._read_policy.read(inputs.InputFile(h.path, raw_paths.get(h.path, b"")).location)
-        label = labels_lib.rasterize(plan, h, data, self._labels)
+        label = labels_lib.rasterize(plan, h, opener(h.path).getvalue(), self._labels)
       except (inputs.Unreadable, LabelRejected) as e:
         raise _LabelFailed(h.path, f"{h.source} label rejected: {e}") from None
       if out is None:
@@ -528,6 +698,7 @@ class CtVolumesConfig:
   max_volume_voxels: int = MAX_VOLUME_VOXELS
   labels: LabelConfig | None = None  # None: volumes only
   label_nifti_digest: str = ""  # salted digest of --label_nifti_map's content (the manifest's record of it)
+  store: dicomweb.StoreConfig | None = None  # a DICOMweb input; None: a tree of files
 
 
 def _read_json_flag(flag: str, location: str):
@@ -608,8 +779,17 @@ def label_config(o: CtVolumesOptions, common: CommonConfig, salt: str,
 
 
 class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
-                input_kind="a tree of DICOM files"):
+                input_kind="a tree of DICOM files, or a DICOMweb store's base URL (http:// or https://)"):
   """DICOM CT series → one record per volume in Hounsfield units; splits per patient."""
+
+  def common_config(self, options: PipelineOptions) -> CommonConfig:
+    """See Converter.common_config: a DICOMweb URL is taken as given (`configure` checks it), and names the
+    data set by its store."""
+    url = options.view_as(flags.ConverterOptions).input or ""
+    if not dicomweb.is_store_url(url):
+      return super().common_config(options)
+    return flags.common_config(options, self.input_kind, service_input=True,
+                               name_rule=lambda name, root: flags.dataset_name(name, dicomweb.store_name(root)))
 
   def configure(self, o: CtVolumesOptions, common: CommonConfig) -> CtVolumesConfig:
     """See Converter.configure.
@@ -639,10 +819,21 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         raise UsageError(f"--mode=append: {common.output} holds no CT volume output (no volume feature)")
       volume_dtype = held_features["volume"].dtype
     labels, nifti_digest = label_config(o, common, o.id_salt, o.max_volume_voxels)
+    store = None
+    if dicomweb.is_store_url(common.input):
+      if labels is not None and "nifti" in labels.sources:
+        raise UsageError("--label_sources: nifti labels need a folder input (a DICOMweb store holds DICOM only); "
+                         "use seg and rtstruct")
+      store = dicomweb.store_config(common.input, o.dicomweb_auth, o.dicomweb_credentials, o.dicomweb_filter,
+                                    o.dicomweb_page_size)
+      dicomweb.Store(store, common.read_policy).probe()  # a store that is not there fails here, nothing written
+    elif o.dicomweb_filter or o.dicomweb_credentials:
+      raise UsageError(f"{'--dicomweb_filter' if o.dicomweb_filter else '--dicomweb_credentials'} needs a "
+                       "DICOMweb --input (an http:// or https:// base URL)")
     return CtVolumesConfig(
         salt=o.id_salt, splits=splits, volume_dtype=volume_dtype, tolerance=o.slice_tolerance,
         max_file_bytes=o.max_file_bytes, max_volume_voxels=o.max_volume_voxels,
-        labels=labels, label_nifti_digest=nifti_digest)
+        labels=labels, label_nifti_digest=nifti_digest, store=store)
 
   def plan(self, common: CommonConfig, config: CtVolumesConfig) -> OutputPlan:
     """See Converter.plan. Lists nothing: the splits come from --splits, and with
@@ -658,6 +849,8 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
               "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
               "max_volume_voxels": config.max_volume_voxels}
     labels = config.labels
+    if config.store is not None and (config.store.study_filter or config.store.series_filter):  # what was listed
+      source.update(dicomweb_filter=dict(config.store.study_filter + config.store.series_filter))
     if labels is not None:  # the class ids are the user's own vocabulary, kept so a reader can name them
       source.update(label_sources=list(labels.sources), label_layout=labels.layout,
                     label_map=dict(sorted((labels.label_map or {}).items())), label_resample=labels.resample,
@@ -672,7 +865,10 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
 
   def sources(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> Sources:
     """See Converter.sources: the whole input tree, listed on the workers (a series is known only after
-    its files' headers are read: `expand_units`)."""
+    its files' headers are read: `expand_units`); for a DICOMweb store, nothing core lists (`expand_units`
+    searches the store)."""
+    if config.store is not None:
+      return Sources(folders=(), on_workers=True)
     return Sources(folders=[("", common.input)], on_workers=True)
 
   def expand_units(self, p: beam.Pipeline, listed: ListedOnWorkers, common: CommonConfig, config: CtVolumesConfig,
@@ -692,17 +888,34 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       the volume dtype and the raw bytes of undecodable names (side inputs of `_VolumeUnits`), and the schema.
     """
     del plan
-    files = listed.files | "InputFiles" >> beam.Map(lambda f: f.file) | "SpreadFiles" >> beam.Reshuffle()
-    names = ((files, listed.rejects | "RejectNames" >> beam.MapTuple(lambda _, f, reason: f))
-             | "AllNames" >> beam.Flatten())
-    raw_paths = (
-        names
-        | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
-        | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
-    )
-    headers = files | "ReadHeaders" >> beam.ParDo(
-        _ReadHeadersFn(config.salt, common.read_policy, config.max_file_bytes, config.labels)).with_outputs(
-            _ReadHeadersFn.REJECTS, _ReadHeadersFn.LABELS, main="slices")
+    side_inputs, listing_rejects = {}, []
+    if config.store is None:
+      files = listed.files | "InputFiles" >> beam.Map(lambda f: f.file) | "SpreadFiles" >> beam.Reshuffle()
+      names = ((files, listed.rejects | "RejectNames" >> beam.MapTuple(lambda _, f, reason: f))
+               | "AllNames" >> beam.Flatten())
+      raw_paths = (
+          names
+          | "Undecodable" >> beam.Filter(lambda f: f.undecodable)
+          | "RawPaths" >> beam.Map(lambda f: (f.path, f.raw))
+      )
+      headers = files | "ReadHeaders" >> beam.ParDo(
+          _ReadHeadersFn(config.salt, common.read_policy, config.max_file_bytes, config.labels)).with_outputs(
+              _ReadHeadersFn.REJECTS, _ReadHeadersFn.LABELS, main="slices")
+    else:  # the store's studies → series (with their instances) → headers, one WADO-RS retrieval a series
+      store = dicomweb.Store(config.store, common.read_policy)
+      studies = (p | "StoreRoot" >> beam.Create([None])
+                 | "SearchStudies" >> beam.ParDo(_SearchStudiesFn(store)).with_outputs("rejects", main="studies"))
+      series = (studies.studies | "SpreadStudies" >> beam.Reshuffle()
+                | "SearchSeries" >> beam.ParDo(_SearchSeriesFn(store, config.salt)).with_outputs(
+                    "rejects", main="series"))
+      listing_rejects = [studies.rejects, series.rejects]
+      spread = series.series | "SpreadSeries" >> beam.Reshuffle()
+      headers = spread | "ReadSeriesHeaders" >> beam.ParDo(
+          _ReadSeriesHeadersFn(store, config.salt, config.max_file_bytes, config.labels)).with_outputs(
+              _ReadHeadersFn.REJECTS, _ReadHeadersFn.LABELS, main="slices")
+      raw_paths = p | "NoRawPaths" >> beam.Create([])
+      side_inputs["store_series"] = beam.pvalue.AsDict(spread | "SeriesByPath" >> beam.Map(
+          lambda s, url, salt: (dicomweb.series_path(url, salt, s.study, s.series), s), config.store.url, config.salt))
     planned = (
         headers.slices
         | "GroupBySeries" >> beam.GroupByKey()
@@ -710,9 +923,11 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
                                               candidates=config.labels is not None)).with_outputs(
             _PlanFn.REJECTS, _PlanFn.CANDIDATES, main="plans")
     )
-    plans, unit_rejects = planned.plans, [headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS]]
+    plans = planned.plans
+    unit_rejects = [headers[_ReadHeadersFn.REJECTS], planned[_PlanFn.REJECTS], *listing_rejects]
     counted = [headers.slices | "Frames" >> beam.Map(lambda kv: 1),
-               headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1)]
+               headers[_ReadHeadersFn.REJECTS] | "RejectedFiles" >> beam.Map(lambda r: 1),
+               *[r | f"ListingRejected{i}" >> beam.Map(lambda r: 1) for i, r in enumerate(listing_rejects)]]
     if config.labels is not None:
       label_headers = headers[_ReadHeadersFn.LABELS]
       plans, label_rejects = (plans, label_headers, planned[_PlanFn.CANDIDATES]) | "AttachLabels" >> AttachLabels(
@@ -738,7 +953,8 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
         warnings=plans | "FallbackWarnings" >> beam.FlatMap(
             lambda plan: [f"series {plan.series_id} sorted by InstanceNumber: no ImagePositionPatient"]
             if plan.sorted_by != "position" else []),
-        side_inputs={"dtype": beam.pvalue.AsSingleton(dtype), "raw_paths": beam.pvalue.AsDict(raw_paths)},
+        side_inputs={"dtype": beam.pvalue.AsSingleton(dtype), "raw_paths": beam.pvalue.AsDict(raw_paths),
+                     **side_inputs},
         features=dtype | "Features" >> beam.Map(lambda d: features_by_dtype[d]))
 
   def warnings(self, config: CtVolumesConfig, plan: OutputPlan, found) -> list[str]:
@@ -751,7 +967,9 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
   def unit_converter(self, common: CommonConfig, config: CtVolumesConfig, plan: OutputPlan) -> UnitConverter:
     """See Converter.unit_converter: a series' plan → its volume's record, or rejects for its files."""
     return _VolumeUnits(config.splits, _features_by_dtype(config.labels), common.read_policy,
-                        config.max_volume_voxels, config.labels)
+                        config.max_volume_voxels, config.labels,
+                        None if config.store is None else dicomweb.Store(config.store, common.read_policy),
+                        config.salt)
 
 
 def _features_by_dtype(labels: LabelConfig | None = None) -> dict[str, Features]:

@@ -1,0 +1,95 @@
+"""A real DICOM store for the tests: Orthanc with its DICOMweb plugin, on loopback.
+
+    with Orthanc(tmp_dir) as store:        # starts it on a free port, waits until it answers
+      accepted = store.upload(paths)       # POST /instances; what the store took, by path
+      store.dicomweb                       # http://127.0.0.1:PORT/dicom-web
+
+Debian's `orthanc` and `orthanc-dicomweb` packages (scripts/run_tests.sh installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import requests
+
+BINARY = shutil.which("Orthanc") or "/usr/sbin/Orthanc"
+PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
+
+
+def available() -> bool:
+  """Whether Orthanc and its DICOMweb plugin are installed."""
+  return os.path.exists(BINARY) and os.path.exists(PLUGIN)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class Orthanc:
+  """One Orthanc process with its own storage under `root`."""
+
+  def __init__(self, root: str):
+    self.root = root
+    os.makedirs(root, exist_ok=True)
+    self.port = _free_port()
+    config = {
+        "Name": "tests", "StorageDirectory": os.path.join(root, "db"), "IndexDirectory": os.path.join(root, "db"),
+        "HttpPort": self.port, "DicomServerEnabled": False, "DicomPort": _free_port(),
+        "RemoteAccessAllowed": False, "AuthenticationEnabled": False, "StorageCompression": False,
+        "Plugins": [PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
+    }
+    self._config = os.path.join(root, "orthanc.json")
+    with open(self._config, "w") as f:
+      json.dump(config, f)
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.dicomweb = f"{self.url}/dicom-web"
+    self._log = open(os.path.join(root, "orthanc.log"), "wb")
+    self._proc = subprocess.Popen([BINARY, self._config], stdout=self._log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+      try:
+        if requests.get(f"{self.url}/system", timeout=2).ok:
+          break
+      except requests.ConnectionError:
+        pass
+      if self._proc.poll() is not None or time.monotonic() > deadline:
+        raise RuntimeError(f"Orthanc did not start (see {root}/orthanc.log)")
+      time.sleep(0.1)
+
+  def upload(self, paths) -> dict[str, str]:
+    """POSTs each file; returns {path: Orthanc's instance ID} of those it stored (a file it refuses, or an
+    instance it already holds, is left out)."""
+    stored = {}
+    with requests.Session() as s:
+      for path in paths:
+        with open(path, "rb") as f:
+          r = s.post(f"{self.url}/instances", data=f.read(), timeout=60)
+        if r.ok and r.json().get("Status") == "Success":
+          stored[path] = r.json()["ID"]
+    return stored
+
+  def delete_instance(self, instance_id: str) -> None:
+    requests.delete(f"{self.url}/instances/{instance_id}", timeout=30).raise_for_status()
+
+  def close(self) -> None:
+    self._proc.terminate()
+    try:
+      self._proc.wait(10)
+    except subprocess.TimeoutExpired:
+      self._proc.kill()
+      self._proc.wait()
+    self._log.close()
+
+  def __enter__(self) -> Orthanc:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
