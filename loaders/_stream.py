@@ -271,6 +271,30 @@ class _Entry:
     self.readers: list = []  # idle random-access readers (one per reading thread at most)
 
 
+class _Reading:
+  """The batches a stream's `batch` blocks are reading (position -> blocks in it) and the position last
+  asked for: where the stream's fetching ahead starts (the stream's condition held)."""
+
+  def __init__(self):
+    self.counts: dict[int, int] = {}
+    self.next = 0  # one past the position last asked for
+
+  def enter(self, position: int) -> None:
+    self.counts[position] = self.counts.get(position, 0) + 1
+    self.next = position + 1  # the last asked for, not the highest: a new pass or a set_state goes back
+
+  def leave(self, position: int) -> bool:
+    """Counts one block of batch `position` out; True when it was the last."""
+    n = self.counts.pop(position) - 1
+    if n:
+      self.counts[position] = n
+    return not n
+
+  def low(self) -> int:
+    """The lowest batch position still to be read: the least in flight, else the next one."""
+    return min(self.counts) if self.counts else self.next
+
+
 class ShardStream:
   """The shards of one split, made local in windows: fetched ahead, bounded on disk, deleted after use.
 
@@ -307,8 +331,7 @@ class ShardStream:
     self._cond = threading.Condition()
     self._entries: dict[int, _Entry] = {}
     self._recent: collections.OrderedDict[int, None] = collections.OrderedDict()  # shards by last read
-    self._in_flight: dict[int, int] = {}  # position -> readers of it
-    self._next = 0  # one past the position last asked for
+    self._reading = _Reading()
     self._closed = False
     self._fatal: BaseException | None = None
     self._fetchers: list[threading.Thread] = []
@@ -352,8 +375,7 @@ class ShardStream:
         if k not in self._entries:
           self._local_entry(k)
     with self._cond:
-      self._in_flight[position] = self._in_flight.get(position, 0) + 1
-      self._next = position + 1  # the last asked for, not the highest: a new pass or a set_state goes back
+      self._reading.enter(position)
       self._start_fetcher()
       self._cond.notify_all()
       try:
@@ -508,14 +530,8 @@ class ShardStream:
       del self._entries[e.k]
 
   def _leave(self, position: int) -> None:
-    n = self._in_flight.pop(position) - 1
-    if n:
-      self._in_flight[position] = n
+    self._reading.leave(position)
     self._cond.notify_all()
-
-  def _low(self) -> int:
-    """The lowest batch position still to be read: the least in flight, else the next one."""
-    return min(self._in_flight) if self._in_flight else self._next
 
   def _cached_bytes(self) -> int:
     return _BLOCK + sum(e.reserved for e in self._entries.values() if e.reserved)  # the folder, and each shard
@@ -557,7 +573,7 @@ class ShardStream:
 
   def _next_fetch(self) -> int | None:
     """Evicts what the plan drops; the next shard to download, or None (self._cond held)."""
-    low = self._low()
+    low = self._reading.low()
     try:
       wanted, _ = self._plan(low)
     except ValueError as e:  # one batch needs more than the limit: tell its waiting readers
@@ -695,8 +711,7 @@ class RecordStream:
     # position -> record -> the future of its piece (a piece's records share one future)
     self._started: dict[int, dict[int, concurrent.futures.Future]] = {}
     self._held = 0
-    self._in_flight: dict[int, int] = {}
-    self._next = 0
+    self._reading = _Reading()
     self._closed = False
     self._fatal: BaseException | None = None
     self._fetcher: threading.Thread | None = None
@@ -824,8 +839,7 @@ class RecordStream:
     with self._cond:
       if self._fatal is not None:
         raise RuntimeError(f"the record prefetcher stopped: {type(self._fatal).__name__}: {self._fatal}")
-      self._in_flight[position] = self._in_flight.get(position, 0) + 1
-      self._next = position + 1  # the last asked for, not the highest: a new pass or a set_state goes back
+      self._reading.enter(position)
       if self._fetcher is None:
         self._fetcher = threading.Thread(target=_worker, args=(weakref.ref(self), RecordStream._prefetch_step, True),
                                          name="record-stream", daemon=True)
@@ -897,17 +911,14 @@ class RecordStream:
 
   def _chunk_of(self, index: int) -> concurrent.futures.Future:
     with self._cond:
-      for p in sorted(self._in_flight):
+      for p in sorted(self._reading.counts):
         f = self._started.get(p, {}).get(index)
         if f is not None:
           return f
     raise RuntimeError(f"record {index} is not in a batch being read")
 
   def _leave(self, position: int) -> None:
-    n = self._in_flight.pop(position) - 1
-    if n:
-      self._in_flight[position] = n
-    elif position in self._started:
+    if self._reading.leave(position) and position in self._started:
       self._held -= self._estimate(list(self._started.pop(position)))
     self._cond.notify_all()
 
@@ -925,9 +936,9 @@ class RecordStream:
     asked for and nobody reads it (grain's threads ask slightly out of order:
     a batch just below the lowest one being read is usually about to be read).
     """
-    low = min(self._in_flight) if self._in_flight else self._next
+    low = self._reading.low()
     for p in list(self._started):
-      if p not in self._in_flight and (p < self._next - self._ahead or p >= low + 2 * self._ahead):
+      if p not in self._reading.counts and (p < self._reading.next - self._ahead or p >= low + 2 * self._ahead):
         self._held -= self._estimate(list(self._started.pop(p)))
     for p in range(low, min(low + self._ahead, self._num_positions)):
       if p not in self._started:
