@@ -113,8 +113,7 @@ def random_patch_start(shape, patch_size, rng: np.random.Generator) -> np.ndarra
   """A uniformly drawn start (int64 per axis, first axis drawn first) in [0, max(shape - patch, 0)].
 
   Args:
-    shape: the volume's shape (D, H, W).
-    patch_size: the patch's shape.
+    shape, patch_size: as `center_patch_start` takes them.
     rng: the example's generator (`element_rng`).
 
   Returns:
@@ -156,8 +155,7 @@ def centred_patch_start(centre, shape, patch_size) -> np.ndarray:
 
   Args:
     centre: a voxel index per axis.
-    shape: the volume's shape (D, H, W).
-    patch_size: the patch's shape.
+    shape, patch_size: as `center_patch_start` takes them.
 
   Returns:
     The start per axis.
@@ -224,9 +222,7 @@ def sampled_patch_start(shape, patch_size, rng: np.random.Generator, pos_fractio
   same starts. The label is scanned (`foreground_counts`) only for a positive draw.
 
   Args:
-    shape: the volume's shape (D, H, W).
-    patch_size: the patch's shape.
-    rng: the example's generator (`element_rng`).
+    shape, patch_size, rng: as `random_patch_start` takes them.
     pos_fraction: the probability of a foreground centre, in [0, 1]; None: uniform only.
     label: the record's label (its first three axes are `shape`); needed with a pos_fraction.
     counts: returns `foreground_counts(label)` (a reader that keeps them per record); None: scanned here.

@@ -250,9 +250,7 @@ class Converter(abc.ABC):
     Args:
       p: the pipeline.
       listed: the listed files (as `ListedFile`s) and the listing's rejects ((key, InputFile, reason)).
-      common: the checked shared flags.
-      config: what `configure` returned.
-      plan: what `plan` returned.
+      common, config, plan: as `sources` takes them.
 
     Returns:
       The `Units`.

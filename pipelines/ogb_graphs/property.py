@@ -197,8 +197,7 @@ def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
   """The record schema of a graph-property data set, from the first rows of its files (at launch).
 
   Args:
-    plan: the launcher's plan (layout "graphs").
-    feature_dtype: the dtype of float features (--feature_dtype).
+    plan, feature_dtype: as `read_graph_property` takes them.
 
   Returns:
     The `Features`, as `graph_features` makes them.
