@@ -126,13 +126,18 @@ def boolean(value) -> bool:
   raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
 
 
+def _number(value) -> float:
+  """`value` as a float; NaN when it is not a number, so that every range check refuses it."""
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return float("nan")
+
+
 @_labelled("seconds")
 def seconds(value) -> float:
   """A number of seconds, >= 0 and finite."""
-  try:
-    x = float(value)
-  except (TypeError, ValueError):
-    x = float("nan")
+  x = _number(value)
   if not 0 <= x < float("inf"):
     raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value!r}")
   return x
@@ -159,10 +164,7 @@ def fraction(above: float, below: float) -> Callable[[str], float]:
   """
   @_labelled(f"fraction in ({above:g}, {below:g})")
   def parse(value) -> float:
-    try:
-      x = float(value)
-    except (TypeError, ValueError):
-      x = float("nan")
+    x = _number(value)
     if not above < x < below:
       raise argparse.ArgumentTypeError(f"must be a fraction in ({above:g}, {below:g}), got {value!r}")
     return x
@@ -549,8 +551,8 @@ class CommonConfig:
   overwrite: bool = False
   read_policy: inputs.ReadPolicy = inputs.ReadPolicy()
   plan: str = "auto"  # where record converters plan their shards: auto, launcher or workers
-  workers: int = 1  # workers the runner may use (`worker_count`): automatic shard counts are >= 2 per worker
-  processes: int = 1  # worker processes sharing the work (`process_count`): what a progress ETA divides by
+  workers: int = 1  # workers the runner may use (`worker_counts`): automatic shard counts are >= 2 per worker
+  processes: int = 1  # worker processes sharing the work (`worker_counts`): what a progress ETA divides by
   mode: str = "rebuild"  # rebuild (the whole input) or append (only inputs the output does not hold)
   reuse_shards: bool = True  # copy shards an earlier run of the same plan published
   keep_replaced_seconds: float = commit.DEFAULT_KEEP_REPLACED_SECONDS  # how long clean-up keeps replaced generations
@@ -586,59 +588,42 @@ def common_config(options: PipelineOptions, input_kind: str, name: str | None = 
     UsageError: --input or --output is missing or unusable, or --name is not a valid data set name.
   """
   c = options.view_as(ConverterOptions)
+  workers, processes = worker_counts(options)
   root, output, overwrite = check_input_output(c.input, c.output, c.overwrite, input_kind,
                                                append=c.mode == "append", service_input=service_input)
   return CommonConfig(
       input=root, output=output, name=name or (name_rule or dataset_name)(c.name, root),
       file_format=c.file_format, num_shards=c.num_shards, target_shard_bytes=c.shard_size_mb << 20, seed=c.seed,
       overwrite=overwrite,
-      read_policy=read_policy(options), workers=worker_count(options), processes=process_count(options),
+      read_policy=read_policy(options), workers=workers, processes=processes,
       plan=c.plan, mode=c.mode, reuse_shards=c.reuse_shards, keep_replaced_seconds=c.keep_replaced)
 
 
-def worker_count(options: PipelineOptions) -> int:
-  """How many workers the run may use, from the runner's flags: what shard counts balance over.
+def worker_counts(options: PipelineOptions) -> tuple[int, int]:
+  """(workers, processes) of the run, from the runner's flags: the workers it may use (what shard counts
+  balance over) and the worker processes that share a stage's work (what each one's progress ETA divides by).
 
-  Dataflow: --max_num_workers, else --num_workers, else 1 (the service's autoscaling
-  is not known at launch; pass --max_num_workers or --num_shards to plan for it).
-  DirectRunner: --direct_num_workers (0: one per CPU) in the multi_threading and
-  multi_processing modes; 1 in the default in-process mode.
+  Dataflow: the workers are --max_num_workers, else --num_workers, else 1 (the service's autoscaling
+  is not known at launch; pass --max_num_workers or --num_shards to plan for it); the processes are the
+  workers × the vCPUs of --machine_type (one SDK process per vCPU; n1-standard-1 when not given).
+  DirectRunner: --direct_num_workers (0: one per CPU) workers in the multi_threading and
+  multi_processing modes, 1 in the default in-process mode; as many processes with multi_processing,
+  otherwise 1 (the in-process and multi_threading modes run the whole job in one process).
 
   Args:
     options: the parsed options.
 
   Returns:
-    The count, >= 1.
+    (workers, processes), each >= 1.
   """
   if _on_dataflow(options):
     w = options.view_as(WorkerOptions)
-    return max(1, int(w.max_num_workers or w.num_workers or 1))
-  return _direct_workers(options, ("multi_threading", "multi_processing"))
-
-
-def process_count(options: PipelineOptions) -> int:
-  """How many worker processes share a stage's work: what each one's progress ETA divides by.
-
-  Dataflow: the workers (`worker_count`) × the vCPUs of --machine_type (one SDK
-  process per vCPU; n1-standard-1 when not given). DirectRunner:
-  --direct_num_workers (0: one per CPU) with multi_processing; otherwise 1 (the
-  in-process and multi_threading modes run the whole job in one process).
-
-  Args:
-    options: the parsed options.
-
-  Returns:
-    The count, >= 1.
-  """
-  if _on_dataflow(options):
-    return worker_count(options) * _vcpus(options.view_as(WorkerOptions).machine_type or "n1-standard-1")
-  return _direct_workers(options, ("multi_processing",))
-
-
-def _direct_workers(options: PipelineOptions, modes: tuple[str, ...]) -> int:
-  """DirectRunner's --direct_num_workers (0: one per CPU) in `modes`, else 1."""
+    workers = max(1, int(w.max_num_workers or w.num_workers or 1))
+    return workers, workers * _vcpus(w.machine_type or "n1-standard-1")
   d = options.view_as(DirectOptions)
-  return max(1, int(d.direct_num_workers or os.cpu_count() or 1)) if d.direct_running_mode in modes else 1
+  n = max(1, int(d.direct_num_workers or os.cpu_count() or 1))
+  mode = d.direct_running_mode
+  return (n if mode in ("multi_threading", "multi_processing") else 1), (n if mode == "multi_processing" else 1)
 
 
 def _on_dataflow(options: PipelineOptions) -> bool:

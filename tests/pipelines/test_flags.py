@@ -351,4 +351,4 @@ def test_summary_line_of_a_file_output():
 ])
 def test_workers_and_processes_from_the_runner_flags(argv, workers, processes):
   options = flags.parse_options(argv, [])
-  assert (flags.worker_count(options), flags.process_count(options)) == (workers, processes)
+  assert flags.worker_counts(options) == (workers, processes)
