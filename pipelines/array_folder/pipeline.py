@@ -22,7 +22,6 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
 from formats.storage import files as fs
-from formats import naming
 from formats.features import Features, Tensor, Text
 from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, FileUnits, OutputPlan, Sources, UnitConverter
@@ -141,14 +140,9 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
       UsageError: the input holds no split folders, or a split folder's name is not a valid split name.
     """
     dirs, files = fs.list_dir(common.input)
-    splits = tuple(sorted(d for d in dirs if inputs.printable(d) == d))
+    splits = tuple(inputs.split_folder(d) for d in sorted(dirs) if inputs.printable(d) == d)
     if not splits:
       raise UsageError(f"--input {common.input!r} holds no split folders")
-    for s in splits:
-      try:
-        naming.check_split_name(s)
-      except ValueError as e:
-        raise UsageError(f"split folder: {e}") from None
     strays = [*files, *(d for d in dirs if d not in splits)]
     return OutputPlan(
         features=Features({"array": Tensor(shape=config.shape, dtype=config.dtype), "file_name": Text()}),

@@ -25,7 +25,6 @@ import wave
 from apache_beam.options.pipeline_options import PipelineOptions
 import numpy as np
 
-from formats import naming
 from formats.features import ClassLabel, Features, Tensor, Text
 from formats.storage import files as fs
 from pipelines.core import flags, inputs
@@ -184,10 +183,7 @@ class AudioFolder(Converter, name=NAME, kind="tensors", options=AudioFolderOptio
     strays = [fs.join(common.input, n) for n in [*files, *(d for d in dirs if inputs.printable(d) != d)]]
     classes = {}
     for split in sorted(d for d in dirs if inputs.printable(d) == d):
-      try:
-        naming.check_split_name(split)
-      except ValueError as e:
-        raise UsageError(f"split folder: {e}") from None
+      inputs.split_folder(split)
       sub_dirs, sub_files = fs.list_dir(fs.join(common.input, split))
       strays += [fs.join(common.input, split, n) for n in sub_files]
       classes[split] = sorted(sub_dirs)

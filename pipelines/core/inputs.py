@@ -42,8 +42,10 @@ from typing import NamedTuple
 import apache_beam as beam
 from google.api_core import exceptions as gexc
 
+from formats import naming
 from formats.storage import files as fs
 from formats.storage import retry
+from pipelines.core.errors import UsageError
 
 DEFAULT_TRANSIENT_RETRY_SECONDS = retry.DEFAULT_DEADLINE_S
 TRANSIENT_RETRY_FLAG = "--transient_retry_seconds"
@@ -160,6 +162,18 @@ def printable(location: str) -> str:
     return location
   except UnicodeEncodeError:
     return os.fsencode(location).decode("utf-8", "backslashreplace")
+
+
+def split_folder(name: str) -> str:
+  """`name`, the name of an input's split folder, checked as a split name (`formats.naming.check_split_name`).
+
+  Raises:
+    UsageError: it is not a valid split name.
+  """
+  try:
+    return naming.check_split_name(name)
+  except ValueError as e:
+    raise UsageError(f"split folder: {e}") from None
 
 
 def undecodable_warning(count: int) -> str:

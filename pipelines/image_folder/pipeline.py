@@ -21,7 +21,6 @@ import time
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from formats import naming
 from formats.outputs.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import flags, inputs
@@ -187,12 +186,7 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
         raise UsageError(f"--mode=append: {common.output} holds no image output (no class label feature)")
       held = held_features["label"].names
       layout.class_names = [*held, *sorted(set(layout.class_names) - set(held))]
-    splits = tuple(sorted(layout.class_dirs))
-    for s in splits:
-      try:
-        naming.check_split_name(s)
-      except ValueError as e:
-        raise UsageError(f"split folder: {e}") from None
+    splits = tuple(inputs.split_folder(s) for s in sorted(layout.class_dirs))
     opts = config.image
     return OutputPlan(
         features=image_features(layout.class_names, opts), splits=splits,

@@ -110,6 +110,14 @@ def test_bad_flags_are_usage_errors(tmp_path, flags, message):
   assert not (tmp_path / "out").exists()
 
 
+def test_a_split_folder_that_is_no_split_name_is_a_usage_error(tmp_path):
+  root, own = sample_input(str(tmp_path))
+  _write(os.path.join(root, "dev-2", "a.npy"), _npy(np.zeros(SHAPE, np.float32)))
+  with pytest.raises(UsageError, match="split folder: split name 'dev-2' must use letters, digits and '_' only"):
+    array_folder.run([f"--input={root}", f"--output={tmp_path / 'out'}", *own])
+  assert not (tmp_path / "out").exists()
+
+
 def test_load_array_names_the_problem_not_the_values():
   config = ArrayFolderConfig(shape=(2,), dtype="int32")
   assert load_array(_npy(np.array([7, 8], np.int32)), config).tolist() == [7, 8]
