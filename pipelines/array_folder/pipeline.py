@@ -25,7 +25,7 @@ from formats.storage import files as fs
 from formats.features import Features, Tensor, Text
 from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, FileUnits, OutputPlan, Sources, UnitConverter
-from pipelines.core.errors import UsageError
+from pipelines.core.errors import UsageError, usage_errors
 from pipelines.core.flags import CommonConfig
 from pipelines.core.records import Reject
 
@@ -124,10 +124,8 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
     """
     if o.shape is None:
       raise UsageError("--shape is required: D0,D1,... with positive integers")
-    try:
+    with usage_errors():
       return ArrayFolderConfig(shape=o.shape.values, dtype=str(o.dtype))
-    except ValueError as e:
-      raise UsageError(str(e)) from None
 
   def plan(self, common: CommonConfig, config: ArrayFolderConfig) -> OutputPlan:
     """See Converter.plan. Files and odd-named folders at the top level become launcher rejects.

@@ -30,7 +30,7 @@ from formats.outputs import commit
 from formats.storage import files as fs
 from formats.outputs.output import is_output, load_manifest
 from pipelines.core import inputs, shards
-from pipelines.core.errors import UsageError
+from pipelines.core.errors import UsageError, usage_errors
 from pipelines.core.sink import DEFAULT_TARGET_SHARD_BYTES
 
 MODES = ("rebuild", "append")
@@ -474,10 +474,8 @@ def dataset_name(name_flag: str | None, input_root: str) -> str:
   if not name:
     base = os.path.basename(input_root.rstrip("/")) or "data"
     name = re.sub(r"[^A-Za-z0-9_.]+", "_", base).strip("_.").lower() or "data"
-  try:
+  with usage_errors("--name"):
     return naming.check_dataset_name(name)
-  except ValueError as e:
-    raise UsageError(f"--name: {e}") from None
 
 
 def check_input_output(input_flag: str | None, output_flag: str | None, overwrite: bool,

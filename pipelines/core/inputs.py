@@ -45,7 +45,7 @@ from google.api_core import exceptions as gexc
 from formats import naming
 from formats.storage import files as fs
 from formats.storage import retry
-from pipelines.core.errors import UsageError
+from pipelines.core.errors import usage_errors
 
 DEFAULT_TRANSIENT_RETRY_SECONDS = retry.DEFAULT_DEADLINE_S
 TRANSIENT_RETRY_FLAG = "--transient_retry_seconds"
@@ -170,10 +170,8 @@ def split_folder(name: str) -> str:
   Raises:
     UsageError: it is not a valid split name.
   """
-  try:
+  with usage_errors("split folder"):
     return naming.check_split_name(name)
-  except ValueError as e:
-    raise UsageError(f"split folder: {e}") from None
 
 
 def undecodable_warning(count: int) -> str:

@@ -25,7 +25,7 @@ from formats.outputs.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import flags, inputs
 from pipelines.core.converter import Converter, Found, OutputPlan, Sources, UnitConverter, counters
-from pipelines.core.errors import UsageError
+from pipelines.core.errors import UsageError, usage_errors
 from pipelines.core.flags import CommonConfig
 from pipelines.core.records import Event, Record, Reject
 from pipelines.core.shards import ListedFile, PlanUnit
@@ -159,13 +159,11 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
       UsageError: the flags do not go together (raw encoding without a size), or a side of
         --image_size is larger than `imaging.MAX_IMAGE_SIDE`.
     """
-    try:
+    with usage_errors():
       return ImageFolderConfig(
           image=imaging.ImageOptions(size=o.image_size.values if o.image_size else None, encoding=o.encoding,
                                      jpeg_quality=o.jpeg_quality, max_pixels=o.max_image_pixels),
           layout=o.layout)
-    except ValueError as e:
-      raise UsageError(str(e)) from None
 
   def plan(self, common: CommonConfig, config: ImageFolderConfig) -> OutputPlan:
     """See Converter.plan. Its `state` is the `InputLayout` (splits and class folders).
