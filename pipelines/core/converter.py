@@ -438,6 +438,27 @@ def check_append(current: Manifest, features: Features, file_format: str, name: 
                        "output's layout (or run --mode=rebuild)")
 
 
+def appended_feature(common: CommonConfig, name: str, spec: type, what: str):
+  """The feature `name` of the output a run adds to (--mode=append onto a complete output), which a
+  converter keeps (image label ids, a volume's dtype); None when the run adds to no output.
+
+  Args:
+    common: the checked shared flags (--mode and --output).
+    name: the feature.
+    spec: the spec class it must be (`ClassLabel`, `Tensor`).
+    what: the output that holds it, for the message ("image output (no class label feature)").
+
+  Raises:
+    UsageError: the output holds no such feature.
+  """
+  if common.mode != "append" or not is_output(common.output):
+    return None
+  held = load_manifest(common.output).features
+  if name not in list(held) or not isinstance(held[name], spec):
+    raise UsageError(f"--mode=append: {common.output} holds no {what}")
+  return held[name]
+
+
 class UnitConverter(abc.ABC):
   """Converts one unit of input (a file, a series, a graph) into records and rejects.
 

@@ -21,10 +21,9 @@ import time
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from formats.outputs.output import is_output, load_manifest
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from pipelines.core import flags, inputs
-from pipelines.core.converter import Converter, Found, OutputPlan, Sources, UnitConverter, counters
+from pipelines.core.converter import Converter, Found, OutputPlan, Sources, UnitConverter, appended_feature, counters
 from pipelines.core.errors import UsageError, usage_errors
 from pipelines.core.flags import CommonConfig
 from pipelines.core.records import Event, Record, Reject
@@ -178,12 +177,9 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
     layout = InputLayout(common.input, config.layout)
     if not layout.class_names:
       raise UsageError(f"--input {common.input!r} holds no class folders")
-    if common.mode == "append" and is_output(common.output):  # label ids never change: new classes come last
-      held_features = load_manifest(common.output).features
-      if "label" not in list(held_features) or not isinstance(held_features["label"], ClassLabel):
-        raise UsageError(f"--mode=append: {common.output} holds no image output (no class label feature)")
-      held = held_features["label"].names
-      layout.class_names = [*held, *sorted(set(layout.class_names) - set(held))]
+    label = appended_feature(common, "label", ClassLabel, "image output (no class label feature)")
+    if label is not None:  # label ids never change: new classes come last
+      layout.class_names = [*label.names, *sorted(set(layout.class_names) - set(label.names))]
     splits = tuple(inputs.split_folder(s) for s in sorted(layout.class_dirs))
     opts = config.image
     return OutputPlan(

@@ -3,6 +3,7 @@ hooks gets listing, planning, conversion, accounting and the commit from core.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -10,11 +11,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import pytest
 
 from formats import tfrecord
-from formats.features import Features, Text
+from formats.features import ClassLabel, Features, Text
 from formats.manifest import MANIFEST_FILENAME, Manifest
 from formats.storage import files as fs
 from pipelines.core import (
-    Converter, Event, OutputPlan, PlanUnit, Record, Reject, Sources, UnitConverter, inputs, launch)
+    Converter, Event, OutputPlan, PlanUnit, Record, Reject, Sources, UnitConverter, UsageError, inputs, launch)
+from pipelines.core.converter import appended_feature
+from pipelines.core.flags import CommonConfig
 
 FEATURES = Features({"text": Text()})
 
@@ -130,6 +133,17 @@ def test_a_unit_that_makes_neither_a_record_nor_a_reject_fails_the_job_and_commi
   with pytest.raises(Exception, match="made no record and no reject"):
     launch.run(_NumbersConverter(lose_seven=True), [f"--input={_empty_input(tmp_path)}", f"--output={out}"])
   assert not os.path.exists(os.path.join(out, MANIFEST_FILENAME))
+
+
+def test_appended_feature_is_the_held_one_of_an_append_and_a_usage_error_when_the_output_lacks_it(tmp_path):
+  out = str(tmp_path / "out")
+  launch.run(_NumbersConverter(), [f"--input={_empty_input(tmp_path)}", f"--output={out}"])
+  common = CommonConfig(input=str(tmp_path / "in"), output=out, name="numbers", file_format="array_record",
+                        mode="append")
+  assert appended_feature(common, "text", Text, "text output") == Text()
+  assert appended_feature(dataclasses.replace(common, mode="rebuild"), "text", Text, "text output") is None
+  with pytest.raises(UsageError, match=r"^--mode=append: .* holds no image output \(no class label feature\)$"):
+    appended_feature(common, "label", ClassLabel, "image output (no class label feature)")
 
 
 @pytest.mark.parametrize("plan", ["launcher", "workers"])
