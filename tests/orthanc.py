@@ -34,29 +34,31 @@ def _free_port() -> int:
 
 
 class Orthanc:
-  """One Orthanc process with its own storage under `root`."""
+  """One Orthanc process with its own storage under `root`; with `users` ({name: password}), HTTP basic auth."""
 
-  def __init__(self, root: str):
+  def __init__(self, root: str, users: dict[str, str] | None = None):
     self.root = root
     os.makedirs(root, exist_ok=True)
     self.port = _free_port()
     config = {
         "Name": "tests", "StorageDirectory": os.path.join(root, "db"), "IndexDirectory": os.path.join(root, "db"),
         "HttpPort": self.port, "DicomServerEnabled": False, "DicomPort": _free_port(),
-        "RemoteAccessAllowed": False, "AuthenticationEnabled": False, "StorageCompression": False,
+        "RemoteAccessAllowed": False, "AuthenticationEnabled": bool(users), "RegisteredUsers": users or {},
+        "StorageCompression": False,
         "Plugins": [PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
     }
     self._config = os.path.join(root, "orthanc.json")
     with open(self._config, "w") as f:
       json.dump(config, f)
     self.url = f"http://127.0.0.1:{self.port}"
+    self._auth = next(iter(users.items())) if users else None
     self.dicomweb = f"{self.url}/dicom-web"
     self._log = open(os.path.join(root, "orthanc.log"), "wb")
     self._proc = subprocess.Popen([BINARY, self._config], stdout=self._log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:
       try:
-        if requests.get(f"{self.url}/system", timeout=2).ok:
+        if requests.get(f"{self.url}/system", timeout=2, auth=self._auth).ok:
           break
       except requests.ConnectionError:
         pass
@@ -71,13 +73,13 @@ class Orthanc:
     with requests.Session() as s:
       for path in paths:
         with open(path, "rb") as f:
-          r = s.post(f"{self.url}/instances", data=f.read(), timeout=60)
+          r = s.post(f"{self.url}/instances", data=f.read(), timeout=60, auth=self._auth)
         if r.ok and r.json().get("Status") == "Success":
           stored[path] = r.json()["ID"]
     return stored
 
   def delete_instance(self, instance_id: str) -> None:
-    requests.delete(f"{self.url}/instances/{instance_id}", timeout=30).raise_for_status()
+    requests.delete(f"{self.url}/instances/{instance_id}", timeout=30, auth=self._auth).raise_for_status()
 
   def close(self) -> None:
     self._proc.terminate()

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping
 import dataclasses
 import email.message
 import json
+import logging
 import re
 import urllib.parse
 
@@ -67,6 +68,33 @@ _SERIES_KEYS = frozenset({"Modality", "SeriesInstanceUID", "SeriesNumber", "Seri
 _UID = re.compile(r"[0-9]+(\.[0-9]+)*")  # PS3.5 9.1: digits and dots, at most 64 characters
 _STUDY_UID, _SERIES_UID, _SOP_UID = "0020000D", "0020000E", "00080018"
 _NOT_SERVED = (404, 410)  # the store's answer about a series it listed: a reject
+
+
+# A store's URLs hold UIDs (/studies/{uid}/series/{uid}, ...UID=... in a query): they are redacted from
+# the errors this module raises and from the log records of the HTTP libraries (urllib3 logs each URL).
+_URL_UIDS = re.compile(r"(/(?:studies|series|instances|frames)/)[^/?#\s'\"]+|(UID=)[^&#\s'\"]+")
+_HTTP_LOGGERS = ("urllib3.connectionpool", "dicomweb_client", "dicomweb_client.web", "requests")
+
+
+def redact(text: str) -> str:
+  """`text` with the UIDs of store URLs replaced by {uid}."""
+  return _URL_UIDS.sub(lambda m: f"{m[1] or m[2]}{{uid}}", text)
+
+
+_DOTTED = re.compile(r"\b[0-9]+(?:\.[0-9]+){2,}\b")  # what dicomweb-client logs bare ('series of study "1.2.3"')
+
+
+class _RedactUids(logging.Filter):
+  """Redacts every dotted number (a UID, though an IP address too) of the HTTP libraries' log records."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    record.msg, record.args = _DOTTED.sub("{uid}", redact(record.getMessage())), None
+    return True
+
+
+for _name in _HTTP_LOGGERS:
+  if not any(isinstance(f, _RedactUids) for f in logging.getLogger(_name).filters):
+    logging.getLogger(_name).addFilter(_RedactUids())
 
 
 class TruncatedBody(ConnectionError):
@@ -203,7 +231,7 @@ def split_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
   delimiter = b"--" + boundary.encode("latin-1")
   pos = body.find(delimiter)
   if pos < 0:
-    raise (TruncatedBody if not body else MalformedBody)("the body holds no part delimiter")
+    raise (TruncatedBody if delimiter.startswith(body) else MalformedBody)("the body holds no part delimiter")
   pos += len(delimiter)
   parts = []
   while True:
@@ -286,8 +314,16 @@ class Store:
     return self._client
 
   def _call(self, fn, what: str):
-    """`fn()` under the run's retry policy; an HTTP error keeps its status for the classifier."""
-    return self.read_policy.retry_policy.call(lambda _: fn(), what)
+    """`fn()` under the run's retry policy; an HTTP error keeps its status for the classifier, and loses the
+    URL's UIDs (and its chained causes, which quote them)."""
+
+    def attempt(_):
+      try:
+        return fn()
+      except requests.RequestException as e:
+        raise type(e)(redact(str(e)), response=e.response) from None
+
+    return self.read_policy.retry_policy.call(attempt, what)
 
   # ------------------------------------------------------------ QIDO-RS
 

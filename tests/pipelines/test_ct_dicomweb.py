@@ -1,0 +1,384 @@
+"""ct_volumes from a DICOM store: a real Orthanc with its DICOMweb plugin, against the same files in a folder."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+
+import pydicom
+import pytest
+import requests
+
+from formats.manifest import Manifest
+from formats.storage import files
+from pipelines import ct_volumes
+from pipelines.core import UsageError, inputs
+from pipelines.ct_volumes import dicomweb
+from pipelines.ct_volumes.pipeline import _retrieved, _SeriesUnusable, _StoreOpener
+from scripts import make_sample_ct as ct
+from scripts import make_sample_ct_labels as ctl
+from tests import orthanc
+from tests.gcs_faults import FaultProxy
+
+SALT = "test-salt"
+BOUNDARY = "b0undary"
+CT = f'multipart/related; type="application/dicom"; boundary={BOUNDARY}'
+
+
+# ---------------------------------------------------------------- the pure parts
+
+def _body(*parts: bytes, close: bool = True) -> bytes:
+  out = b"".join(b"--" + BOUNDARY.encode() + b"\r\nContent-Type: application/dicom\r\n\r\n" + p + b"\r\n"
+                 for p in parts)
+  return out + (b"--" + BOUNDARY.encode() + b"--\r\n" if close else b"")
+
+
+def test_a_multipart_body_splits_into_its_parts_bytes_exactly():
+  parts = [b"DICM\r\n--b0undar", b"", bytes(range(256)) * 3]  # a near-delimiter inside a part stays in it
+  assert [p for _, p in dicomweb.split_multipart(_body(*parts), CT)] == parts
+  assert [m for m, _ in dicomweb.split_multipart(_body(b"x"), CT)] == ["application/dicom"]
+
+
+@pytest.mark.parametrize("cut", [1, 10, 60, -3])
+def test_a_body_cut_anywhere_before_its_closing_delimiter_is_transient(cut):
+  body = _body(b"a" * 20, b"b" * 20)
+  with pytest.raises(dicomweb.TruncatedBody):
+    dicomweb.split_multipart(body[:cut] if cut > 0 else body[:-len(BOUNDARY) - 6 + cut], CT)
+
+
+@pytest.mark.parametrize("content_type, body", [
+    ("application/dicom+json", b"[]"),  # not multipart
+    ('multipart/related; type="application/dicom"', _body(b"x")),  # no boundary
+    (CT, b"garbage without any delimiter"),
+    (CT, b"--" + BOUNDARY.encode() + b"XX\r\n\r\nabc"),  # a delimiter not followed by a line break
+])
+def test_a_malformed_body_is_named(content_type, body):
+  with pytest.raises(dicomweb.MalformedBody):
+    dicomweb.split_multipart(body, content_type)
+
+
+def test_filters_split_into_study_and_series_searches():
+  study, series = dicomweb.parse_filter("ModalitiesInStudy=CT&StudyDate=20260101-20260131&Modality=CT")
+  assert study == (("ModalitiesInStudy", "CT"), ("StudyDate", "20260101-20260131"))
+  assert series == (("Modality", "CT"),)
+  assert dicomweb.parse_filter("") == ((), ())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("StudyDate", "query parameters joined by &"),
+    ("limit=5", "set by the listing"),
+    ("NotAKeyword=1", "neither a DICOM keyword"),
+])
+def test_a_bad_filter_is_a_usage_error(text, message):
+  with pytest.raises(UsageError, match=message):
+    dicomweb.parse_filter(text)
+
+
+def test_store_flags_are_checked():
+  assert dicomweb.store_config("https://healthcare.googleapis.com/v1/projects/p/locations/l/datasets/d/dicomStores/"
+                               "s/dicomWeb", "auto", "", "", 10).auth == "google"
+  assert dicomweb.store_config("http://pacs:8042/dicom-web/", "auto", "", "", 10).url == "http://pacs:8042/dicom-web"
+  for args, message in [(("http://pacs/dicom-web?x=1", "none", "", ""), "no query"),
+                        (("http://pacs/dicom-web", "basic", "", ""), "needs --dicomweb_credentials"),
+                        (("http://pacs/dicom-web", "none", "c.json", ""), "only with --dicomweb_auth=basic")]:
+    with pytest.raises(UsageError, match=message):
+      dicomweb.store_config(*args, 10)
+  assert dicomweb.store_name("https://healthcare.googleapis.com/v1/projects/p/locations/l/datasets/d/dicomStores/"
+                             "ct-store/dicomWeb") == "ct-store"
+  assert dicomweb.store_name("http://pacs:8042/dicom-web") == "dicom-web"
+
+
+def test_store_urls_lose_their_uids_in_errors():
+  text = "503 for url: http://h/dicom-web/studies/1.2.3/series/4.5.6?StudyInstanceUID=7.8&limit=2 (x)"
+  assert dicomweb.redact(text) == ("503 for url: http://h/dicom-web/studies/{uid}/series/{uid}?StudyInstanceUID={uid}"
+                                   "&limit=2 (x)")
+
+
+def test_a_requests_http_error_is_classified_by_its_status():
+  from formats.storage import retry
+
+  def error(status):
+    r = requests.Response()
+    r.status_code = status
+    return requests.HTTPError(response=r)
+
+  assert [retry.is_transient(error(s)) for s in (429, 503, 500, 408, 404, 401, 403)] == [True] * 4 + [False] * 3
+
+
+# ---------------------------------------------------------------- a real store
+
+def _convert(src: str, out: str, *flags: str) -> Manifest:
+  ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--name=ct",
+                  "--splits=train=0.5,validation=0.25,test=0.25", *flags])
+  return Manifest.loads(files.read_bytes(files.join(out, "manifest.json")))
+
+
+def _store_path(url: str, path: str) -> str:
+  ds = pydicom.dcmread(path, stop_before_pixels=True)
+  return dicomweb.instance_path(url, SALT, ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.SOPInstanceUID)
+
+
+def _rejects(out: str, m: Manifest, rename=lambda p: p) -> list[tuple]:
+  rows = [json.loads(line) for line in files.read_bytes(files.join(out, m.rejected.path)).splitlines()]
+  return sorted((rename(r["input"]), r["reason"], r.get("split"), r.get("units")) for r in rows)
+
+
+def _shards(m: Manifest) -> dict:
+  return {s.path.rsplit("/", 1)[-1]: s.sha256 for sp in m.splits.values() for s in sp.shards}
+
+
+def _normalised(m: Manifest) -> str:
+  """The manifest without what names the run's input and generation folder."""
+  d = m.to_json()
+  d["source"].pop("input")
+  text = json.dumps(d, sort_keys=True)
+  for gen in {x.path.split("/", 1)[0] for sp in m.splits.values() for x in sp.shards} | {m.rejected.path.split("/")[0]}:
+    text = text.replace(gen, "GEN")
+  return text
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+  if not orthanc.available():
+    pytest.skip("Orthanc is installed by scripts/run_tests.sh")
+  base = tmp_path_factory.mktemp("store")
+  root = str(base / "dicom")
+  truths = ct.make_mixed_tree(root, seed=3)
+  paths = sorted(p for p in glob.glob(f"{root}/**/*", recursive=True) if os.path.isfile(p))
+  with orthanc.Orthanc(str(base / "orthanc")) as o:
+    stored = o.upload(paths)
+    folder = str(base / "stored")  # the same instances as the store holds, as files
+    for p in stored:
+      dst = os.path.join(folder, os.path.relpath(p, root))
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      shutil.copy(p, dst)
+    yield o, folder, {os.path.join(folder, os.path.relpath(p, root)): i for p, i in stored.items()}, truths
+
+
+@pytest.fixture(scope="module")
+def both(store, tmp_path_factory):
+  o, folder, _, _ = store
+  base = tmp_path_factory.mktemp("both")
+  from_folder = _convert(folder, str(base / "folder"))
+  from_store = _convert(o.dicomweb, str(base / "store"))
+  return (str(base / "folder"), from_folder), (str(base / "store"), from_store)
+
+
+@pytest.mark.slow
+def test_the_store_gives_byte_for_byte_the_folders_output(store, both):
+  o, folder, stored, _ = store
+  (fout, fm), (sout, sm) = both
+  assert len(stored) > 150
+  assert fm.num_records > 5
+  assert _shards(sm) == _shards(fm)
+  assert sm.rejected.count == fm.rejected.count > 0
+  assert _rejects(sout, sm) == _rejects(fout, fm, lambda p: _store_path(o.dicomweb, p))
+  assert _normalised(sm) == _normalised(fm)
+
+
+@pytest.mark.slow
+def test_no_identifier_or_phi_in_any_output_byte_or_log_line(store, both, tmp_path, caplog):
+  o, _, stored, truths = store
+  secrets = {v for t in truths for v in (t.phi or {}).values() if v and len(str(v)) >= 4}
+  for p in stored:
+    ds = pydicom.dcmread(p, stop_before_pixels=True)
+    secrets |= {ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.SOPInstanceUID}
+  with caplog.at_level(logging.DEBUG):
+    _convert(o.dicomweb, str(tmp_path / "out"))
+  _, (sout, _) = both
+  blob = b"".join(open(p, "rb").read() for root in (sout, str(tmp_path / "out"))
+                  for p in glob.glob(os.path.join(root, "**", "*"), recursive=True) if os.path.isfile(p))
+  logged = "\n".join(r.getMessage() for r in caplog.records)
+  assert not [s for s in secrets if str(s).encode() in blob]
+  assert not [s for s in secrets if str(s) in logged]
+
+
+@pytest.mark.slow
+def test_small_pages_list_the_same_store(store, both, tmp_path):
+  o, _, _, _ = store
+  _, (_, sm) = both
+  m = _convert(o.dicomweb, str(tmp_path / "out"), "--dicomweb_page_size=2")
+  assert _shards(m) == _shards(sm)
+  assert m.rejected.count == sm.rejected.count
+
+
+@pytest.mark.slow
+def test_a_filter_lists_only_its_studies(store, both, tmp_path):
+  o, _, stored, _ = store
+  study = pydicom.dcmread(next(iter(stored)), stop_before_pixels=True).StudyInstanceUID
+  n = sum(pydicom.dcmread(p, stop_before_pixels=True).StudyInstanceUID == study for p in stored)
+  m = _convert(o.dicomweb, str(tmp_path / "out"), f"--dicomweb_filter=StudyInstanceUID={study}")
+  assert m.source["dicomweb_filter"] == {"StudyInstanceUID": study}
+  assert 0 < m.rejected.count + m.num_records <= n < len(stored)
+
+
+class _ExactFaults(FaultProxy):
+  """The fault proxy, where a fault whose path starts with "=" matches only that exact path (a series'
+  retrieval, not its instance search, which shares its prefix)."""
+
+  def _take_fault(self, method, path):
+    with self._lock:
+      for f in self._faults:
+        if f.path_contains.startswith("=") and path == f.path_contains[1:]:
+          if f.times is not None:
+            f.times -= 1
+            if f.times <= 0:
+              self._faults.remove(f)
+          return f
+    return super()._take_fault(method, path)
+
+
+def _a_series(stored) -> tuple[str, str]:
+  ds = pydicom.dcmread(sorted(stored)[0], stop_before_pixels=True)
+  return ds.StudyInstanceUID, ds.SeriesInstanceUID
+
+
+@pytest.mark.slow
+def test_503s_429s_drops_and_cut_bodies_are_retried_to_the_same_output(store, both, tmp_path):
+  o, _, stored, _ = store
+  _, (sout, sm) = both
+  study, series = _a_series(stored)
+  proxy = _ExactFaults(o.url)
+  try:
+    retrieval = f"=/dicom-web/studies/{study}/series/{series}"
+    proxy.add_fault("/dicom-web/studies?", status=429, times=2)
+    proxy.add_fault("/series?", status=503, times=2)
+    proxy.add_fault("/instances?", mode="drop", times=2)
+    proxy.add_fault(retrieval, status=503, times=1)
+    proxy.add_fault(retrieval[1:] + "x", status=503, times=1)  # never matches: a control
+    proxy.add_fault(retrieval, mode="cut", times=2)
+    m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
+    assert proxy.requests_seen(f"/dicom-web/studies/{study}/series/{series}", "GET") >= 3
+  finally:
+    proxy.close()
+  assert _shards(m) == _shards(sm)
+  assert _rejects(str(tmp_path / "out"), m, lambda p: p.replace(proxy.host, o.url)) == _rejects(sout, sm)
+
+
+@pytest.mark.slow
+def test_a_storm_past_the_deadline_fails_the_run_and_writes_no_manifest(store, tmp_path):
+  o, _, stored, _ = store
+  study, series = _a_series(stored)
+  proxy = _ExactFaults(o.url)
+  try:
+    proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=503)
+    with pytest.raises(Exception, match="retrieving a series") as e:
+      _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"), "--transient_retry_seconds=2")
+  finally:
+    proxy.close()
+  shown = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
+  assert study not in shown and series not in shown
+  assert not glob.glob(str(tmp_path / "out" / "**" / "manifest.json"), recursive=True)
+
+
+@pytest.mark.slow
+def test_a_series_the_store_lists_but_does_not_serve_is_rejected_whole(store, tmp_path):
+  o, _, stored, _ = store
+  study, series = _a_series(stored)
+  n = sum(_a_series([p]) == (study, series) for p in stored)
+  proxy = _ExactFaults(o.url)
+  try:
+    proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=404)
+    m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
+  finally:
+    proxy.close()
+  rows = [r for r in _rejects(str(tmp_path / "out"), m) if "does not serve it (HTTP 404)" in r[1]]
+  prefix = dicomweb.series_path(f"{proxy.host}/dicom-web", SALT, study, series)
+  assert len(rows) == n and all(r[0].startswith(prefix + "/instances/") for r in rows)
+
+
+@pytest.mark.slow
+def test_a_series_that_changes_between_listing_and_retrieval_is_never_a_shorter_volume(store, tmp_path):
+  o, _, stored, _ = store
+  by_series = {}
+  for p in sorted(stored):
+    by_series.setdefault(_a_series([p]), []).append(p)
+  (study, series), paths = max(by_series.items(), key=lambda kv: len(kv[1]))
+  s = dicomweb.Store(dicomweb.store_config(o.dicomweb, "none", "", "", 100), inputs.ReadPolicy(retry_seconds=5))
+  listed = dicomweb.Series(study, series, tuple(s.instances_of(study, series)))
+  assert len(listed.instances) == len(paths) and len(_retrieved(s, SALT, listed)) == len(paths)
+  opener = _StoreOpener(s, SALT, {dicomweb.series_path(o.dicomweb, SALT, study, series): listed})
+  o.delete_instance(stored[paths[-1]])  # gone after the listing
+  try:
+    with pytest.raises(_SeriesUnusable, match="1 listed missing") as e:
+      _retrieved(s, SALT, listed)
+    assert len(e.value.paths) == len(paths)
+    with pytest.raises(inputs.Unreadable, match="does not hold the instances its search listed"):
+      opener(_store_path(o.dicomweb, paths[0]))
+    extra = pydicom.dcmread(paths[0])  # and one more than the listing named
+    extra.SOPInstanceUID = extra.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+    extra.save_as(str(tmp_path / "extra.dcm"))
+    o.upload([paths[-1], str(tmp_path / "extra.dcm")])
+    with pytest.raises(_SeriesUnusable, match="0 listed missing, 1 not listed"):
+      _retrieved(s, SALT, listed)
+  finally:
+    o.upload([paths[-1]])
+
+
+@pytest.mark.slow
+def test_segmentations_in_the_store_label_its_volumes_as_in_a_folder(tmp_path):
+  if not orthanc.available():
+    pytest.skip("Orthanc is installed by scripts/run_tests.sh")
+  folder = str(tmp_path / "labelled")
+  truth = ct.write_series(os.path.join(folder, "series"), patient_id="SYNLAB01", seed=5, rows=32, cols=32,
+                          num_slices=10)
+  shape = truth.hu.shape
+  ctl.write_seg(truth, os.path.join(folder, "seg.dcm"), [ctl.ellipsoid(shape, (5, 14, 12), (3, 6, 8))], ["liver"],
+                seed=5)
+  label_map = tmp_path / "map.json"
+  label_map.write_text(json.dumps({"liver": 1}))
+  flags = ["--label_sources=seg", f"--label_map={label_map}"]
+  with orthanc.Orthanc(str(tmp_path / "orthanc")) as o:
+    assert len(o.upload(sorted(p for p in glob.glob(f"{folder}/**/*", recursive=True) if os.path.isfile(p)))) == (
+        len(truth.files) + 1)
+    sm = _convert(o.dicomweb, str(tmp_path / "store"), *flags)
+    with pytest.raises(UsageError, match="nifti labels need a folder input"):
+      _convert(o.dicomweb, str(tmp_path / "nifti"), "--label_sources=nifti")
+  fm = _convert(folder, str(tmp_path / "folder"), *flags)
+  assert sm.rejected.count == fm.rejected.count == 0
+  assert _shards(sm) == _shards(fm)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, message", [
+    ("--dicomweb_filter=limit=3", "set by the listing"),
+    ("--dicomweb_auth=basic", "needs --dicomweb_credentials"),
+])
+def test_bad_store_flags_write_nothing(store, tmp_path, flag, message):
+  o, _, _, _ = store
+  with pytest.raises(UsageError, match=message):
+    _convert(o.dicomweb, str(tmp_path / "out"), flag)
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_a_url_that_is_no_dicomweb_service_is_a_usage_error(store, tmp_path):
+  o, _, _, _ = store
+  with pytest.raises(UsageError, match="HTTP 404"):
+    _convert(f"{o.url}/not-dicom-web", str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_basic_credentials_from_a_file(tmp_path):
+  if not orthanc.available():
+    pytest.skip("Orthanc is installed by scripts/run_tests.sh")
+  folder = str(tmp_path / "series")
+  ct.write_series(folder, patient_id="SYNAUTH1", seed=7, rows=16, cols=16, num_slices=4)
+  good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+  good.write_text(json.dumps({"username": "reader", "password": "s3cret"}))
+  bad.write_text(json.dumps({"username": "reader", "password": "wrong"}))
+  with orthanc.Orthanc(str(tmp_path / "orthanc"), users={"reader": "s3cret"}) as o:
+    assert len(o.upload(sorted(glob.glob(f"{folder}/*")))) == 4
+    m = _convert(o.dicomweb, str(tmp_path / "out"), "--dicomweb_auth=basic", f"--dicomweb_credentials={good}")
+    assert m.rejected.count == 0 and _shards(m)
+    with pytest.raises(UsageError, match="HTTP 401"):
+      _convert(o.dicomweb, str(tmp_path / "out2"), "--dicomweb_auth=basic", f"--dicomweb_credentials={bad}")
+    with pytest.raises(UsageError, match="HTTP 401"):
+      _convert(o.dicomweb, str(tmp_path / "out3"))
+  log = b"".join(open(p, "rb").read() for p in glob.glob(str(tmp_path / "out" / "**" / "*"), recursive=True)
+                 if os.path.isfile(p))
+  assert b"s3cret" not in log
