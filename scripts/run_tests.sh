@@ -5,6 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
 toolkit_env "pipelines,tf,grain,xla,graph,test"
+# A real DICOM store for the DICOMweb tests (tests/orthanc.py): Debian's Orthanc and its DICOMweb plugin.
+if [ ! -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq orthanc orthanc-dicomweb >/dev/null || true
+  fi
+  [ -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so ] || { echo "error: orthanc and orthanc-dicomweb are needed" \
+    "(apt-get install orthanc orthanc-dicomweb, as root)" >&2; exit 1; }
+fi
 # Airflow lives in its own venv (its pins differ from TensorFlow's and torch_xla's needs).
 if [ ! -x .venv-airflow/bin/python ]; then
   warn_low_disk 3
