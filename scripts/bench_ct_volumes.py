@@ -2,7 +2,7 @@
 
     python scripts/bench_ct_volumes.py [--work=bench_work] [--series=4]
         [--slices_per_series=500] [--rounds=3] [--json=results.json]
-        [--profile=PATH] [--memory] [--labels=seg]
+        [--profile=PATH] [--memory] [--labels=seg] [--source=dicomweb]
 
 Generates (once, cached under --work) `--series` uncompressed 512x512 axial
 series (`make_sample_ct.write_big_series`, one subfolder each, seeds 0, 1, ...)
@@ -39,6 +39,12 @@ alone, volume + label, and volume + label with `pos_fraction=0.5`. Targets:
 conversion with SEG masks <= 1.3x the time without, loading volume + label
 patches >= 0.8x the throughput of volume patches (medians of the per-round
 ratios). Checks: every record's label equals the masks it was made from.
+
+`--source=dicomweb` measures the DICOMweb input instead (issue 23): the series are
+stored in a local Orthanc (`scripts/orthanc.py`), and each round times, alternated,
+the pipeline from the folder, from the store, and one WADO-RS retrieval of every
+series (the store and the transfer). Target: the store's throughput >= 0.7x the
+folder's. Checks: both outputs are byte-identical.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ from pipelines import ct_volumes  # noqa: E402
 from pipelines.ct_volumes.assembly import VolumePlan, plan_volumes, read_volume  # noqa: E402
 from pipelines.ct_volumes.headers import read_slices, salted_hash  # noqa: E402
 import make_sample_ct  # noqa: E402
+import orthanc  # noqa: E402
 
 SALT = "bench"
 VOLUME_DTYPE = "int16"  # write_big_series: slope 1, intercept -1024
@@ -483,6 +490,60 @@ def labels_benchmark(a, data: CtInput, work: str) -> int:
   return 0 if all(ok for _, ok in checks) else 1
 
 
+def dicomweb_benchmark(a, data: CtInput, work: str) -> int:
+  """`--source=dicomweb`: the same series through a local Orthanc (DICOMweb) against from the folder."""
+  from pipelines.ct_volumes import dicomweb  # noqa: E402 (only this mode)
+  from pipelines.core import inputs  # noqa: E402
+  shutil.rmtree(os.path.join(work, "orthanc"), ignore_errors=True)  # a fresh store every run
+  with orthanc.Orthanc(os.path.join(work, "orthanc")) as o:
+    t0 = time.perf_counter()
+    paths = [p for folder in data.series for p in _files(folder)]
+    if len(o.upload(paths)) != len(paths):
+      raise RuntimeError("Orthanc did not store every file")
+    print(f"{len(paths)} files stored in Orthanc in {time.perf_counter() - t0:.1f}s", flush=True)
+    outs = {"folder": os.path.join(work, "out", "ct_folder"), "dicomweb": os.path.join(work, "out", "ct_dicomweb")}
+
+    def convert(src: str, out: str) -> Callable[[], None]:
+      def fn() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        ct_volumes.run([f"--input={src}", f"--output={out}", f"--id_salt={SALT}", "--overwrite=true", "--name=ct",
+                        "--runner=DirectRunner", "--splits=train=1.0"])
+      return fn
+
+    store = dicomweb.Store(dicomweb.store_config(o.dicomweb, "none", "", "", 1000), inputs.ReadPolicy())
+    listed = [dicomweb.Series(st, se, tuple(store.instances_of(st, se)))
+              for st in store.studies() for se in store.series_of(st)]
+
+    def retrieve_only() -> None:  # the store and the transfer: every series' WADO-RS answer, split
+      for s in listed:
+        if len(store.retrieve(s)) != len(s.instances):
+          raise RuntimeError("a retrieval does not hold its listed instances")
+
+    results = alternated([("folder", convert(data.root, outs["folder"])),
+                          ("dicomweb", convert(o.dicomweb, outs["dicomweb"])),
+                          ("retrieve", retrieve_only)], a.rounds, data.slices)
+    body = store.session.get(f"{o.dicomweb}/studies/{listed[0].study}/series/{listed[0].series}",
+                             headers={"Accept": dicomweb.SERIES_ACCEPT})
+    t0 = time.perf_counter()
+    dicomweb.split_multipart(body.content, body.headers["Content-Type"])
+    split_s = (time.perf_counter() - t0) * len(listed)
+  by = {r.variant: r for r in results}
+  per_round = [f / d for f, d in zip(by["folder"].times, by["dicomweb"].times)]
+  same = {k: sorted(s.sha256 for sp in load_manifest(v).splits.values() for s in sp.shards) for k, v in outs.items()}
+  print(f"\nthroughput from the store / from the folder: median {statistics.median(per_round):.2f}x "
+        f"(rounds {' '.join(f'{x:.2f}' for x in per_round)}; target >= 0.7x)")
+  print(f"  folder {by['folder'].slices_per_s:.0f} slices/s, dicomweb {by['dicomweb'].slices_per_s:.0f} slices/s")
+  print(f"  where the store run's time goes: the store and the transfer {by['retrieve'].seconds:.2f}s per pass over "
+        f"every series (the run makes two: headers, then pixels), of which the multipart split {split_s:.3f}s; "
+        f"the rest as from the folder")
+  print(f"  outputs byte-identical: {same['folder'] == same['dicomweb']}")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump({"ratio_median": statistics.median(per_round), "per_round": per_round,
+                 "results": [dataclasses.asdict(r) for r in results], "split_s": split_s}, f, indent=1)
+  return 0 if same["folder"] == same["dicomweb"] else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--work", default="bench_work", help="cache of the input and outputs (git-ignored)")
@@ -494,6 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--profile", default=None, help="then profile one pipeline run; cProfile stats to this path")
   ap.add_argument("--memory", action="store_true",
                   help="then measure the peak RSS and disk of one series' shard step (child process)")
+  ap.add_argument("--source", default="folder", choices=("folder", "dicomweb"),
+                  help="dicomweb: the pipeline from a local Orthanc against from the folder, instead")
   ap.add_argument("--labels", default=None, choices=("seg",),
                   help="measure conversion and loading with SEG label masks against without, instead")
   a = ap.parse_args(argv)
@@ -509,6 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   data = ensure_series(work, a.series, a.slices_per_series)
   if a.labels:
     return labels_benchmark(a, data, work)
+  if a.source == "dicomweb":
+    return dicomweb_benchmark(a, data, work)
   n = data.slices
   t0 = time.perf_counter()
   size = warm_page_cache(data)

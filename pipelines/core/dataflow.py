@@ -60,7 +60,7 @@ def check(options: PipelineOptions, common) -> None:
     common: the converter's `flags.CommonConfig` (its input and output).
 
   Raises:
-    UsageError: a flag is missing, or a location is not gs://.
+    UsageError: a flag is missing, or a location is not gs:// (an input may be a service's URL: a DICOM store).
   """
   gcp = options.view_as(GoogleCloudOptions)
   if not gcp.project:
@@ -72,7 +72,7 @@ def check(options: PipelineOptions, common) -> None:
   if gcp.staging_location and not gcp.staging_location.startswith("gs://"):
     raise UsageError(f"--staging_location must be a gs:// path on Dataflow, got {gcp.staging_location!r}")
   for name, value in (("--input", common.input), ("--output", common.output)):
-    if not str(value).startswith("gs://"):
+    if not str(value).startswith(("gs://", "https://", "http://") if name == "--input" else "gs://"):
       raise UsageError(f"{name} must be a gs:// path on Dataflow (workers cannot read this machine's disk), "
                        f"got {value!r}")
 

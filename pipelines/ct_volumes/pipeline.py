@@ -49,7 +49,8 @@ from pipelines.core.shards import ListedOnWorkers, PlanUnit
 from pipelines.ct_volumes.assembly import (
     DEFAULT_TOLERANCE, MAX_VOLUME_VOXELS, SeriesRejected, VolumePlan, frames_per_file, plan_volumes, read_volume,
     stack_count)
-from pipelines.ct_volumes.headers import MAX_FILE_BYTES, SliceRejected, quiet_pydicom, read_slices, salted_hash
+from pipelines.ct_volumes.headers import (
+    MAX_FILE_BYTES, SliceRejected, quiet_pydicom, read_file_meta, read_slices, salted_hash)
 from pipelines.ct_volumes import dicomweb
 from pipelines.ct_volumes import labels as labels_lib
 from pipelines.ct_volumes.labels import LABEL_SOURCES, LabelConfig, LabelHeader, LabelRejected
@@ -316,10 +317,15 @@ class _SeriesUnusable(Exception):
 
 def _part_sop(data: bytes) -> str | None:
   """The SOP Instance UID a retrieved part names (its file meta's, else its data set's), or None."""
+  fileobj = io.BytesIO(data)
   try:
     with quiet_pydicom():
-      ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True, specific_tags=["SOPInstanceUID"])
-    uid = ds.file_meta.get("MediaStorageSOPInstanceUID") or ds.get("SOPInstanceUID")
+      if data[128:132] == b"DICM":  # a Part 10 file, as stores send: its file meta names it (fast)
+        fileobj.seek(132)
+        uid = read_file_meta(fileobj).get("MediaStorageSOPInstanceUID")
+      else:
+        uid = pydicom.dcmread(fileobj, stop_before_pixels=True, specific_tags=["SOPInstanceUID"],
+                              force=True).get("SOPInstanceUID")
   except Exception:  # not DICOM: its own reject, from the header path
     return None
   return str(uid) if uid else None

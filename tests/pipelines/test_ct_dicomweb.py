@@ -20,7 +20,7 @@ from pipelines.ct_volumes import dicomweb
 from pipelines.ct_volumes.pipeline import _retrieved, _SeriesUnusable, _StoreOpener
 from scripts import make_sample_ct as ct
 from scripts import make_sample_ct_labels as ctl
-from tests import orthanc
+from scripts import orthanc
 from tests.gcs_faults import FaultProxy
 
 SALT = "test-salt"
@@ -143,7 +143,7 @@ def _normalised(m: Manifest) -> str:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
   if not orthanc.available():
-    pytest.skip("Orthanc is installed by scripts/run_tests.sh")
+    pytest.fail("Orthanc and its DICOMweb plugin are needed: scripts/run_tests.sh installs them (apt, as root)")
   base = tmp_path_factory.mktemp("store")
   root = str(base / "dicom")
   truths = ct.make_mixed_tree(root, seed=3)
@@ -321,7 +321,7 @@ def test_a_series_that_changes_between_listing_and_retrieval_is_never_a_shorter_
 @pytest.mark.slow
 def test_segmentations_in_the_store_label_its_volumes_as_in_a_folder(tmp_path):
   if not orthanc.available():
-    pytest.skip("Orthanc is installed by scripts/run_tests.sh")
+    pytest.fail("Orthanc and its DICOMweb plugin are needed: scripts/run_tests.sh installs them (apt, as root)")
   folder = str(tmp_path / "labelled")
   truth = ct.write_series(os.path.join(folder, "series"), patient_id="SYNLAB01", seed=5, rows=32, cols=32,
                           num_slices=10)
@@ -365,7 +365,7 @@ def test_a_url_that_is_no_dicomweb_service_is_a_usage_error(store, tmp_path):
 @pytest.mark.slow
 def test_basic_credentials_from_a_file(tmp_path):
   if not orthanc.available():
-    pytest.skip("Orthanc is installed by scripts/run_tests.sh")
+    pytest.fail("Orthanc and its DICOMweb plugin are needed: scripts/run_tests.sh installs them (apt, as root)")
   folder = str(tmp_path / "series")
   ct.write_series(folder, patient_id="SYNAUTH1", seed=7, rows=16, cols=16, num_slices=4)
   good, bad = tmp_path / "good.json", tmp_path / "bad.json"
@@ -382,3 +382,31 @@ def test_basic_credentials_from_a_file(tmp_path):
   log = b"".join(open(p, "rb").read() for p in glob.glob(str(tmp_path / "out" / "**" / "*"), recursive=True)
                  if os.path.isfile(p))
   assert b"s3cret" not in log
+
+
+@pytest.mark.slow
+def test_the_dataflow_job_of_a_store_input_stages_the_client_and_keeps_credentials_out(tmp_path, gcs_emulator):
+  from apache_beam.options.pipeline_options import SetupOptions
+
+  from pipelines import registry
+  from pipelines.core import launch
+  from tests.pipelines.test_dataflow import _staged, dataflow_flags
+
+  folder = str(tmp_path / "series")
+  ct.write_series(folder, patient_id="SYNDF001", seed=9, rows=16, cols=16, num_slices=4)
+  creds = tmp_path / "creds.json"
+  creds.write_text(json.dumps({"username": "reader", "password": "df-s3cret"}))
+  with orthanc.Orthanc(str(tmp_path / "orthanc"), users={"reader": "df-s3cret"}) as o:
+    o.upload(sorted(glob.glob(f"{folder}/*")))
+    result = launch.run(registry.converter("ct_volumes"), [
+        f"--input={o.dicomweb}", f"--output=gs://{gcs_emulator}/df/out_dicomweb", f"--id_salt={SALT}",
+        "--dicomweb_auth=basic", f"--dicomweb_credentials={creds}", "--dicomweb_filter=ModalitiesInStudy=CT",
+        *dataflow_flags(gcs_emulator)])
+  job = result.job
+  requirements = open(job.options.view_as(SetupOptions).requirements_file).read().split()
+  assert {"dicomweb-client", "pydicom"} <= {r.split("==")[0] for r in requirements}
+  assert any(n.startswith("tpu_shards-") and n.endswith(".whl") for n in _staged(job))
+  steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
+  assert {"SearchStudies", "SearchSeries", "ReadSeriesHeaders", "PlanVolumes", "Convert", "Finalize"} <= steps
+  graph = job.proto_pipeline.SerializeToString()
+  assert b"df-s3cret" not in graph  # the credentials file is read by each worker: its content is not in the job

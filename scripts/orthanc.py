@@ -1,4 +1,4 @@
-"""A real DICOM store for the tests: Orthanc with its DICOMweb plugin, on loopback.
+"""A real DICOM store for the tests and the benchmark: Orthanc with its DICOMweb plugin, on loopback.
 
     with Orthanc(tmp_dir) as store:        # starts it on a free port, waits until it answers
       accepted = store.upload(paths)       # POST /instances; what the store took, by path
