@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 import dataclasses
 import email.message
+import hashlib
 import json
 import logging
 import re
@@ -66,7 +67,7 @@ _SERIES_KEYS = frozenset({"Modality", "SeriesInstanceUID", "SeriesNumber", "Seri
                           "PerformedProcedureStepStartDate", "PerformedProcedureStepStartTime",
                           "0020000E", "00080060", "00200011", "0008103E", "00180015"})
 _UID = re.compile(r"[0-9]+(\.[0-9]+)*")  # PS3.5 9.1: digits and dots, at most 64 characters
-_STUDY_UID, _SERIES_UID, _SOP_UID = "0020000D", "0020000E", "00080018"
+_STUDY_UID, _SERIES_UID, _SOP_UID, _NUM_INSTANCES = "0020000D", "0020000E", "00080018", "00201209"
 _NOT_SERVED = (404, 410)  # the store's answer about a series it listed: a reject
 
 
@@ -125,12 +126,15 @@ def store_name(url: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Series:
-  """One series of the store, as its listing found it: the real UIDs (never written anywhere) and the
-  SOP Instance UIDs its search listed."""
+  """One series of the store, as its listing found it: the real UIDs (never written anywhere) and how many
+  instances the store says it holds (NumberOfSeriesRelatedInstances, or the instance search's count).
+  After the header stage, `parts` is the digest of the instances its retrieval held (`parts_digest`),
+  which the shard step's retrieval must hold again."""
 
   study: str
   series: str
-  instances: tuple[str, ...]
+  num_instances: int
+  parts: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +217,12 @@ def series_path(url: str, salt: str, study: str, series: str) -> str:
 def part_path(series_prefix: str, index: int) -> str:
   """How a part whose SOP Instance UID cannot be read is named: by its place in the series' body."""
   return f"{series_prefix}/parts/{index}"
+
+
+def parts_digest(paths) -> str:
+  """A digest of the instance paths a retrieval held (`Series.parts`): two retrievals of a series that hold
+  the same instances have the same digest."""
+  return hashlib.blake2b("\n".join(sorted(paths)).encode(), digest_size=16).hexdigest()
 
 
 def split_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
@@ -363,18 +373,25 @@ class Store:
                           fields=[_STUDY_UID], search_filters=dict(self.config.study_filter)):
       yield _uid_of(r, _STUDY_UID)
 
-  def series_of(self, study: str) -> Iterator[str | None]:
-    """The Series Instance UIDs of a study (None for a result without a valid one)."""
+  def series_of(self, study: str) -> Iterator[Series | None]:
+    """The series of a study, each with its instance count (None for a result without a valid UID). The
+    count is the search's NumberOfSeriesRelatedInstances (0020,1209), which a store answers from its index;
+    for a store that leaves it out, the instance search's count (paged: slower, one result per instance)."""
     for r in self._search(self.client.search_for_series, "searching the series of a study",
-                          study_instance_uid=study, fields=[_SERIES_UID],
+                          study_instance_uid=study, fields=[_SERIES_UID, _NUM_INSTANCES],
                           search_filters=dict(self.config.series_filter)):
-      yield _uid_of(r, _SERIES_UID)
-
-  def instances_of(self, study: str, series: str) -> list[str | None]:
-    """The SOP Instance UIDs the instance search of a series lists (None for a malformed one)."""
-    return [_uid_of(r, _SOP_UID) for r in self._search(
-        self.client.search_for_instances, "searching the instances of a series",
-        study_instance_uid=study, series_instance_uid=series, fields=[_SOP_UID])]
+      series = _uid_of(r, _SERIES_UID)
+      if series is None:
+        yield None
+        continue
+      count = ((r.get(_NUM_INSTANCES) or {}).get("Value") or [None])[0]
+      if isinstance(count, str) and count.strip().isdigit():  # IS as a string: some stores send it so
+        count = int(count)
+      if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        count = sum(1 for _ in self._search(
+            self.client.search_for_instances, "searching the instances of a series",
+            study_instance_uid=study, series_instance_uid=series, fields=[_SOP_UID]))
+      yield Series(study, series, count)
 
   # ------------------------------------------------------------ WADO-RS
 
@@ -388,7 +405,7 @@ class Store:
       requests.HTTPError: any other refusal (401, 403, ...): the run fails.
     """
     url = f"{self.config.url}/studies/{s.study}/series/{s.series}"
-    limit = self.read_policy.max_bytes * max(1, len(s.instances))
+    limit = self.read_policy.max_bytes * max(1, s.num_instances)
 
     def attempt():
       with self.session.get(url, headers={"Accept": SERIES_ACCEPT}, stream=True,
@@ -400,7 +417,7 @@ class Store:
         for chunk in r.iter_content(1 << 20):
           body += chunk
           if len(body) > limit:
-            raise MalformedBody(f"the answer is larger than {len(s.instances)} instances of --max_input_bytes")
+            raise MalformedBody(f"the answer is larger than {s.num_instances} instances of --max_input_bytes")
         return split_multipart(bytes(body), r.headers.get("Content-Type", ""))
 
     return self._call(attempt, "retrieving a series")

@@ -207,8 +207,8 @@ class _Opener:
 
 class _StoreOpener:
   """Opens a store's instances by their instance paths (`dicomweb.instance_path`), as `_Opener` opens files:
-  each series is retrieved once (one WADO-RS request) and must still hold exactly the instances its listing
-  named, or its instances are Unreadable (the series changed in the store during the run)."""
+  each series is retrieved once (one WADO-RS request) and must still hold exactly the instances the header
+  stage's retrieval held (`Series.parts`), or its instances are Unreadable (it changed in the store)."""
 
   def __init__(self, store: dicomweb.Store, salt: str, series: Mapping[str, dicomweb.Series]):
     self._store, self._salt, self._series = store, salt, series
@@ -285,8 +285,11 @@ class _ReadHeadersFn(beam.DoFn):
 
 class _ReadSeriesHeadersFn(_ReadHeadersFn):
   """A store's `dicomweb.Series` → what `_ReadHeadersFn` makes of each of its instances, retrieved in one
-  WADO-RS request; when the retrieval does not hold exactly the listed instances (the series changed
-  in the store, or the store lists what it does not serve), every instance of it is a Reject instead."""
+  WADO-RS request, and (tagged) the series with the digest of what its retrieval held; when the retrieval
+  does not hold the listed instances (the series changed in the store, or the store lists what it does not
+  serve), every part of it is a Reject instead."""
+
+  SERIES = "series"
 
   def __init__(self, store: dicomweb.Store, salt: str, max_file_bytes: int = MAX_FILE_BYTES,
                labels: LabelConfig | None = None):
@@ -295,14 +298,17 @@ class _ReadSeriesHeadersFn(_ReadHeadersFn):
 
   def process(self, s: dicomweb.Series):
     try:
-      paths = _retrieved(self._store, self._salt, s)
+      parts = _retrieved(self._store, self._salt, s)
     except _SeriesUnusable as e:
       self._count.files_read.inc(len(e.paths))
       self._count.files_rejected.inc(len(e.paths))
       for path in e.paths:
         yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, e.reason))
       return
-    for path, data in paths:
+    prefix = dicomweb.series_path(self._store.config.url, self._salt, s.study, s.series)
+    yield beam.pvalue.TaggedOutput(self.SERIES, (prefix, dataclasses.replace(
+        s, parts=dicomweb.parts_digest(p for p, _ in parts))))
+    for path, data in parts:
       yield from self._headers(data, path)
 
 
@@ -332,42 +338,41 @@ def _part_sop(data: bytes) -> str | None:
 
 
 def _retrieved(store: dicomweb.Store, salt: str, s: dicomweb.Series) -> list[tuple[str, bytes]]:
-  """A listed series, retrieved: (instance path, bytes) per part, which must be exactly the listed instances.
+  """A listed series, retrieved: (instance path, bytes) per part, which must be as many instances as the
+  listing counted, each named once by its SOP Instance UID, and, when `s.parts` is set (the shard step), the
+  very instances the header stage's retrieval held.
 
   Raises:
-    _SeriesUnusable: the listing named an invalid UID, the store does not serve the series or sent a malformed
-      answer, or the parts are not the listed instances (missing, added, repeated): nothing of it is used.
+    _SeriesUnusable: the store does not serve the series or sent a malformed answer, or the parts are not
+      the listed instances (missing, added, repeated, unnamed, or other than before): nothing of it is used.
     TransientInputError: transient errors until the deadline (the job fails).
   """
   url = store.config.url
   prefix = dicomweb.series_path(url, salt, s.study, s.series)
-  listed = sorted(dicomweb.instance_path(url, salt, s.study, s.series, sop) for sop in s.instances if sop)
-  invalid = [f"{prefix}/listing/{i}" for i, sop in enumerate(s.instances) if not sop]
-  if invalid:
-    raise _SeriesUnusable(listed + invalid, "series rejected, the store's instance search listed an instance "
-                                            "without a valid SOPInstanceUID (0008,0018)")
   try:
     parts = store.retrieve(s)
   except dicomweb.NotServed as e:
-    raise _SeriesUnusable(listed, f"series rejected, the store lists it but does not serve it ({e})") from None
+    raise _SeriesUnusable([prefix], f"series rejected, the store lists it but does not serve it ({e})") from None
   except dicomweb.MalformedBody as e:
-    raise _SeriesUnusable(listed, f"series rejected, the store's WADO-RS answer is malformed: {e}") from None
-  named, seen = [], set()
+    raise _SeriesUnusable([prefix], f"series rejected, the store's WADO-RS answer is malformed: {e}") from None
+  named, unnamed = {}, []
   for i, (media, data) in enumerate(parts):
     sop = _part_sop(data) if media == "application/dicom" else None
-    path = dicomweb.part_path(prefix, i) if sop is None else dicomweb.instance_path(url, salt, s.study, s.series, sop)
-    if path in seen:
-      path = dicomweb.part_path(prefix, i)  # a repeated instance: the set check below refuses the series
-    seen.add(path)
-    named.append((path, data))
-  if sorted(seen) != listed:
-    extra = sorted(seen - set(listed))
-    raise _SeriesUnusable(sorted(set(listed) | seen), (
-        f"series rejected, the store's retrieval of it does not hold the instances its search listed "
-        f"({len(listed)} listed, {len(parts)} parts retrieved, {len(set(listed) - seen)} listed missing, "
-        f"{len(extra)} not listed or unreadable): it changed in the store during the run, or the store is "
-        "inconsistent"))
-  return named
+    path = None if sop is None else dicomweb.instance_path(url, salt, s.study, s.series, sop)
+    if path is None or path in named:  # unreadable, or the same instance twice
+      unnamed.append((dicomweb.part_path(prefix, i), data))
+    else:
+      named[path] = data
+  paths = sorted([*named, *(p for p, _ in unnamed)])
+  if unnamed or len(parts) != s.num_instances:
+    raise _SeriesUnusable(paths or [prefix], (
+        f"series rejected, the store's retrieval of it does not hold the instances its search counted "
+        f"({s.num_instances} listed, {len(parts)} parts retrieved, {len(unnamed)} unnamed or repeated): it "
+        "changed in the store during the run, or the store is inconsistent"))
+  if s.parts and dicomweb.parts_digest(named) != s.parts:
+    raise _SeriesUnusable(paths, "series rejected, its instances in the store changed during the run (the "
+                                 "shard step's retrieval holds other instances than the header stage's)")
+  return sorted(named.items())
 
 
 class _SearchStudiesFn(beam.DoFn):
@@ -388,8 +393,8 @@ class _SearchStudiesFn(beam.DoFn):
 
 
 class _SearchSeriesFn(beam.DoFn):
-  """A study → a `dicomweb.Series` per series its series search lists, with the SOP Instance UIDs its instance
-  search lists; a result without a valid Series Instance UID → a Reject (tagged)."""
+  """A study → a `dicomweb.Series` per series its series search lists, with its instance count; a result
+  without a valid Series Instance UID → a Reject (tagged)."""
 
   def __init__(self, store: dicomweb.Store, salt: str):
     self._store, self._salt = store, salt
@@ -402,7 +407,7 @@ class _SearchSeriesFn(beam.DoFn):
             f"{study_path}/series/listing/{i}",
             "the store's series search listed a series without a valid SeriesInstanceUID (0020,000E)"))
       else:
-        yield dicomweb.Series(study, series, tuple(self._store.instances_of(study, series)))
+        yield series
 
 
 class _PlanFn(beam.DoFn):
@@ -918,10 +923,9 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
       spread = series.series | "SpreadSeries" >> beam.Reshuffle()
       headers = spread | "ReadSeriesHeaders" >> beam.ParDo(
           _ReadSeriesHeadersFn(store, config.salt, config.max_file_bytes, config.labels)).with_outputs(
-              _ReadHeadersFn.REJECTS, _ReadHeadersFn.LABELS, main="slices")
+              _ReadHeadersFn.REJECTS, _ReadHeadersFn.LABELS, _ReadSeriesHeadersFn.SERIES, main="slices")
       raw_paths = p | "NoRawPaths" >> beam.Create([])
-      side_inputs["store_series"] = beam.pvalue.AsDict(spread | "SeriesByPath" >> beam.Map(
-          lambda s, url, salt: (dicomweb.series_path(url, salt, s.study, s.series), s), config.store.url, config.salt))
+      side_inputs["store_series"] = beam.pvalue.AsDict(headers[_ReadSeriesHeadersFn.SERIES])
     planned = (
         headers.slices
         | "GroupBySeries" >> beam.GroupByKey()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -245,8 +246,8 @@ def test_503s_429s_drops_and_cut_bodies_are_retried_to_the_same_output(store, bo
   try:
     retrieval = f"=/dicom-web/studies/{study}/series/{series}"
     proxy.add_fault("/dicom-web/studies?", status=429, times=2)
-    proxy.add_fault("/series?", status=503, times=2)
-    proxy.add_fault("/instances?", mode="drop", times=2)
+    proxy.add_fault("/series?", status=503, times=1)
+    proxy.add_fault("/series?", mode="drop", times=1)
     proxy.add_fault(retrieval, status=503, times=1)
     proxy.add_fault(retrieval[1:] + "x", status=503, times=1)  # never matches: a control
     proxy.add_fault(retrieval, mode="cut", times=2)
@@ -275,10 +276,13 @@ def test_a_storm_past_the_deadline_fails_the_run_and_writes_no_manifest(store, t
 
 
 @pytest.mark.slow
-def test_a_series_the_store_lists_but_does_not_serve_is_rejected_whole(store, tmp_path):
+def test_a_series_the_store_lists_but_does_not_serve_is_rejected_whole(store, both, tmp_path):
   o, _, stored, _ = store
+  _, (sout, sm) = both
   study, series = _a_series(stored)
   n = sum(_a_series([p]) == (study, series) for p in stored)
+  prefix = dicomweb.series_path(o.dicomweb, SALT, study, series)
+  n_rejected = sum(r[0].startswith(prefix) for r in _rejects(sout, sm))
   proxy = _ExactFaults(o.url)
   try:
     proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=404)
@@ -286,34 +290,44 @@ def test_a_series_the_store_lists_but_does_not_serve_is_rejected_whole(store, tm
   finally:
     proxy.close()
   rows = [r for r in _rejects(str(tmp_path / "out"), m) if "does not serve it (HTTP 404)" in r[1]]
-  prefix = dicomweb.series_path(f"{proxy.host}/dicom-web", SALT, study, series)
-  assert len(rows) == n and all(r[0].startswith(prefix + "/instances/") for r in rows)
+  assert [r[0] for r in rows] == [dicomweb.series_path(f"{proxy.host}/dicom-web", SALT, study, series)]
+  # Its instances are neither records nor rejects of their own: the series counts as one input, rejected.
+  assert m.rejected.count == sm.rejected.count - n_rejected + 1
+  assert m.num_records == sm.num_records - (n - n_rejected > 0)
 
 
 @pytest.mark.slow
-def test_a_series_that_changes_between_listing_and_retrieval_is_never_a_shorter_volume(store, tmp_path):
+def test_a_series_that_changes_after_its_listing_is_never_a_shorter_volume(store, tmp_path):
   o, _, stored, _ = store
   by_series = {}
   for p in sorted(stored):
     by_series.setdefault(_a_series([p]), []).append(p)
   (study, series), paths = max(by_series.items(), key=lambda kv: len(kv[1]))
   s = dicomweb.Store(dicomweb.store_config(o.dicomweb, "none", "", "", 100), inputs.ReadPolicy(retry_seconds=5))
-  listed = dicomweb.Series(study, series, tuple(s.instances_of(study, series)))
-  assert len(listed.instances) == len(paths) and len(_retrieved(s, SALT, listed)) == len(paths)
-  opener = _StoreOpener(s, SALT, {dicomweb.series_path(o.dicomweb, SALT, study, series): listed})
-  o.delete_instance(stored[paths[-1]])  # gone after the listing
+  listed = next(x for x in s.series_of(study) if x.series == series)
+  assert listed.num_instances == len(paths)
+  held = _retrieved(s, SALT, listed)  # the header stage's retrieval
+  assert [p for p, _ in held] == sorted(_store_path(o.dicomweb, p) for p in paths)
+  headers_seen = dataclasses.replace(listed, parts=dicomweb.parts_digest(p for p, _ in held))
+  opener = _StoreOpener(s, SALT, {dicomweb.series_path(o.dicomweb, SALT, study, series): headers_seen})
+  extra = pydicom.dcmread(paths[0])  # an instance that was not there when the series was listed
+  extra.SOPInstanceUID = extra.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+  extra.save_as(str(tmp_path / "extra.dcm"))
   try:
-    with pytest.raises(_SeriesUnusable, match="1 listed missing") as e:
+    o.delete_instance(stored[paths[-1]])  # one gone
+    with pytest.raises(_SeriesUnusable, match=f"{len(paths)} listed, {len(paths) - 1} parts retrieved"):
       _retrieved(s, SALT, listed)
-    assert len(e.value.paths) == len(paths)
-    with pytest.raises(inputs.Unreadable, match="does not hold the instances its search listed"):
+    with pytest.raises(inputs.Unreadable, match="does not hold the instances its search counted"):
       opener(_store_path(o.dicomweb, paths[0]))
-    extra = pydicom.dcmread(paths[0])  # and one more than the listing named
-    extra.SOPInstanceUID = extra.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
-    extra.save_as(str(tmp_path / "extra.dcm"))
-    o.upload([paths[-1], str(tmp_path / "extra.dcm")])
-    with pytest.raises(_SeriesUnusable, match="0 listed missing, 1 not listed"):
+    extra_id = o.upload([str(tmp_path / "extra.dcm")])[str(tmp_path / "extra.dcm")]  # and one other in its place
+    with pytest.raises(_SeriesUnusable, match="instances in the store changed during the run") as e:
+      _retrieved(s, SALT, headers_seen)  # as many as listed, but not the ones the header stage read
+    assert len(e.value.paths) == len(paths)
+    o.upload([paths[-1]])  # one more than listed
+    with pytest.raises(_SeriesUnusable, match=f"{len(paths)} listed, {len(paths) + 1} parts retrieved"):
       _retrieved(s, SALT, listed)
+    o.delete_instance(extra_id)
+    assert [p for p, _ in _retrieved(s, SALT, headers_seen)] == [p for p, _ in held]  # as it was: usable again
   finally:
     o.upload([paths[-1]])
 
