@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
-toolkit_env "pipelines,tf,grain,xla,graph,test"
+toolkit_env "pipelines,tf,grain,xla,graph,jax,test"
 # A real DICOM store for the DICOMweb tests (tests/orthanc.py): Debian's Orthanc and its DICOMweb plugin.
 if [ ! -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so ]; then
   if [ "$(id -u)" -eq 0 ]; then
