@@ -252,16 +252,24 @@ def split_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
         raise TruncatedBody(f"the body ends after {len(parts)} parts, before its closing delimiter")
       raise MalformedBody(f"part {len(parts)}: its delimiter is not followed by a line break")
     headers_end = body.find(b"\r\n\r\n", pos)
-    end = body.find(b"\r\n" + delimiter, max(headers_end, pos))
-    if headers_end < 0 or end < 0:
+    if headers_end < 0:
       raise TruncatedBody(f"the body ends in part {len(parts)}, before its closing delimiter")
     part_header = email.message.Message()
     for line in body[pos + 2:headers_end].split(b"\r\n"):
       name, _, value = line.decode("latin-1").partition(":")
       if name.strip():
         part_header[name.strip()] = value.strip()
+    start = headers_end + 4
+    # A part's Content-Length (Orthanc and the Healthcare API send it) says where its delimiter must be:
+    # checked there, not searched for through the part's bytes.
+    length = part_header.get("content-length", "").strip()
+    end = start + int(length) if length.isdigit() else -1
+    if end < 0 or body[end:end + len(delimiter) + 2] != b"\r\n" + delimiter:
+      end = body.find(b"\r\n" + delimiter, start - 2)
+    if end < 0:
+      raise TruncatedBody(f"the body ends in part {len(parts)}, before its closing delimiter")
     media = part_header.get_content_type() if "content-type" in part_header else "application/dicom"
-    parts.append((media, body[headers_end + 4:end]))
+    parts.append((media, body[start:end]))
     pos = end + 2 + len(delimiter)
 
 
@@ -360,8 +368,8 @@ class Store:
                  f"searching {self.config.url}")
     except requests.HTTPError as e:
       status = e.response.status_code if e.response is not None else "?"
-      raise UsageError(f"--input {self.config.url}: the store answered HTTP {status} to a study search "
-                       f"({'check --dicomweb_auth and its credentials' if status in (401, 403) else 'is it a DICOMweb base URL?'})"
+      hint = "check --dicomweb_auth and its credentials" if status in (401, 403) else "is it a DICOMweb base URL?"
+      raise UsageError(f"--input {self.config.url}: the store answered HTTP {status} to a study search ({hint})"
                        ) from None
     except ValueError:  # not JSON
       raise UsageError(f"--input {self.config.url}: the answer to a study search is not QIDO-RS JSON "
@@ -413,11 +421,12 @@ class Store:
         if r.status_code in _NOT_SERVED:
           raise NotServed(f"HTTP {r.status_code}")
         r.raise_for_status()
-        body = bytearray()
-        for chunk in r.iter_content(1 << 20):
-          body += chunk
-          if len(body) > limit:
+        chunks, size = [], 0
+        for chunk in r.iter_content(4 << 20):
+          chunks.append(chunk)
+          size += len(chunk)
+          if size > limit:
             raise MalformedBody(f"the answer is larger than {s.num_instances} instances of --max_input_bytes")
-        return split_multipart(bytes(body), r.headers.get("Content-Type", ""))
+        return split_multipart(b"".join(chunks), r.headers.get("Content-Type", ""))
 
     return self._call(attempt, "retrieving a series")

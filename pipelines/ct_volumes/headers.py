@@ -305,13 +305,16 @@ def _float(ds, keyword: str, *, required: bool = False) -> float | None:
   return out
 
 
-def _floats(value, n: int, keyword: str) -> tuple[float, ...]:
+def floats_tag(value, n: int, keyword: str, invalid: Callable[..., Exception] | None = None) -> tuple[float, ...]:
+  """A multi-valued DS tag as `n` finite floats; else `invalid(keyword[, why])` (this module's
+  SliceRejected by default; labels pass their own)."""
+  invalid = invalid or _invalid
   try:
     out = tuple(float(v) for v in value)
   except (TypeError, ValueError, OverflowError):
-    raise _invalid(keyword) from None
+    raise invalid(keyword) from None
   if len(out) != n or not all(np.isfinite(out)):
-    raise _invalid(keyword, f"expected {n} finite numbers")
+    raise invalid(keyword, f"expected {n} finite numbers")
   return out
 
 
@@ -634,10 +637,10 @@ def _classic_slice(f: _FileFacts) -> SliceHeader:
   ds = f.ds
   if f.number_of_frames != 1:
     raise SliceRejected(f"multi-frame image without functional groups ({tag_name('NumberOfFrames')} > 1)")
-  orientation = _floats(_require(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
-  pixel_spacing = _floats(_require(ds, "PixelSpacing"), 2, "PixelSpacing")
+  orientation = floats_tag(_require(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
+  pixel_spacing = floats_tag(_require(ds, "PixelSpacing"), 2, "PixelSpacing")
   position = _element(ds, "ImagePositionPatient")
-  position = _floats(position, 3, "ImagePositionPatient") if position else None
+  position = floats_tag(position, 3, "ImagePositionPatient") if position else None
   slope = _float(ds, "RescaleSlope", required=True)
   intercept = _float(ds, "RescaleIntercept", required=True)
   acq = _int(ds, "AcquisitionNumber")
@@ -678,11 +681,11 @@ def _enhanced_slices(f: _FileFacts) -> list[SliceHeader]:
     measures = group(item, "PixelMeasuresSequence")
     if plane_ori is None or measures is None:
       raise SliceRejected(f"missing mandatory tag PlaneOrientationSequence/PixelMeasuresSequence (frame {i})")
-    orientation = _floats(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
-    pixel_spacing = _floats(_require(measures, "PixelSpacing"), 2, "PixelSpacing")
+    orientation = floats_tag(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
+    pixel_spacing = floats_tag(_require(measures, "PixelSpacing"), 2, "PixelSpacing")
     position = None
     if plane_pos is not None and _element(plane_pos, "ImagePositionPatient"):
-      position = _floats(plane_pos.ImagePositionPatient, 3, "ImagePositionPatient")
+      position = floats_tag(plane_pos.ImagePositionPatient, 3, "ImagePositionPatient")
     transform = group(item, "PixelValueTransformationSequence")
     source = ds if transform is None else transform
     slope = _float(source, "RescaleSlope", required=True)

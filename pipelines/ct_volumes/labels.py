@@ -114,7 +114,7 @@ from pydicom.uid import UID
 from pipelines.ct_volumes.assembly import MAX_VOLUME_VOXELS, VolumePlan
 from pipelines.ct_volumes.headers import (
     EXPLICIT_BIG_ENDIAN, MAX_FILE_BYTES, MAX_HEADER_BYTES, SUPPORTED_TRANSFER_SYNTAXES, SliceHeader, SliceRejected,
-    quiet_pydicom, read_dataset, read_file_meta, salted_hash, int_tag, named_errors, tag_name, tag_value)
+    floats_tag, int_tag, named_errors, quiet_pydicom, read_dataset, read_file_meta, salted_hash, tag_name, tag_value)
 
 LABEL_SOURCES = ("seg", "rtstruct", "nifti")
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -382,8 +382,8 @@ def sniff(data: bytes, path: str) -> str | None:
 # --------------------------------------------------------------------------- DICOM helpers
 
 
-def _invalid(keyword: str) -> LabelRejected:
-  return LabelRejected(f"invalid {tag_name(keyword)}")
+def _invalid(keyword: str, why: str = "") -> LabelRejected:
+  return LabelRejected(f"invalid {tag_name(keyword)}" + (f": {why}" if why else ""))
 
 
 def _element(ds, keyword: str):
@@ -402,16 +402,6 @@ def _int(ds, keyword: str, *, required: bool = False, low: int | None = None, hi
          default: int | None = None) -> int | None:
   value = _require(ds, keyword) if required else _element(ds, keyword)
   return int_tag(value, keyword, _invalid, default, low, high)
-
-
-def _floats(value, n: int, keyword: str) -> tuple[float, ...]:
-  try:
-    out = tuple(float(v) for v in value)
-  except (TypeError, ValueError, OverflowError):
-    raise LabelRejected(f"invalid {tag_name(keyword)}") from None
-  if len(out) != n or not all(math.isfinite(v) for v in out):
-    raise LabelRejected(f"invalid {tag_name(keyword)}: expected {n} finite numbers")
-  return out
 
 
 def _uid(ds, keyword: str) -> str:
@@ -602,7 +592,7 @@ def _seg_frame(item, shared, salt: str, segments: Mapping[int, int]) -> SegFrame
   plane_pos = _group(item, shared, "PlanePositionSequence")
   position = None
   if plane_pos is not None and _element(plane_pos, "ImagePositionPatient") is not None:
-    position = _floats(plane_pos.ImagePositionPatient, 3, "ImagePositionPatient")
+    position = floats_tag(plane_pos.ImagePositionPatient, 3, "ImagePositionPatient", _invalid)
   if not sources and position is None:
     raise LabelRejected(f"a SEG frame has neither a source image reference ({tag_name('SourceImageSequence')}) "
                         f"nor a plane position ({tag_name('PlanePositionSequence')})")
@@ -611,8 +601,8 @@ def _seg_frame(item, shared, salt: str, segments: Mapping[int, int]) -> SegFrame
   if plane_ori is None or measures is None:
     raise LabelRejected(f"missing mandatory tag {tag_name('PlaneOrientationSequence')} or "
                         f"{tag_name('PixelMeasuresSequence')} (SEG frame)")
-  orientation = _floats(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
-  spacing = _floats(_require(measures, "PixelSpacing"), 2, "PixelSpacing")
+  orientation = floats_tag(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient", _invalid)
+  spacing = floats_tag(_require(measures, "PixelSpacing"), 2, "PixelSpacing", _invalid)
   return SegFrame(segment=segment, sources=tuple(sources), position=position, orientation=orientation,
                   pixel_spacing=spacing)
 

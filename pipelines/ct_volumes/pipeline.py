@@ -38,10 +38,10 @@ import pydicom
 
 from formats import naming
 from formats.features import Features, Tensor, Text
-from formats.outputs.output import is_output, load_manifest
 from formats.storage import files
 from pipelines.core import flags, inputs
-from pipelines.core.converter import Converter, OutputPlan, Sources, UnitConverter, Units, counters
+from pipelines.core.converter import (
+    Converter, OutputPlan, Sources, UnitConverter, Units, appended_feature, counters)
 from pipelines.core.errors import UsageError
 from pipelines.core.flags import CommonConfig
 from pipelines.core.records import Event, Record, Reject
@@ -375,6 +375,13 @@ def _retrieved(store: dicomweb.Store, salt: str, s: dicomweb.Series) -> list[tup
   return sorted(named.items())
 
 
+def _listing_reject(folder: str, index: int, level: str) -> beam.pvalue.TaggedOutput:
+  """The Reject of a search result (study or series) without a valid UID, named by its place in the listing."""
+  tag = {"study": "StudyInstanceUID (0020,000D)", "series": "SeriesInstanceUID (0020,000E)"}[level]
+  return beam.pvalue.TaggedOutput("rejects", Reject(
+      f"{folder}/listing/{index}", f"the store's {level} search listed a {level} without a valid {tag}"))
+
+
 class _SearchStudiesFn(beam.DoFn):
   """The store → the Study Instance UIDs its study search lists (paged); a result without a valid one → a
   Reject (tagged)."""
@@ -384,12 +391,7 @@ class _SearchStudiesFn(beam.DoFn):
 
   def process(self, _):
     for i, study in enumerate(self._store.studies()):
-      if study is None:
-        yield beam.pvalue.TaggedOutput("rejects", Reject(
-            f"{self._store.config.url}/studies/listing/{i}",
-            "the store's study search listed a study without a valid StudyInstanceUID (0020,000D)"))
-      else:
-        yield study
+      yield _listing_reject(f"{self._store.config.url}/studies", i, "study") if study is None else study
 
 
 class _SearchSeriesFn(beam.DoFn):
@@ -402,12 +404,7 @@ class _SearchSeriesFn(beam.DoFn):
   def process(self, study: str):
     study_path = f"{self._store.config.url}/studies/{salted_hash(self._salt, 'study', study)}"
     for i, series in enumerate(self._store.series_of(study)):
-      if series is None:
-        yield beam.pvalue.TaggedOutput("rejects", Reject(
-            f"{study_path}/series/listing/{i}",
-            "the store's series search listed a series without a valid SeriesInstanceUID (0020,000E)"))
-      else:
-        yield series
+      yield _listing_reject(f"{study_path}/series", i, "series") if series is None else series
 
 
 class _PlanFn(beam.DoFn):
@@ -824,11 +821,9 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
     for split, _ in splits:
       naming.check_split_name(split)
     volume_dtype = o.volume_dtype
-    if common.mode == "append" and volume_dtype == "auto" and is_output(common.output):  # the output's dtype
-      held_features = load_manifest(common.output).features
-      if "volume" not in list(held_features) or not isinstance(held_features["volume"], Tensor):
-        raise UsageError(f"--mode=append: {common.output} holds no CT volume output (no volume feature)")
-      volume_dtype = held_features["volume"].dtype
+    held = appended_feature(common, "volume", Tensor, "CT volume output (no volume feature)")
+    if held is not None and volume_dtype == "auto":  # the output's dtype
+      volume_dtype = held.dtype
     labels, nifti_digest = label_config(o, common, o.id_salt, o.max_volume_voxels)
     store = None
     if dicomweb.is_store_url(common.input):

@@ -43,6 +43,14 @@ def test_a_multipart_body_splits_into_its_parts_bytes_exactly():
   assert [m for m, _ in dicomweb.split_multipart(_body(b"x"), CT)] == ["application/dicom"]
 
 
+@pytest.mark.parametrize("lengths", [(15, 0, 768), (3, 99, 1 << 20), ("x", "", "-1")])
+def test_a_parts_content_length_is_checked_not_trusted(lengths):
+  parts = [b"DICM\r\n--b0undar", b"", bytes(range(256)) * 3]
+  body = b"".join(b"--" + BOUNDARY.encode() + f"\r\nContent-Type: application/dicom\r\nContent-Length: {n}\r\n\r\n"
+                  .encode() + p + b"\r\n" for p, n in zip(parts, lengths)) + b"--" + BOUNDARY.encode() + b"--"
+  assert [p for _, p in dicomweb.split_multipart(body, CT)] == parts  # right (the first case) or wrong, the same
+
+
 @pytest.mark.parametrize("cut", [1, 10, 60, -3])
 def test_a_body_cut_anywhere_before_its_closing_delimiter_is_transient(cut):
   body = _body(b"a" * 20, b"b" * 20)
