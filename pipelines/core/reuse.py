@@ -99,7 +99,9 @@ def output_identity(settings: Mapping) -> str:
 
 def input_versions(paths: Iterable[str]) -> list[str]:
   """What each input is now: "size:mtime_ns:inode" locally, "size:g<generation>" on gs://, "missing"
-  (or, on gs://, "unknown:<random>" while it cannot be asked: it matches nothing).
+  (or, on gs://, "unknown:<random>" while it cannot be asked: it matches nothing); "named" for an
+  instance of a DICOM store (an http(s):// path naming it by its salted SOP Instance UID: DICOM gives
+  an instance whose content changes a new UID, so the name is its version).
 
   A changed input gives another version, so the shards it went into are converted again.
 
@@ -114,6 +116,9 @@ def input_versions(paths: Iterable[str]) -> list[str]:
   for i, p in enumerate(paths):
     if fs.is_gcs(p):
       gcs.append(i)
+      continue
+    if p.startswith(("http://", "https://")):
+      out[i] = "named"
       continue
     try:
       st = os.stat(p)

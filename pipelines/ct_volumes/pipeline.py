@@ -554,9 +554,9 @@ class _VolumeUnits(UnitConverter):
   def input_paths(self, plan: VolumePlan, dtype: str = "", raw_paths: dict[str, bytes] | None = None,
                   store_series=None):
     del dtype, store_series
-    if self._store is not None:
-      return None  # a store's instances have no versions to check: its shards are converted every time
     paths = [*plan.files, *sorted(h.path for h in plan.labels)]
+    if self._store is not None:
+      return paths  # a store's instance paths, versioned by their names (reuse.input_versions)
     return [inputs.InputFile(p, (raw_paths or {}).get(p, b"")).location for p in paths]
 
   def listed_units(self, plan: VolumePlan) -> int:

@@ -4,6 +4,7 @@ and one scheduled conversion runs end to end (twice for the same date: replaced,
 from __future__ import annotations
 
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import make_sample_images  # noqa: E402
 def test_dag_folder_loads_without_import_errors():
   bag = DagBag(dag_folder=DAG_FOLDER, include_examples=False)
   assert not bag.import_errors, bag.import_errors
-  assert {"flowers_daily", "ct_weekly"} <= set(bag.dag_ids)
+  assert {"flowers_daily", "ct_weekly", "ct_dicomweb_daily"} <= set(bag.dag_ids)
 
 
 def test_operators_carry_module_arguments_and_dataflow_options():
@@ -70,6 +71,49 @@ def test_an_appending_conversion_writes_one_fixed_output():
   config = ConversionConfig(dag_id="d", pipeline="ct_volumes", input="/pacs/export", output="/shards/ct",
                             options={"mode": "append", "id_salt": "s"})
   assert make_dag(config).get_task("convert").pipeline_options["mode"] == "append"
+
+
+def test_a_daily_dag_appends_what_a_dicom_store_gained(tmp_path):
+  """A real Orthanc holding a study of 2026-01-01 and one of 2026-01-02: the daily DAG's StudyDate window
+  converts the first on day 1, adds the second on day 2, and a rerun of day 2 adds nothing."""
+  gen = tmp_path / "gen.py"
+  gen.write_text(f"""
+import sys; sys.path.insert(0, {REPO!r})
+import glob, pydicom
+from scripts import make_sample_ct as ct
+for k, date in enumerate(("20260101", "20260102")):
+  folder = {str(tmp_path)!r} + f"/study{{k}}"
+  ct.write_series(folder, patient_id=f"SYNDAG{{k}}", seed=k, rows=16, cols=16, num_slices=4)
+  for p in glob.glob(folder + "/*"):
+    ds = pydicom.dcmread(p); ds.StudyDate = date; ds.save_as(p)
+""")
+  import subprocess
+  subprocess.run([PIPELINE_PYTHON, str(gen)], check=True, capture_output=True, timeout=300)
+  import orthanc  # scripts/orthanc.py: a real DICOM store on loopback
+  configs = tmp_path / "configs"
+  configs.mkdir()
+  out = str(tmp_path / "ct")
+  with orthanc.Orthanc(str(tmp_path / "orthanc")) as store:
+    assert len(store.upload(sorted(glob.glob(str(tmp_path / "study*" / "*"))))) == 8
+    (configs / "ct_store.json").write_text(json.dumps({
+        "pipeline": "ct_volumes", "input": store.dicomweb, "output": out,
+        "options": {"mode": "append", "id_salt": "s", "splits": "train=1.0",
+                    "dicomweb_filter": "StudyDate={{ macros.ds_format(macros.ds_add(ds, -1), '%Y-%m-%d', '%Y%m%d') }}-"
+                                       "{{ ds_nodash }}"},
+        "py_interpreter": PIPELINE_PYTHON, "retries": 0, "schedule": None}))
+    dags_folder = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
+    os.makedirs(dags_folder, exist_ok=True)
+    shutil.copy(os.path.join(DAG_FOLDER, "conversions.py"), dags_folder)
+    os.environ["TOOLKIT_DAG_CONFIGS"] = str(configs)
+    dag = DagBag(dag_folder=dags_folder, include_examples=False).get_dag("ct_store")
+    held = []
+    for day in (1, 2, 2):  # day 2 twice: a rerun
+      dr = dag.test(logical_date=datetime.datetime(2026, 1, day, tzinfo=datetime.timezone.utc))
+      assert str(dr.state) in ("success", "DagRunState.SUCCESS"), dr.state
+      m = Manifest.loads(open(os.path.join(out, "manifest.json"), "rb").read())
+      held.append((m.splits["train"].num_records, m.rejected.count))
+  assert held == [(1, 0), (2, 0), (2, 0)]
+  assert m.source["dicomweb_filter"] == {"StudyDate": "20260101-20260102"}
 
 
 def test_a_scheduled_run_converts_end_to_end_and_a_rerun_replaces_it(tmp_path):
