@@ -23,6 +23,7 @@ from scripts import make_sample_ct as ct
 from scripts import make_sample_ct_labels as ctl
 from scripts import orthanc
 from tests.gcs_faults import FaultProxy
+from tests.pipelines.test_ct_syntaxes import SYNTAXES, build_series
 
 SALT = "test-salt"
 BOUNDARY = "b0undary"
@@ -156,6 +157,8 @@ def store(tmp_path_factory):
   base = tmp_path_factory.mktemp("store")
   root = str(base / "dicom")
   truths = ct.make_mixed_tree(root, seed=3)
+  for key in SYNTAXES:  # real vendor pixels (693_UNCR, CT_small) in every transfer syntax of the matrix
+    build_series(os.path.join(root, "syntaxes", key), key)
   paths = sorted(p for p in glob.glob(f"{root}/**/*", recursive=True) if os.path.isfile(p))
   with orthanc.Orthanc(str(base / "orthanc")) as o:
     stored = o.upload(paths)
@@ -181,6 +184,8 @@ def test_the_store_gives_byte_for_byte_the_folders_output(store, both):
   o, folder, stored, _ = store
   (fout, fm), (sout, sm) = both
   assert len(stored) > 150
+  # Orthanc took the series of every transfer syntax of the matrix, supported or not (those are rejects).
+  assert {k for k in SYNTAXES if any(f"/syntaxes/{k}/" in p for p in stored)} == set(SYNTAXES)
   assert fm.num_records > 5
   assert _shards(sm) == _shards(fm)
   assert sm.rejected.count == fm.rejected.count > 0
