@@ -7,6 +7,9 @@ local paths through `os`, `gs://` through google-cloud-storage, which honours
 gs:// request is retried on transient errors by the process's retry policy
 (`formats.storage.retry.default()`, passed as `retry=`), naming the object when
 it gives up.
+
+Every path and folder a function here takes is local or gs:// unless its
+docstring says otherwise.
 """
 
 from __future__ import annotations
@@ -24,14 +27,7 @@ from formats.storage import retry
 
 
 def is_gcs(path: str) -> bool:
-  """Whether `path` is a gs:// path.
-
-  Args:
-    path: a local or gs:// path.
-
-  Returns:
-    True for gs://.
-  """
+  """Whether `path` is a gs:// path."""
   return path.startswith("gs://")
 
 
@@ -39,7 +35,7 @@ def join(base: str, *parts: str) -> str:
   """`base` joined with `parts`: by '/' for gs://, by os.path.join locally.
 
   Args:
-    base: a local or gs:// folder.
+    base: a folder.
     *parts: relative parts.
 
   Returns:
@@ -131,45 +127,21 @@ def gcs_precondition_failed() -> type[Exception]:
 
 
 def exists(path: str) -> bool:
-  """Whether a file exists, local or gs://.
-
-  Args:
-    path: a local or gs:// path.
-
-  Returns:
-    True when it exists.
-  """
+  """Whether the file `path` exists."""
   if is_gcs(path):
     return gcs_blob(path).exists(retry=retry.named(path))
   return os.path.exists(path)
 
 
 def is_dir(path: str) -> bool:
-  """A local folder, or a gs:// prefix holding at least one object.
-
-  Args:
-    path: a local or gs:// path.
-
-  Returns:
-    True for a folder (a non-empty prefix on gs://).
-  """
+  """Whether `path` is a local folder, or a gs:// prefix holding at least one object."""
   if is_gcs(path):
     return any(True for _ in _listing(path, max_results=1)[1])
   return os.path.isdir(path)
 
 
 def read_bytes(path: str) -> bytes:
-  """The whole file; FileNotFoundError when it does not exist (local or gs://).
-
-  Args:
-    path: a local or gs:// path.
-
-  Returns:
-    The content.
-
-  Raises:
-    FileNotFoundError: there is no such file.
-  """
+  """The whole file's content; FileNotFoundError when there is no such file."""
   if is_gcs(path):
     try:
       return gcs_blob(path).download_as_bytes(retry=retry.named(path))
@@ -185,7 +157,7 @@ def read_small(path: str, limit: int) -> tuple[bytes | None, float]:
   records) needs, so that no such file can make it block or read gigabytes.
 
   Args:
-    path: the file, local or gs://.
+    path: the file.
     limit: the largest content read.
 
   Returns:
@@ -221,7 +193,7 @@ def write_bytes(path: str, data: bytes) -> None:
   """Writes a whole file atomically: a reader sees the old file or the new one.
 
   Args:
-    path: a local or gs:// path (local folders are created).
+    path: the file (local folders are created).
     data: the whole content.
   """
   if is_gcs(path):  # a GCS object appears only when complete; a retry uploads the same bytes again
@@ -263,10 +235,10 @@ def _delete(path: str) -> None:
 
 
 def delete_many(paths: list[str], missing_ok: bool = True) -> None:
-  """Deletes files (local or gs://); with `missing_ok`, one already gone is fine (idempotent).
+  """Deletes files; with `missing_ok`, one already gone is fine (idempotent).
 
   Args:
-    paths: local or gs:// files.
+    paths: the files.
     missing_ok: a file already gone is not an error.
 
   Raises:
@@ -284,14 +256,7 @@ def delete_many(paths: list[str], missing_ok: bool = True) -> None:
 
 
 def walk(folder: str) -> list[str]:
-  """Every file below `folder` (recursively; symbolic links are not followed), sorted.
-
-  Args:
-    folder: a local or gs:// folder.
-
-  Returns:
-    Full paths, sorted.
-  """
+  """The full path of every file below `folder` (recursively; symbolic links are not followed), sorted."""
   if is_gcs(folder):
     bucket = split_gcs(folder)[0]
     return sorted(f"gs://{bucket}/{b.name}" for b in _listing(folder)[1])
@@ -302,11 +267,8 @@ def walk(folder: str) -> list[str]:
 
 
 def remove_empty_dirs(folder: str) -> None:
-  """Removes `folder` and the folders below it that are empty (local only; gs:// has no folders).
-
-  Args:
-    folder: a local folder (gs:// is ignored).
-  """
+  """Removes `folder` and the folders below it that are empty (local only: gs:// has no folders, so a gs://
+  `folder` is ignored)."""
   if is_gcs(folder) or not os.path.isdir(folder):
     return
   for dirpath, _, _ in sorted(os.walk(folder), key=lambda t: -t[0].count(os.sep)):
@@ -317,14 +279,7 @@ def remove_empty_dirs(folder: str) -> None:
 
 
 def list_dir(path: str) -> tuple[list[str], list[str]]:
-  """(sub-folder names, file names) directly under `path`, each sorted.
-
-  Args:
-    path: a local or gs:// folder.
-
-  Returns:
-    (folder names, file names).
-  """
+  """(sub-folder names, file names) directly under the folder `path`, each sorted."""
   if is_gcs(path):
     prefix, it = _listing(path, delimiter="/")
     files = sorted(b.name[len(prefix):] for b in it if b.name != prefix)
@@ -341,7 +296,7 @@ def download(path: str, local_path: str) -> None:
   """Copies `path` to the local file `local_path` atomically.
 
   Args:
-    path: a local or gs:// file.
+    path: the file.
     local_path: where the copy goes (its folder is created).
   """
   with replacing(local_path) as tmp:
@@ -355,7 +310,7 @@ def cache_path(path: str, sha256: str, cache_root: str) -> str:
   """Where the cached copy of `path` lives: `<cache_root>/<sha256[:16]>/<basename>`.
 
   Args:
-    path: a local or gs:// file.
+    path: the file.
     sha256: its hex SHA-256 (from the manifest).
     cache_root: the cache folder.
 
