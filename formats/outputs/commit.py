@@ -42,6 +42,10 @@ request is retried on transient errors by the process's retry policy
 (`formats.storage.retry`), and only there: the switch carries its generation
 precondition, so a retried upload whose first answer was lost meets a 412, which
 the commit resolves by reading back which generation the manifest names.
+
+Parameters shared by this module's functions: `output` is the output folder,
+local or gs://, and `generation` a generation folder name in it (`gen-...`),
+the run's own where the function acts for a run.
 """
 
 from __future__ import annotations
@@ -130,9 +134,6 @@ def _manifest_path(output: str) -> str:
 def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
   """(manifest bytes or None, its version), read as one consistent pair.
 
-  Args:
-    output: the output folder, local or gs://.
-
   Returns:
     (the bytes of manifest.json, or None when there is none; its `Version`).
   """
@@ -159,9 +160,6 @@ def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
 def read_version(output: str) -> Version:
   """The version of the output's manifest.json (`Version()` when there is none).
 
-  Args:
-    output: the output folder, local or gs://.
-
   Returns:
     The version a later `commit` compares against.
   """
@@ -170,9 +168,6 @@ def read_version(output: str) -> Version:
 
 def current_generation(output: str) -> str | None:
   """The generation folder the committed manifest names (None: no manifest, or root files).
-
-  Args:
-    output: the output folder, local or gs://.
 
   Returns:
     The generation folder name, or None.
@@ -226,7 +221,6 @@ def begin(output: str, info: Mapping | None = None) -> tuple[str, Version]:
   """Claims a fresh generation for a run; returns (generation, the manifest version to replace).
 
   Args:
-    output: the output folder, local or gs://.
     info: extra fields for the run's marker (e.g. the pipeline and its host).
 
   Returns:
@@ -242,8 +236,6 @@ def claim(output: str, generation: str, info: Mapping | None = None) -> None:
   """Records that `generation` (a fresh name) is the toolkit's, held by a live run.
 
   Args:
-    output: the output folder, local or gs://.
-    generation: the run's generation folder name (`gen-...`).
     info: extra fields for the marker.
   """
   _write_marker(output, generation, "running", info)
@@ -267,10 +259,6 @@ def finish(output: str, generation: str) -> bool:
   run reuses its shards; clean-up removes it afterwards): the output is the
   record, not the caller's belief.
 
-  Args:
-    output: the output folder, local or gs://.
-    generation: the run's generation folder name (`gen-...`).
-
   Returns:
     True when the manifest or the TFDS metadata names `generation` (it committed).
   """
@@ -288,10 +276,6 @@ def abandon(output: str, generation: str) -> bool:
   its switch and again after it (undoing a switch that raced with this call): of
   an abandon and a commit of the same generation, exactly one wins. Locally both
   also hold the lock of the output.
-
-  Args:
-    output: the output folder, local or gs://.
-    generation: the run's generation folder name (`gen-...`).
 
   Returns:
     True when the generation was marked abandoned; False when it is committed.
@@ -357,10 +341,6 @@ def generation_state(output: str, generation: str) -> str | None:
   A reader that took a lease checks it: "abandoned" means a clean-up is
   removing the generation (its lease came too late), None that it is gone.
 
-  Args:
-    output: the output folder, local or gs://.
-    generation: a generation folder name (`gen-...`).
-
   Returns:
     The state, or None when the folder has no toolkit marker.
   """
@@ -370,10 +350,6 @@ def generation_state(output: str, generation: str) -> str | None:
 
 def remove_generation(output: str, generation: str) -> None:
   """Deletes one generation folder, the marker last (a half-removed folder stays recognisable).
-
-  Args:
-    output: the output folder, local or gs://.
-    generation: the run's generation folder name (`gen-...`).
 
   Raises:
     ValueError: `generation` is not a generation folder name.
@@ -428,7 +404,6 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
   names `generation`, this run committed it before (a retried bundle).
 
   Args:
-    output: the output folder, local or gs://.
     generation: the run's generation folder, which holds every data file of `manifest`.
     manifest: the new manifest.
     expected: the version read by `begin` (None: no manifest was expected).
@@ -568,7 +543,6 @@ def sync_tfds_metadata(output: str, description: str = "") -> None:
   has not changed under it.
 
   Args:
-    output: the output folder, local or gs://.
     description: the data set description written to dataset_info.json.
   """
   for _ in range(10):
@@ -642,9 +616,6 @@ def _sync_lock(output: str) -> Iterator[None]:
 
 def tfds_metadata_lags(output: str) -> bool:
   """True when the root TFDS metadata does not point at the committed manifest's generation.
-
-  Args:
-    output: the output folder, local or gs://.
 
   Returns:
     Whether TFDS readers see an older output than the manifest describes
@@ -804,7 +775,6 @@ def list_generations(output: str, *, lease_seconds: float = LEASE_SECONDS,
       [g.name for g in commit.list_generations(out) if g.state in ("abandoned", "dead")]
 
   Args:
-    output: the output folder, local or gs://.
     lease_seconds: a running generation's marker is live this long after a heartbeat.
     keep_replaced_seconds: how long ended generations are kept.
     lease_ttl_seconds: how long a reader lease holds after its last refresh.
@@ -837,7 +807,6 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
   does not list them). `keep_replaced_seconds=0` removes ended generations at once.
 
   Args:
-    output: the output folder, local or gs://.
     replaced: the manifest this run's commit replaced, if any.
     lease_seconds: how long a running generation's marker stays valid without a heartbeat.
     log: called with one line per removed or newly marked generation.
@@ -883,7 +852,6 @@ def repair(output: str, description: str = "") -> None:
   (`DEFAULT_KEEP_REPLACED_SECONDS`) and reader leases are honoured.
 
   Args:
-    output: the output folder, local or gs://.
     description: the data set description written to dataset_info.json.
   """
   sync_tfds_metadata(output, description)
