@@ -10,7 +10,8 @@
 Every reader (`formats.outputs.inspect`, the loaders, the graph loader, the
 pipelines' checks of an existing output) goes through this module, so what
 "an output" is (manifest.json written last, data files relative to it, each
-with its size and SHA-256) is written down once. Paths are local or gs://.
+with its size and SHA-256) is written down once. Paths are local or gs://; a
+function's `path` or `output` string is the output folder.
 
 An `Output` is what its manifest said when it was read: its shard paths name
 that manifest's generation folder for as long as the object lives, whatever
@@ -53,9 +54,6 @@ DEFAULT_CACHE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "tpu_shards
 def is_output(path: str) -> bool:
   """Whether `path` holds a committed output (its manifest.json exists).
 
-  Args:
-    path: an output folder, local or gs://.
-
   Returns:
     True when `<path>/manifest.json` exists.
   """
@@ -64,9 +62,6 @@ def is_output(path: str) -> bool:
 
 def load_manifest(path: str) -> Manifest:
   """The manifest of the output at `path`.
-
-  Args:
-    path: an output folder, local or gs://.
 
   Returns:
     Its parsed `manifest.json`.
@@ -96,9 +91,6 @@ def open_output(path: str) -> Output:
   The result keeps what that manifest said for its whole life: a later commit
   to `path` changes nothing in it (`Output.identity` names what was read).
 
-  Args:
-    path: an output folder, local or gs://.
-
   Returns:
     The `Output`.
 
@@ -119,9 +111,6 @@ def generation_of(manifest: Manifest) -> str | None:
   data file. None for an output written before generations existed (data
   files at the root).
 
-  Args:
-    manifest: a manifest.
-
   Returns:
     The generation folder name, or None.
   """
@@ -138,9 +127,6 @@ def data_generations(manifest: Manifest) -> tuple[str, ...]:
   One for an output a single run wrote; more when a run's manifest lists
   files of earlier generations (an appended output). A reader must keep all
   of them.
-
-  Args:
-    manifest: a manifest.
 
   Returns:
     The folder names.
@@ -590,8 +576,9 @@ def iter_records(local_path: str, file_format: str) -> Iterator[bytes]:
 def verify_shard(output: str, shard: ShardInfo, file_format: str, features: Features) -> list[str]:
   """Problems found in one shard: presence, size, SHA-256, record count, and every record decoded.
 
+  A gs:// shard is downloaded to a temporary file.
+
   Args:
-    output: the output folder, local or gs:// (a gs:// shard is downloaded to a temporary file).
     shard: the shard's manifest entry.
     file_format: the shards' format.
     features: the schema every record must decode with.
@@ -606,7 +593,6 @@ def verify_file(output: str, info: FileInfo) -> list[str]:
   """Problems of a non-shard data file (a .graphbin): presence, size, SHA-256, section checksums.
 
   Args:
-    output: the output folder, local or gs://.
     info: the file's manifest entry.
 
   Returns:
@@ -672,7 +658,6 @@ def verify(output: str, manifest: Manifest, out: TextIO | None = None) -> int:
   "verify: <good>/<total> shards OK" (or "files OK" for a graph output).
 
   Args:
-    output: the output folder, local or gs://.
     manifest: its manifest.
     out: where the report goes (default stdout).
 
