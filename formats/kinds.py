@@ -4,7 +4,8 @@ A kind names the features every record of it must have (each with the
 feature class it must be), and the constants that are part of its on-disk
 contract. Readers choose a transform by kind, not by guessing from feature
 names; the manifest records the kind (`"kind": "volume"`) and `kind_of`
-infers it for a manifest that records none.
+infers it for a manifest that records none. A function's `kind` is a name in
+`KINDS`, its `features` the schema of the records.
 
     image     an encoded image (or uint8 [H, W, 3] pixels), its class and file name
     volume    a CT series: HU voxels [depth, rows, columns] and its geometry
@@ -99,9 +100,6 @@ _GENERIC_CLASSES = (Tensor, Text, ClassLabel)
 def get(kind: str) -> RecordKind:
   """The `RecordKind` named `kind`.
 
-  Args:
-    kind: a name in `KINDS`.
-
   Returns:
     Its `RecordKind`.
 
@@ -116,10 +114,6 @@ def get(kind: str) -> RecordKind:
 
 def check(kind: str, features: Features) -> None:
   """Checks that `features` hold what records of `kind` require.
-
-  Args:
-    kind: a name in `KINDS`.
-    features: the schema of the records.
 
   Raises:
     ValueError: `kind` is unknown, a required feature is missing or of the wrong
@@ -148,9 +142,6 @@ def check(kind: str, features: Features) -> None:
 
 def infer(features: Features) -> str:
   """The kind of records with these features, judged by their names (for a manifest that records no kind).
-
-  Args:
-    features: the schema of the records.
 
   Returns:
     "image" when there is an `image` feature, "volume" for a `volume`, "graph"
