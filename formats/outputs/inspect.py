@@ -11,7 +11,9 @@ size and record count against the manifest and decodes every record; it exits
 1 naming each bad shard. `--grid` renders sample records and their labels.
 
 This module is the command line only: opening, reading and verifying an
-output are formats.outputs.output's (`open_output`, `Output.verify`).
+output are formats.outputs.output's (`open_output`, `Output.verify`). A
+function's `output` is the output folder, local or gs://, and `manifest` its
+manifest.
 """
 
 from __future__ import annotations
@@ -36,9 +38,6 @@ _DRAWN_FEATURE = {"image": "image", "volume": "volume"}
 
 def summary(manifest: Manifest) -> str:
   """The text `python -m formats.outputs.inspect` prints for an output.
-
-  Args:
-    manifest: the output's manifest.
 
   Returns:
     Its name, features, splits, rejects, files and warnings, one per line.
@@ -89,7 +88,6 @@ def generations_report(output: str, now: float | None = None) -> str:
   `leases.LEASE_TTL_SECONDS`): what a run's clean-up, or `--repair`, would keep and remove.
 
   Args:
-    output: the output folder, local or gs://.
     now: the time ages are measured at (default: now).
 
   Returns:
@@ -140,8 +138,6 @@ def render_grid(output: str, manifest: Manifest, png_path: str, split: str | Non
   """Writes a PNG grid of the first `num` records of `split`, labelled.
 
   Args:
-    output: the output folder, local or gs://.
-    manifest: its manifest.
     png_path: the PNG to write.
     split: the split drawn (default: the first, by name, that has records).
     num: how many records at most.
