@@ -152,14 +152,10 @@ class Tensor(_Spec):
       raise ValueError(f"Tensor expects shape {self.shape}, got {arr.shape}")
 
   def encode_into(self, name: str, value) -> dict[str, bytes]:
-    """The Example features holding one value.
+    """See _Spec.encode_into: two keys for a dynamic shape.
 
     Args:
-      name: the feature's name.
       value: an array of this dtype and shape (or its raw bytes, for a known shape).
-
-    Returns:
-      Example key -> serialized Feature (two keys for a dynamic shape).
 
     Raises:
       ValueError: the dtype or shape differs.
@@ -185,15 +181,7 @@ class Tensor(_Spec):
     return {name: example_lib.bytes_feature(data)}
 
   def decode_from(self, name: str, raw) -> np.ndarray:
-    """The array from a decoded Example.
-
-    Args:
-      name: the feature's name.
-      raw: the decoded Example (`decode_example`).
-
-    Returns:
-      The array (a read-only view of the record's bytes for encoding="bytes").
-    """
+    """See _Spec.decode_from: the array (a read-only view of the record's bytes for encoding="bytes")."""
     if self.encoding == "none":
       return np.asarray(raw[name]).astype(self.dtype).reshape(self.shape)
     if self.dynamic:
@@ -203,14 +191,7 @@ class Tensor(_Spec):
     return np.frombuffer(raw[name][0], dtype=self._le_dtype).reshape(shape)
 
   def keys(self, name: str) -> tuple[str, ...]:
-    """The Example keys this feature uses.
-
-    Args:
-      name: the feature's name.
-
-    Returns:
-      (name,), or (name/shape, name/value) for a dynamic shape.
-    """
+    """See _Spec.keys: (name,), or (name/shape, name/value) for a dynamic shape."""
     return (f"{name}/shape", f"{name}/value") if self.dynamic else (name,)
 
   def to_json(self) -> dict:
