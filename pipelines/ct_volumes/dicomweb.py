@@ -63,22 +63,24 @@ SERIES_ACCEPT = 'multipart/related; type="application/dicom"; transfer-syntax=*'
 # The QIDO-RS query keys a user may not set (the listing sets them) and the series-level
 # attributes, which filter the series search of each study instead of the study search.
 _RESERVED_KEYS = frozenset({"limit", "offset", "includefield", "fuzzymatching"})
-_SERIES_KEYS = frozenset({"Modality", "SeriesInstanceUID", "SeriesNumber", "SeriesDescription", "BodyPartExamined",
-                          "PerformedProcedureStepStartDate", "PerformedProcedureStepStartTime",
-                          "0020000E", "00080060", "00200011", "0008103E", "00180015"})
+_SERIES_KEYWORDS = ("Modality", "SeriesInstanceUID", "SeriesNumber", "SeriesDescription", "SeriesDate", "SeriesTime",
+                    "BodyPartExamined", "ProtocolName", "Laterality", "PerformedProcedureStepStartDate",
+                    "PerformedProcedureStepStartTime")
+_SERIES_KEYS = frozenset(_SERIES_KEYWORDS) | {f"{tag_for_keyword(k):08X}" for k in _SERIES_KEYWORDS}
 _UID = re.compile(r"[0-9]+(\.[0-9]+)*")  # PS3.5 9.1: digits and dots, at most 64 characters
 _STUDY_UID, _SERIES_UID, _SOP_UID, _NUM_INSTANCES = "0020000D", "0020000E", "00080018", "00201209"
 _NOT_SERVED = (404, 410)  # the store's answer about a series it listed: a reject
 
 
-# A store's URLs hold UIDs (/studies/{uid}/series/{uid}, ...UID=... in a query): they are redacted from
-# the errors this module raises and from the log records of the HTTP libraries (urllib3 logs each URL).
-_URL_UIDS = re.compile(r"(/(?:studies|series|instances|frames)/)[^/?#\s'\"]+|(UID=)[^&#\s'\"]+")
+# A store's URLs hold UIDs (/studies/{uid}/series/{uid}) and, in their queries, the filters' values
+# (a PatientID, a date): they are redacted from the errors this module raises and from the log records
+# of the HTTP libraries (urllib3 logs each URL).
+_URL_UIDS = re.compile(r"(/(?:studies|series|instances|frames)/)[^/?#\s'\"]+|([?&][^=&#\s'\"]+=)[^&#\s'\"]*")
 _HTTP_LOGGERS = ("urllib3.connectionpool", "dicomweb_client", "dicomweb_client.web", "requests")
 
 
 def redact(text: str) -> str:
-  """`text` with the UIDs of store URLs replaced by {uid}."""
+  """`text` with the UIDs of store URLs' paths and the values of their queries replaced by {uid}."""
   return _URL_UIDS.sub(lambda m: f"{m[1] or m[2]}{{uid}}", text)
 
 
@@ -170,13 +172,18 @@ def parse_filter(text: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[st
   except ValueError:
     raise UsageError(f"--dicomweb_filter must be QIDO-RS query parameters joined by &, e.g. "
                      f"'ModalitiesInStudy=CT&StudyDate=20260101-20260131', got {text!r}") from None
-  study, series = [], []
+  study, series, seen = [], [], set()
   for key, value in pairs:
     if key.lower() in _RESERVED_KEYS:
       raise UsageError(f"--dicomweb_filter: {key} is set by the listing itself")
-    if tag_for_keyword(key) is None and not re.fullmatch(r"[0-9A-Fa-f]{8}", key):
+    tag = tag_for_keyword(key)
+    if tag is None and not re.fullmatch(r"[0-9A-Fa-f]{8}", key):
       raise UsageError(f"--dicomweb_filter: {key!r} is neither a DICOM keyword nor an 8-digit tag")
-    (series if key in _SERIES_KEYS else study).append((key, value))
+    tag = f"{tag:08X}" if tag is not None else key.upper()
+    if tag in seen:  # QIDO-RS takes one value per attribute (a list is one value: CT\\MR)
+      raise UsageError(f"--dicomweb_filter: {key} is given twice")
+    seen.add(tag)
+    (series if tag in _SERIES_KEYS else study).append((key, value))
   return tuple(study), tuple(series)
 
 
@@ -225,8 +232,8 @@ def parts_digest(paths) -> str:
   return hashlib.blake2b("\n".join(sorted(paths)).encode(), digest_size=16).hexdigest()
 
 
-def split_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
-  """A multipart/related body → (the part's media type, its bytes) per part, in order.
+def split_multipart(body: bytes | bytearray, content_type: str) -> list[tuple[str, memoryview]]:
+  """A multipart/related body → (the part's media type, a view of its bytes) per part, in order.
 
   Raises:
     MalformedBody: not multipart/related, no boundary, or parts that do not follow the delimiters.
@@ -239,6 +246,7 @@ def split_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
     raise MalformedBody(f"the answer is {header.get_content_type()}"
                         f"{'' if boundary else ' without a boundary'}, not multipart/related")
   delimiter = b"--" + boundary.encode("latin-1")
+  view = memoryview(body)
   pos = body.find(delimiter)
   if pos < 0:
     raise (TruncatedBody if delimiter.startswith(body) else MalformedBody)("the body holds no part delimiter")
@@ -269,7 +277,7 @@ def split_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
     if end < 0:
       raise TruncatedBody(f"the body ends in part {len(parts)}, before its closing delimiter")
     media = part_header.get_content_type() if "content-type" in part_header else "application/dicom"
-    parts.append((media, body[start:end]))
+    parts.append((media, view[start:end]))
     pos = end + 2 + len(delimiter)
 
 
@@ -338,6 +346,8 @@ class Store:
     def attempt(_):
       try:
         return fn()
+      except requests.JSONDecodeError:  # a search answered with something else than JSON
+        raise ValueError("the answer is not JSON") from None
       except requests.RequestException as e:
         raise type(e)(redact(str(e)), response=e.response) from None
 
@@ -345,14 +355,25 @@ class Store:
 
   # ------------------------------------------------------------ QIDO-RS
 
-  def _search(self, search, what: str, **ids) -> Iterator[Mapping]:
-    """Every result of a search, page by page until an empty page."""
-    offset = 0
+  def _search(self, search, what: str, tag: str, **ids) -> Iterator[Mapping]:
+    """Every result of a search, page by page until an empty page, each UID (`tag`) once: offset paging
+    on a store that changes may repeat a result. A page that adds nothing new ends the search with an
+    error: a store that ignores `offset` would otherwise be listed forever."""
+    offset, seen = 0, set()
     while True:
       page = self._call(lambda: search(**ids, limit=self.config.page_size, offset=offset), f"{what} (offset {offset})")
       if not page:
         return
-      yield from page
+      new = 0
+      for r in page:
+        uid = _uid_of(r, tag)
+        if uid is None or uid not in seen:
+          seen.add(uid)
+          new += uid is not None
+          yield r
+      if not new and any(_uid_of(r, tag) for r in page):
+        raise RuntimeError(f"{what}: the store answered a page of results it had already sent (offset {offset}): "
+                           "it does not page with offset; try a larger --dicomweb_page_size")
       offset += len(page)
 
   def probe(self) -> None:
@@ -377,7 +398,7 @@ class Store:
 
   def studies(self) -> Iterator[str | None]:
     """The Study Instance UIDs the study search lists (None for a result without a valid one)."""
-    for r in self._search(self.client.search_for_studies, f"searching the studies of {self.config.url}",
+    for r in self._search(self.client.search_for_studies, f"searching the studies of {self.config.url}", _STUDY_UID,
                           fields=[_STUDY_UID], search_filters=dict(self.config.study_filter)):
       yield _uid_of(r, _STUDY_UID)
 
@@ -385,7 +406,7 @@ class Store:
     """The series of a study, each with its instance count (None for a result without a valid UID). The
     count is the search's NumberOfSeriesRelatedInstances (0020,1209), which a store answers from its index;
     for a store that leaves it out, the instance search's count (paged: slower, one result per instance)."""
-    for r in self._search(self.client.search_for_series, "searching the series of a study",
+    for r in self._search(self.client.search_for_series, "searching the series of a study", _SERIES_UID,
                           study_instance_uid=study, fields=[_SERIES_UID, _NUM_INSTANCES],
                           search_filters=dict(self.config.series_filter)):
       series = _uid_of(r, _SERIES_UID)
@@ -397,14 +418,14 @@ class Store:
         count = int(count)
       if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         count = sum(1 for _ in self._search(
-            self.client.search_for_instances, "searching the instances of a series",
+            self.client.search_for_instances, "searching the instances of a series", _SOP_UID,
             study_instance_uid=study, series_instance_uid=series, fields=[_SOP_UID]))
       yield Series(study, series, count)
 
   # ------------------------------------------------------------ WADO-RS
 
-  def retrieve(self, s: Series) -> list[tuple[str, bytes]]:
-    """The series' instances as stored: (media type, bytes) per part of the WADO-RS answer.
+  def retrieve(self, s: Series) -> list[tuple[str, memoryview]]:
+    """The series' instances as stored: (media type, a view of its bytes) per part of the WADO-RS answer.
 
     Raises:
       NotServed: HTTP 404 or 410 (the store lists the series but does not serve it).
@@ -421,12 +442,18 @@ class Store:
         if r.status_code in _NOT_SERVED:
           raise NotServed(f"HTTP {r.status_code}")
         r.raise_for_status()
-        chunks, size = [], 0
+        length = r.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > limit:
+          raise MalformedBody(f"the answer is larger than {s.num_instances} instances of --max_input_bytes")
+        # Into one buffer of the announced size (a series is held once, its parts are views of it).
+        body, size = bytearray(int(length) if length.isdigit() else 0), 0
         for chunk in r.iter_content(4 << 20):
-          chunks.append(chunk)
-          size += len(chunk)
-          if size > limit:
+          if size + len(chunk) > limit:
             raise MalformedBody(f"the answer is larger than {s.num_instances} instances of --max_input_bytes")
-        return split_multipart(b"".join(chunks), r.headers.get("Content-Type", ""))
+          body[size:size + len(chunk)] = chunk
+          size += len(chunk)
+        if size < len(body):  # shorter than announced (urllib3 raises first; kept as a guard)
+          raise TruncatedBody(f"the body ended after {size} of {len(body)} bytes")
+        return split_multipart(body, r.headers.get("Content-Type", ""))
 
     return self._call(attempt, "retrieving a series")

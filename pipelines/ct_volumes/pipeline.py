@@ -32,14 +32,14 @@ import posixpath
 import re
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions
 import numpy as np
 import pydicom
 
 from formats import naming
 from formats.features import Features, Tensor, Text
 from formats.storage import files
-from pipelines.core import flags, inputs
+from pipelines.core import dataflow, flags, inputs
 from pipelines.core.converter import (
     Converter, OutputPlan, Sources, UnitConverter, Units, appended_feature, counters)
 from pipelines.core.errors import UsageError
@@ -227,7 +227,7 @@ class _StoreOpener:
       if isinstance(got, inputs.Unreadable):
         raise got
       return io.BytesIO(got[path])
-    except (inputs.Unreadable, inputs.TransientInputError) as e:
+    except Exception as e:  # kept: all but Unreadable fail the unit (a 401 is not bad pixel data)
       self.errors[path] = e
       raise
 
@@ -305,11 +305,15 @@ class _ReadSeriesHeadersFn(_ReadHeadersFn):
       for path in e.paths:
         yield beam.pvalue.TaggedOutput(self.REJECTS, Reject(path, e.reason))
       return
-    prefix = dicomweb.series_path(self._store.config.url, self._salt, s.study, s.series)
-    yield beam.pvalue.TaggedOutput(self.SERIES, (prefix, dataclasses.replace(
-        s, parts=dicomweb.parts_digest(p for p, _ in parts))))
+    used = False
     for path, data in parts:
-      yield from self._headers(data, path)
+      for out in self._headers(bytes(data), path):  # one instance's copy at a time
+        used = used or not (isinstance(out, beam.pvalue.TaggedOutput) and out.tag == self.REJECTS)
+        yield out
+    if used:  # a series the shard step may read again (CT, or a label): its digest travels there
+      prefix = dicomweb.series_path(self._store.config.url, self._salt, s.study, s.series)
+      yield beam.pvalue.TaggedOutput(self.SERIES, (prefix, dataclasses.replace(
+          s, parts=dicomweb.parts_digest(p for p, _ in parts))))
 
 
 class _SeriesUnusable(Exception):
@@ -337,8 +341,8 @@ def _part_sop(data: bytes) -> str | None:
   return str(uid) if uid else None
 
 
-def _retrieved(store: dicomweb.Store, salt: str, s: dicomweb.Series) -> list[tuple[str, bytes]]:
-  """A listed series, retrieved: (instance path, bytes) per part, which must be as many instances as the
+def _retrieved(store: dicomweb.Store, salt: str, s: dicomweb.Series) -> list[tuple[str, memoryview]]:
+  """A listed series, retrieved: (instance path, a view of its bytes) per part, which must be as many instances as the
   listing counted, each named once by its SOP Instance UID, and, when `s.parts` is set (the shard step), the
   very instances the header stage's retrieval held.
 
@@ -583,9 +587,9 @@ class _VolumeUnits(UnitConverter):
     try:
       volume, dropped = read_volume(plan, opener, dtype, self._max_volume_voxels)
     except SeriesRejected as e:
-      transient = [x for x in opener.errors.values() if isinstance(x, inputs.TransientInputError)]
-      if transient:
-        raise transient[0]
+      failed = [x for x in opener.errors.values() if not isinstance(x, inputs.Unreadable)]
+      if failed:  # a transient error, or the store refusing the run (401, 403, ...): the job's, not the data's
+        raise failed[0]
       own = {path: str(err) for path, err in opener.errors.items()}  # listed and read once, then gone or forbidden
       if e.culprit is not None and e.culprit not in own:
         own[e.culprit] = e.culprit_reason
@@ -793,9 +797,18 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
   def common_config(self, options: PipelineOptions) -> CommonConfig:
     """See Converter.common_config: a DICOMweb URL is taken as given (`configure` checks it), and names the
     data set by its store."""
+    if dataflow.is_dataflow(options):  # Dataflow samples failing elements, which hold paths and UIDs here
+      options.view_as(DebugOptions).add_experiment("disable_always_on_exception_sampling")
     url = options.view_as(flags.ConverterOptions).input or ""
     if not dicomweb.is_store_url(url):
       return super().common_config(options)
+    credentials = options.view_as(CtVolumesOptions).dicomweb_credentials
+    if dataflow.is_dataflow(options) and credentials:
+      if not files.is_gcs(credentials):
+        raise UsageError("--dicomweb_credentials must be on gs:// on Dataflow (each worker reads it)")
+      if url.startswith("http://"):
+        _log.warning("--dicomweb_credentials over plain http:// on Dataflow: the credentials cross the network "
+                     "in clear; use the store's https:// URL")
     return flags.common_config(options, self.input_kind, service_input=True,
                                name_rule=lambda name, root: flags.dataset_name(name, dicomweb.store_name(root)))
 
@@ -855,8 +868,10 @@ class CtVolumes(Converter, name=NAME, kind="volume", options=CtVolumesOptions,
               "num_shards": common.num_shards, "max_file_bytes": config.max_file_bytes,
               "max_volume_voxels": config.max_volume_voxels}
     labels = config.labels
-    if config.store is not None and (config.store.study_filter or config.store.series_filter):  # what was listed
-      source.update(dicomweb_filter=dict(config.store.study_filter + config.store.series_filter))
+    if config.store is not None and (config.store.study_filter or config.store.series_filter):
+      # What was listed: the attributes, and salted hashes of their values (a PatientID, a date: PHI).
+      source.update(dicomweb_filter={k: salted_hash(config.salt, "dicomweb filter", v)
+                                     for k, v in config.store.study_filter + config.store.series_filter})
     if labels is not None:  # the class ids are the user's own vocabulary, kept so a reader can name them
       source.update(label_sources=list(labels.sources), label_layout=labels.layout,
                     label_map=dict(sorted((labels.label_map or {}).items())), label_resample=labels.resample,

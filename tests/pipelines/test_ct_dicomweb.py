@@ -18,6 +18,7 @@ from formats.storage import files
 from pipelines import ct_volumes
 from pipelines.core import UsageError, inputs
 from pipelines.ct_volumes import dicomweb
+from pipelines.ct_volumes.headers import salted_hash
 from pipelines.ct_volumes.pipeline import _retrieved, _SeriesUnusable, _StoreOpener
 from scripts import make_sample_ct as ct
 from scripts import make_sample_ct_labels as ctl
@@ -102,9 +103,9 @@ def test_store_flags_are_checked():
 
 
 def test_store_urls_lose_their_uids_in_errors():
-  text = "503 for url: http://h/dicom-web/studies/1.2.3/series/4.5.6?StudyInstanceUID=7.8&limit=2 (x)"
+  text = "503 for url: http://h/dicom-web/studies/1.2.3/series/4.5.6?StudyInstanceUID=7.8&PatientID=MRN42 (x)"
   assert dicomweb.redact(text) == ("503 for url: http://h/dicom-web/studies/{uid}/series/{uid}?StudyInstanceUID={uid}"
-                                   "&limit=2 (x)")
+                                   "&PatientID={uid} (x)")
 
 
 def test_a_requests_http_error_is_classified_by_its_status():
@@ -220,21 +221,32 @@ def test_small_pages_list_the_same_store(store, both, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_filter_lists_only_its_studies(store, both, tmp_path):
+def test_a_filter_lists_only_its_patient_and_writes_or_logs_no_value_of_it(store, tmp_path, caplog):
   o, _, stored, _ = store
-  study = pydicom.dcmread(next(iter(stored)), stop_before_pixels=True).StudyInstanceUID
-  n = sum(pydicom.dcmread(p, stop_before_pixels=True).StudyInstanceUID == study for p in stored)
-  m = _convert(o.dicomweb, str(tmp_path / "out"), f"--dicomweb_filter=StudyInstanceUID={study}")
-  assert m.source["dicomweb_filter"] == {"StudyInstanceUID": study}
+  patient = "SYN0001"
+  n = sum(pydicom.dcmread(p, stop_before_pixels=True).PatientID == patient for p in stored)
+  with caplog.at_level(logging.DEBUG):
+    m = _convert(o.dicomweb, str(tmp_path / "out"), f"--dicomweb_filter=PatientID={patient}&ModalitiesInStudy=CT")
+  assert m.source["dicomweb_filter"] == {"PatientID": salted_hash(SALT, "dicomweb filter", patient),
+                                         "ModalitiesInStudy": salted_hash(SALT, "dicomweb filter", "CT")}
   assert 0 < m.rejected.count + m.num_records <= n < len(stored)
+  blob = b"".join(open(p, "rb").read() for p in glob.glob(str(tmp_path / "out" / "**" / "*"), recursive=True)
+                  if os.path.isfile(p))
+  assert patient.encode() not in blob
+  assert patient not in "\n".join(r.getMessage() for r in caplog.records)
 
 
 class _ExactFaults(FaultProxy):
   """The fault proxy, where a fault whose path starts with "=" matches only that exact path (a series'
-  retrieval, not its instance search, which shares its prefix)."""
+  retrieval, not its instance search, which shares its prefix); `pass_first` requests of that path pass."""
+
+  pass_first = 0
 
   def _take_fault(self, method, path):
     with self._lock:
+      if any(f.path_contains == "=" + path for f in self._faults) and self.pass_first > 0:
+        self.pass_first -= 1
+        return None
       for f in self._faults:
         if f.path_contains.startswith("=") and path == f.path_contains[1:]:
           if f.times is not None:
@@ -262,7 +274,6 @@ def test_503s_429s_drops_and_cut_bodies_are_retried_to_the_same_output(store, bo
     proxy.add_fault("/series?", status=503, times=1)
     proxy.add_fault("/series?", mode="drop", times=1)
     proxy.add_fault(retrieval, status=503, times=1)
-    proxy.add_fault(retrieval[1:] + "x", status=503, times=1)  # never matches: a control
     proxy.add_fault(retrieval, mode="cut", times=2)
     m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
     assert proxy.requests_seen(f"/dicom-web/studies/{study}/series/{series}", "GET") >= 3
@@ -286,6 +297,46 @@ def test_a_storm_past_the_deadline_fails_the_run_and_writes_no_manifest(store, t
   shown = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
   assert study not in shown and series not in shown
   assert not glob.glob(str(tmp_path / "out" / "**" / "manifest.json"), recursive=True)
+
+
+@pytest.mark.slow
+def test_credentials_refused_in_the_shard_step_fail_the_run_not_the_series(store, tmp_path):
+  o, _, stored, _ = store
+  study, series = _a_series(stored)
+  proxy = _ExactFaults(o.url)
+  try:
+    proxy.pass_first = 1  # the header stage's retrieval passes; the shard step's is refused
+    proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=401)
+    with pytest.raises(Exception, match="401"):
+      _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
+  finally:
+    proxy.close()
+  assert not glob.glob(str(tmp_path / "out" / "**" / "manifest.json"), recursive=True)
+
+
+def test_a_listing_that_repeats_results_lists_each_once_and_one_that_ignores_offset_fails():
+  s = dicomweb.Store(dicomweb.StoreConfig(url="http://store/dicom-web", page_size=2), inputs.ReadPolicy())
+  results = [{"0020000D": {"Value": [f"1.2.{i}"]}} for i in range(5)]
+  shifted = lambda limit, offset: (results[:1] + results)[offset:offset + limit]  # a study inserted at the front
+  assert [r["0020000D"]["Value"][0] for r in s._search(shifted, "studies", "0020000D")] == [
+      f"1.2.{i}" for i in range(5)]
+  stuck = lambda limit, offset: results[:limit]  # offset ignored
+  with pytest.raises(RuntimeError, match="does not page with offset"):
+    list(s._search(stuck, "studies", "0020000D"))
+
+
+@pytest.mark.slow
+def test_an_append_from_the_store_adds_only_new_series(store, both, tmp_path):
+  o, _, stored, _ = store
+  _, (sout, sm) = both
+  patients = sorted({pydicom.dcmread(p, stop_before_pixels=True).PatientID for p in stored})
+  out = str(tmp_path / "out")
+  first = _convert(o.dicomweb, out, f"--dicomweb_filter=PatientID={patients[0]}")
+  for p in patients[1:]:
+    _convert(o.dicomweb, out, "--mode=append", f"--dicomweb_filter=PatientID={p}")
+  again = _convert(o.dicomweb, out, "--mode=append")  # the whole store: every series is held already
+  assert 0 < first.num_records < again.num_records == sm.num_records
+  assert again.rejected.count == sm.rejected.count
 
 
 @pytest.mark.slow
@@ -421,19 +472,24 @@ def test_the_dataflow_job_of_a_store_input_stages_the_client_and_keeps_credentia
 
   folder = str(tmp_path / "series")
   ct.write_series(folder, patient_id="SYNDF001", seed=9, rows=16, cols=16, num_slices=4)
-  creds = tmp_path / "creds.json"
-  creds.write_text(json.dumps({"username": "reader", "password": "df-s3cret"}))
+  local_creds = tmp_path / "creds.json"
+  local_creds.write_text(json.dumps({"username": "reader", "password": "df-s3cret"}))
+  creds = f"gs://{gcs_emulator}/secrets/pacs.json"
+  files.write_bytes(creds, local_creds.read_bytes())
   with orthanc.Orthanc(str(tmp_path / "orthanc"), users={"reader": "df-s3cret"}) as o:
     o.upload(sorted(glob.glob(f"{folder}/*")))
-    result = launch.run(registry.converter("ct_volumes"), [
-        f"--input={o.dicomweb}", f"--output=gs://{gcs_emulator}/df/out_dicomweb", f"--id_salt={SALT}",
-        "--dicomweb_auth=basic", f"--dicomweb_credentials={creds}", "--dicomweb_filter=ModalitiesInStudy=CT",
-        *dataflow_flags(gcs_emulator)])
+    flags = [f"--input={o.dicomweb}", f"--output=gs://{gcs_emulator}/df/out_dicomweb", f"--id_salt={SALT}",
+             "--dicomweb_auth=basic", "--dicomweb_filter=ModalitiesInStudy=CT", *dataflow_flags(gcs_emulator)]
+    with pytest.raises(UsageError, match="must be on gs:// on Dataflow"):
+      launch.run(registry.converter("ct_volumes"), [*flags, f"--dicomweb_credentials={local_creds}"])
+    result = launch.run(registry.converter("ct_volumes"), [*flags, f"--dicomweb_credentials={creds}"])
   job = result.job
   requirements = open(job.options.view_as(SetupOptions).requirements_file).read().split()
   assert {"dicomweb-client", "pydicom"} <= {r.split("==")[0] for r in requirements}
   assert any(n.startswith("tpu_shards-") and n.endswith(".whl") for n in _staged(job))
   steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
   assert {"SearchStudies", "SearchSeries", "ReadSeriesHeaders", "PlanVolumes", "Convert", "Finalize"} <= steps
+  from apache_beam.options.pipeline_options import DebugOptions
+  assert "disable_always_on_exception_sampling" in job.options.view_as(DebugOptions).experiments
   graph = job.proto_pipeline.SerializeToString()
   assert b"df-s3cret" not in graph  # the credentials file is read by each worker: its content is not in the job
