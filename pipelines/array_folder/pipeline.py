@@ -114,14 +114,8 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
   """Folders of `.npy` arrays → shards of (array, file_name) records of one static shape and dtype."""
 
   def configure(self, o: ArrayFolderOptions, common: CommonConfig) -> ArrayFolderConfig:
-    """See Converter.configure.
-
-    Args:
-      o: --shape and --dtype.
-
-    Raises:
-      UsageError: --shape is missing (its form and --dtype's choices are checked by their declarations).
-    """
+    """See Converter.configure: --shape is required (its form and --dtype's choices are checked by their
+    declarations)."""
     if o.shape is None:
       raise UsageError("--shape is required: D0,D1,... with positive integers")
     with usage_errors():

@@ -151,15 +151,8 @@ class AudioFolder(Converter, name=NAME, kind="tensors", options=AudioFolderOptio
   """Folders of WAV clips → shards of (audio, num_samples, label, file_name) records of one static shape."""
 
   def configure(self, o: AudioFolderOptions, common: CommonConfig) -> AudioFolderConfig:
-    """See Converter.configure.
-
-    Args:
-      o: --sample_rate, --clip_seconds, --channels, --audio_dtype, --fit.
-      common: not read.
-
-    Raises:
-      UsageError: --sample_rate or --clip_seconds is missing, or the clip would hold no sample.
-    """
+    """See Converter.configure: --sample_rate and --clip_seconds are required, and the clip they make must
+    hold a sample."""
     del common
     if o.sample_rate is None or o.clip_seconds is None:
       raise UsageError("--sample_rate and --clip_seconds are required (for example --sample_rate=16000 "

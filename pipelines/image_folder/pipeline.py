@@ -149,15 +149,8 @@ class ImageFolder(Converter, name=NAME, kind="image", options=ImageFolderOptions
   """Image folders (ImageNet style) → shards of (image, label, file_name) records."""
 
   def configure(self, o: ImageFolderOptions, common: CommonConfig) -> ImageFolderConfig:
-    """See Converter.configure.
-
-    Args:
-      o: --image_size, --encoding, --jpeg_quality, --max_image_pixels, --layout (parsed and typed).
-
-    Raises:
-      UsageError: the flags do not go together (raw encoding without a size), or a side of
-        --image_size is larger than `imaging.MAX_IMAGE_SIDE`.
-    """
+    """See Converter.configure: the flags must go together (no raw encoding without a size), and no side of
+    --image_size may be larger than `imaging.MAX_IMAGE_SIDE`."""
     with usage_errors():
       return ImageFolderConfig(
           image=imaging.ImageOptions(size=o.image_size.values if o.image_size else None, encoding=o.encoding,
