@@ -1,13 +1,20 @@
-"""Shared fixtures (generated image folders, a GCS emulator on loopback) and the markers a test's fixtures imply."""
+"""Shared fixtures (generated image folders, a GCS emulator on loopback), the markers a test's fixtures imply,
+and `run_module`, the tests' `python -m <pipeline>` in a process of its own."""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import multiprocessing
 import os
+import runpy
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 import urllib.request
 
 import pytest
@@ -63,31 +70,39 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _start_emulator(bucket: str) -> tuple[subprocess.Popen, str]:
+  """gcp-storage-emulator on a free loopback port, serving `bucket`: (its process, its address). A server that
+  finds its port taken (by another test process since `_free_port` looked) exits, and another port is tried."""
+  exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+  for _ in range(5):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "start", "--host=127.0.0.1", f"--port={port}", f"--default-bucket={bucket}", "--in-memory"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    host = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+      try:
+        urllib.request.urlopen(f"{host}/storage/v1/b/{bucket}", timeout=1).read()
+        return proc, host
+      except Exception:
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+  raise RuntimeError("gcp-storage-emulator did not start")
+
+
 @pytest.fixture(scope="session")
 def _gcs_server():
-  """A real GCS JSON API server (gcp-storage-emulator) on loopback, for the whole session,
-  behind the fault proxy (tests/gcs_faults.py), which also enforces generation
+  """A real GCS JSON API server (gcp-storage-emulator) on loopback, for the whole session (each pytest-xdist
+  worker's own), behind the fault proxy (tests/gcs_faults.py), which also enforces generation
   preconditions the emulator ignores. Yields (bucket, proxy); STORAGE_EMULATOR_HOST
-  names the proxy while it runs.
+  names the proxy while it runs. The bucket is named after this process: a server on the port that answers
+  for it is this session's, never another's that took the port first.
   """
-  exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-  port = _free_port()
-  bucket = "toolkit-test"
-  proc = subprocess.Popen(
-      [exe, "start", "--host=127.0.0.1", f"--port={port}", f"--default-bucket={bucket}", "--in-memory"],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-  )
-  host = f"http://127.0.0.1:{port}"
-  deadline = time.monotonic() + 30
-  while True:
-    try:
-      urllib.request.urlopen(f"{host}/storage/v1/b/{bucket}", timeout=1).read()
-      break
-    except Exception:
-      if proc.poll() is not None or time.monotonic() > deadline:
-        proc.kill()
-        raise RuntimeError("gcp-storage-emulator did not start")
-      time.sleep(0.2)
+  bucket = f"toolkit-test-{os.getpid()}"
+  proc, host = _start_emulator(bucket)
   proxy = FaultProxy(host)
   old = os.environ.get("STORAGE_EMULATOR_HOST")
   os.environ["STORAGE_EMULATOR_HOST"] = proxy.host
@@ -126,6 +141,107 @@ def gcs_faults(_gcs_server) -> FaultProxy:
     yield proxy
   finally:
     proxy.clear_faults()
+
+
+# The libraries a pipeline run imports before it starts (Beam above all: 2-3 s of every `python -m` run),
+# imported once per test process by a fork server (multiprocessing's "forkserver": a fresh interpreter, not a
+# fork of pytest) whose forks each run one command. The toolkit's own modules are imported by each run, with
+# its environment, as `python -m` does (pipelines.core reads STORAGE_EMULATOR_HOST when it is imported).
+_WARM_MODULES = ["tests.conftest", "apache_beam", "google.cloud.storage", "PIL.Image", "pydicom", "nibabel",
+                 "highdicom", "scipy.sparse"]
+
+
+@functools.cache
+def _fork_server() -> multiprocessing.context.BaseContext:
+  ctx = multiprocessing.get_context("forkserver")
+  ctx.set_forkserver_preload(_WARM_MODULES)
+  return ctx
+
+
+def _main(module: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+  """In the fork: what `python -m module *args` does in `cwd` with the environment `env`, its standard output
+  and error in the files `out` and `err`. Exits as the interpreter would: SystemExit's code, 1 for an
+  uncaught exception (its traceback on stderr), the signal for a process killed by one."""
+  os.chdir(cwd)
+  os.environ.clear()
+  os.environ.update(env)
+  for fd, path in ((1, out), (2, err)):
+    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(f, fd)
+    os.close(f)
+  sys.argv = [module, *args]  # run_module puts the module's path first, as `-m` does
+  code = 0
+  try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+  except SystemExit as e:
+    code = e.code
+  except BaseException:
+    traceback.print_exc()
+    code = 1
+  atexit._run_exitfuncs()
+  sys.exit(code)
+
+
+class Run:
+  """A `run_module` started with wait=False: the part of subprocess.Popen the tests use."""
+
+  def __init__(self, module: str, args: tuple[str, ...], env: dict[str, str], cwd: str):
+    self.args = [sys.executable, "-m", module, *args]
+    self._dir = tempfile.mkdtemp(prefix="run-module-")
+    self._out, self._err = os.path.join(self._dir, "out"), os.path.join(self._dir, "err")
+    self._proc = _fork_server().Process(target=_main, args=(module, list(args), env, cwd, self._out, self._err))
+    self._proc.start()
+    self.returncode: int | None = None
+    self._output: tuple[str, str] | None = None
+
+  def poll(self) -> int | None:
+    if self.returncode is None and not self._proc.is_alive():
+      self.wait()
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    self._proc.join(timeout)
+    if self._proc.exitcode is None:
+      raise subprocess.TimeoutExpired(self.args, timeout)
+    self.returncode = self._proc.exitcode
+    return self.returncode
+
+  def kill(self) -> None:
+    self._proc.kill()
+
+  def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+    """(stdout, stderr), once the run has ended (a TimeoutExpired if it has not after `timeout` seconds)."""
+    if self._output is None:
+      self.wait(timeout)
+      with open(self._out, errors="replace") as o, open(self._err, errors="replace") as e:
+        self._output = o.read(), e.read()
+      shutil.rmtree(self._dir, ignore_errors=True)
+      self._proc.close()
+    return self._output
+
+
+def run_module(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300,
+               wait: bool = True) -> subprocess.CompletedProcess | Run:
+  """`python -m module *args` in the repository, in a process of its own (forked from an interpreter that has
+  imported the pipelines): a CompletedProcess with its exit status and text output, as
+  subprocess.run(capture_output=True, text=True) gives; a Run when not `wait`.
+
+  Args:
+    env: the run's whole environment (default: this process's, with the repository on PYTHONPATH).
+
+  Raises:
+    subprocess.TimeoutExpired: the run lasted more than `timeout` seconds (it is killed).
+  """
+  run = Run(module, args, {**os.environ, "PYTHONPATH": REPO} if env is None else env, REPO)
+  if not wait:
+    return run
+  try:
+    out, err = run.communicate(timeout)
+  except subprocess.TimeoutExpired:
+    run.kill()
+    run.communicate()
+    raise
+  return subprocess.CompletedProcess(run.args, run.returncode, out, err)
 
 
 def upload_tree(local_root: str, gs_root: str) -> int:

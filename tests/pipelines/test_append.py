@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -22,7 +21,7 @@ from formats.example import decode_example
 from formats.manifest import Manifest
 from formats.outputs.output import verify as verify_output
 from scripts import make_sample_ct as ct, make_sample_images
-from tests.conftest import REPO, upload_tree
+from tests.conftest import REPO, run_module, upload_tree
 from tests.test_outputs_unchanged import fingerprint
 
 pytestmark = pytest.mark.slow
@@ -33,8 +32,7 @@ def _run(*flags: str, fault: str = "", module: str = "pipelines.image_folder") -
   env.pop(commit.FAULT_POINT_ENV, None)
   if fault:
     env[commit.FAULT_POINT_ENV] = fault
-  return subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
+  return run_module(module, *flags, env=env)
 
 
 def _manifest(out: str) -> Manifest:

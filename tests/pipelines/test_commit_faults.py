@@ -23,7 +23,7 @@ from formats.storage import files
 from formats.features import Features, Text
 from formats.manifest import Manifest, Rejected, ShardInfo, SplitInfo
 from formats.outputs.output import verify as verify_output
-from tests.conftest import CLASSES, PER_CLASS, REPO
+from tests.conftest import CLASSES, PER_CLASS, REPO, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -148,11 +148,7 @@ def test_the_proxy_enforces_generation_preconditions(gcs_faults):
 
 
 def _run(*flags: str, env: dict | None = None, wait: bool = True, module: str = "pipelines.image_folder"):
-  cmd = [sys.executable, "-m", module, *flags]
-  full_env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
-  if not wait:
-    return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
+  return run_module(module, *flags, env={**os.environ, "PYTHONPATH": REPO, **(env or {})}, wait=wait)
 
 
 def _paused_at_switch(tmp_path, *flags: str, module: str = "pipelines.image_folder"):
