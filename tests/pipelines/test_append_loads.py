@@ -47,57 +47,63 @@ def _expected(m: Manifest) -> dict:
 
 
 def test_tfds_reads_every_record_of_an_appended_output(appended):
-  for fmt, read in (("array_record", "(lambda src: [src[i] for i in range(len(src))])(b.as_data_source()[s])"),
-                    ("tfrecord", "list(tfds.as_numpy(b.as_dataset(split=s)))")):
-    out, m = appended[fmt]
-    got = _python(f"""
-import json, tensorflow_datasets as tfds
-b = tfds.builder_from_directory({out!r})
+  reads = {"array_record": "(lambda src: [src[i] for i in range(len(src))])(b.as_data_source()[s])",
+           "tfrecord": "list(tfds.as_numpy(b.as_dataset(split=s)))"}
+  got = _python("import json, tensorflow_datasets as tfds\nfound = {}\n" + "".join(f"""
+b = tfds.builder_from_directory({appended[fmt][0]!r})
 names = b.info.features["label"].names
 counts, ok = {{}}, True
 for s in b.info.splits:
   rows = {read}
   counts[s] = len(rows)
   ok &= all(names[r["label"]] == r["file_name"].decode().split("/")[1] for r in rows)
-print(json.dumps({{"counts": counts, "ok": bool(ok), "names": names}}))
-""")
-    assert got == {"counts": _expected(m), "ok": True, "names": list(m.features["label"].names)}, fmt
+found[{fmt!r}] = {{"counts": counts, "ok": bool(ok), "names": names}}
+""" for fmt, read in reads.items()) + "print(json.dumps(found))")
+  for fmt in reads:
+    m = appended[fmt][1]
+    assert got[fmt] == {"counts": _expected(m), "ok": True, "names": list(m.features["label"].names)}, fmt
 
 
+# Every split of an output read in one process: {split: the record indices its batches held, sorted}.
 _LOOP = """
 import json
 names = {names!r}
-seen, ok = [], True
-for batch in {loader}:
-  labels, files, idx = batch["label"], batch.get("file_name"), batch["record_index"]
-  seen += [int(i) for i in idx]
-print(json.dumps({{"seen": sorted(seen)}}))
+seen = {{}}
+for split in {splits!r}:
+  seen[split] = []
+  for batch in {loader}:
+    labels, files, idx = batch["label"], batch.get("file_name"), batch["record_index"]
+    seen[split] += [int(i) for i in idx]
+  seen[split].sort()
+print(json.dumps(seen))
 """
+
+
+def _every_record(m: Manifest) -> dict[str, list[int]]:
+  return {split: list(range(n)) for split, n in _expected(m).items()}
 
 
 def test_grain_reads_every_record_of_an_appended_output(appended):
   out, m = appended["array_record"]
-  for split, n in _expected(m).items():
-    got = _python(_LOOP.format(names=list(m.features["label"].names), loader=(
-        f"__import__('loaders.grain', fromlist=['x']).dataset({out!r}, {split!r}, batch_size=1, shuffle=False, "
-        "image_size=(32, 32), num_threads=2)")))
-    assert got["seen"] == list(range(n)), split
+  got = _python(_LOOP.format(names=list(m.features["label"].names), splits=list(m.splits), loader=(
+      f"__import__('loaders.grain', fromlist=['x']).dataset({out!r}, split, batch_size=1, shuffle=False, "
+      "image_size=(32, 32), num_threads=2)")))
+  assert got == _every_record(m)
 
 
 def test_tf_data_reads_every_record_of_an_appended_output(appended):
   out, m = appended["tfrecord"]
-  for split, n in _expected(m).items():
-    got = _python(_LOOP.format(names=list(m.features["label"].names), loader=(
-        f"__import__('tensorflow_datasets').as_numpy(__import__('loaders.tfdata', fromlist=['x']).dataset("
-        f"{out!r}, {split!r}, batch_size=1, shuffle=False, image_size=(32, 32)))")))
-    assert got["seen"] == list(range(n)), split
+  got = _python(_LOOP.format(names=list(m.features["label"].names), splits=list(m.splits), loader=(
+      f"__import__('tensorflow_datasets').as_numpy(__import__('loaders.tfdata', fromlist=['x']).dataset("
+      f"{out!r}, split, batch_size=1, shuffle=False, image_size=(32, 32)))")))
+  assert got == _every_record(m)
 
 
 def test_torch_xla_reads_every_record_of_an_appended_output(appended):
   out, m = appended["array_record"]
-  for split, n in _expected(m).items():
-    got = _python(_LOOP.format(names=list(m.features["label"].names), loader=(
-        f"__import__('loaders.xla', fromlist=['x']).device_loader({out!r}, {split!r}, batch_size=1, shuffle=False, "
-        "image_size=(32, 32), num_threads=2, shard_index=0, shard_count=1)")).replace(
-            "seen += [int(i) for i in idx]", "seen += [int(i) for i in idx.cpu().tolist()]"), PJRT_DEVICE="CPU")
-    assert got["seen"] == list(range(n)), split
+  got = _python(_LOOP.format(names=list(m.features["label"].names), splits=list(m.splits), loader=(
+      f"__import__('loaders.xla', fromlist=['x']).device_loader({out!r}, split, batch_size=1, shuffle=False, "
+      "image_size=(32, 32), num_threads=2, shard_index=0, shard_count=1)")).replace(
+          "seen[split] += [int(i) for i in idx]", "seen[split] += [int(i) for i in idx.cpu().tolist()]"),
+      PJRT_DEVICE="CPU")
+  assert got == _every_record(m)
