@@ -6,6 +6,8 @@ only its own framework:
 - `loaders.grain.dataset(path, split, batch_size=...)`: a grain IterDataset of batches.
 - `loaders.xla.device_loader(path, split, batch_size=...)`: torch_xla batches on the device (no TensorFlow).
 - `loaders.tfdata.dataset(path, split, batch_size=...)`: a tf.data.Dataset (TFRecord shards).
+- `loaders.jax.dataset(path, split, mesh=..., batch_size=...)`: global jax.Arrays on a mesh, every process its
+  rows (`loaders.jax.graph_dataset`: the neighbour samplers' batches, one subgraph per slice of the mesh).
 - `loaders.graph`: memory-mapped .graphbin graphs, static-shape neighbour samplers (homogeneous
   and heterogeneous, one compiled kernel), and their grain and torch_xla feeders.
 
