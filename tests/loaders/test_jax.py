@@ -202,9 +202,10 @@ def test_the_global_batches_are_the_grain_loaders_of_one_host_reading_the_global
   assert {str(v.dtype) for v in got[0].values()} == {"uint8", "int32"}  # jax's 32 bits without jax_enable_x64
 
 
-# One process, 8 devices: what a batch holds, the prefetch, set_state on a running iterator, refused meshes.
+# One process, 8 devices: what a batch holds, the prefetch, set_state on a running iterator, a dropped iterator's
+# thread, refused meshes.
 _HOST = r"""
-import json, sys, time
+import gc, json, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import jax
 import numpy as np
@@ -233,6 +234,11 @@ state = it.get_state()
 rest = [[b["name"].tolist(), np.asarray(b["record_index"]).tolist()] for b in it]
 it.set_state(state)  # the same iterator, after its end: the rest again
 found["rest"], found["again"] = rest, [[b["name"].tolist(), np.asarray(b["record_index"]).tolist()] for b in it]
+dropped = lj.DeviceIterator(host, NamedSharding(mesh, P("data")))
+next(dropped)
+del dropped  # its thread, waiting to hand over more, stops
+gc.collect()
+found["threads_left"] = [t.name for t in threading.enumerate() if t.name == "loaders.jax prefetch"]
 
 def refused(make):
   try:
@@ -251,7 +257,7 @@ print(json.dumps(found))
 
 
 @pytest.mark.slow  # a process of its own (jax)
-def test_prefetch_text_on_the_host_set_state_and_refused_meshes(inputs):
+def test_prefetch_text_on_the_host_set_state_a_dropped_iterator_and_refused_meshes(inputs):
   r = subprocess.run([sys.executable, "-c", _HOST, REPO, inputs["records"], inputs["graph"]], capture_output=True,
                      text=True, env=_env(8), timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -263,6 +269,7 @@ def test_prefetch_text_on_the_host_set_state_and_refused_meshes(inputs):
   assert names == [f"record {i}" for i in ids]
   assert found["rest"] == found["again"]
   assert len(found["rest"]) == 2 * (N_RECORDS // GLOBAL_BATCH) - 2
+  assert found["threads_left"] == []
   assert "holds rows [0, 8) (8 rows) of each global batch of 8, but shard 0 of 2 reads rows [0, 4): pass " \
          "shard_index=0, shard_count=1" in found["other_rows"]
   assert "a global batch of 12 (1 x 12) does not split into the 8 slices" in found["uneven"]
