@@ -92,6 +92,11 @@ def test_pipelines_load_neither_loaders_nor_tensorflow_nor_torch():
 
 @pytest.mark.slow
 def test_loaders_framework_free_modules_load_neither_pipelines_nor_beam():
-  framework_modules = {"loaders.tfdata", "loaders.xla", "loaders.grain"}  # each pulls in its own framework
+  framework_modules = {"loaders.tfdata", "loaders.xla", "loaders.grain", "loaders.jax"}  # each pulls in its own
   modules = [m for m in _modules("loaders") if m not in framework_modules]
   assert not _loaded_after_importing(modules) & (FORBIDDEN["loaders"] | {"tensorflow", "torch"})
+
+
+@pytest.mark.slow
+def test_the_jax_loader_loads_neither_tensorflow_nor_torch():
+  assert not _loaded_after_importing(["loaders.jax"]) & (FORBIDDEN["loaders"] | {"tensorflow", "torch"})
