@@ -18,6 +18,10 @@ The manifest is read once, when the dataset is made: every epoch reads the
 generation it named, held by a lease while the dataset lives, and every
 iterator state names that data (loaders._pinning): restoring a state saved
 on other data raises StateMismatchError unless on_new_data="restart_epoch".
+
+`records(path, split, ...)` gives the same examples one at a time, as a grain
+MapDataset for grain's own `.map`, `.filter`, `.batch` and `.mix` (slower than
+the fused batches of `dataset`; docs/loaders.md says by how much).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from loaders._shards import ShardedRecords
 from loaders._stream import DEFAULT_RUN_RECORDS, RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 
-__all__ = ["FETCH_MODES", "ON_NEW_DATA", "data_source", "dataset", "map_dataset", "operations"]
+__all__ = ["FETCH_MODES", "ON_NEW_DATA", "data_source", "dataset", "map_dataset", "operations", "records"]
 
 FETCH_MODES = ("auto", "shards", "records")  # how a streamed gs:// split is fetched (see `dataset`)
 
@@ -277,6 +281,75 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
                     "run_records": windows.run_records if window_shards is not None else None}
   guard = StateGuard(identity, read.batches_per_epoch, on_new_data, positions, order=order_settings)
   return PinnedMapDataset(batches, guard, keep=(pin, source), close=(source.close, pin.release))
+
+
+class _Example:
+  """Record → the record kind's fixed-shape example (grain's map or random_map); keeps the Pin, so every
+  dataset derived from `records` holds the lease of the generation it reads."""
+
+  def __init__(self, transform, pin):
+    self._transform, self._pin = transform, pin
+
+  def __call__(self, record: dict, rng: np.random.Generator | None = None) -> dict:
+    return self._transform(record, rng)
+
+
+def records(path: str, split: str = "train", *, shuffle: bool = True, seed: int = 0, shard_index: int = 0,
+            shard_count: int = 1, shard_options: grain.sharding.ShardOptions | None = None,
+            drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
+            lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedMapDataset:
+  """One epoch of fixed-shape examples as a grain MapDataset, for grain's own `.map`, `.filter`, `.batch`, `.mix`.
+
+      ds = loaders.grain.records("gs://bucket/imagenet", "train", image_size=(224, 224), seed=0)
+      ds = ds.repeat(3).map(augment).batch(256)      # 3 epochs, reshuffled every epoch
+      for batch in ds.to_iter_dataset(grain.ReadOptions(num_threads=8)): ...
+
+  Element i is one record's example (the record kind's transform, loaders.example_transform, with
+  `record_index`), read through `data_source` (verified, pinned and leased as in `dataset`):
+  `MapDataset.source` over the split, this shard's records (strided, as `dataset(order="host")` shares
+  them), then `.shuffle(seed)`. Random draws (CT random patches) come from grain's `random_map`
+  with `seed`, not from `dataset`'s per-slot draws. grain batches a `.filter`ed dataset only after
+  `to_iter_dataset()`. `dataset` is faster (see docs/loaders.md).
+
+  Args:
+    path, split, shuffle, seed, cache_dir, verify, lease, on_new_data, **example_options: as in `dataset`.
+    shard_index, shard_count: this replica's records: split records shard_index, shard_index + shard_count, ...
+    shard_options: grain's ShardOptions instead of shard_index, shard_count and drop_remainder.
+    drop_remainder: trim the split to a multiple of shard_count first, so every shard has as many records.
+
+  Returns:
+    A MapDataset of dicts of numpy arrays; `identity` names the data, `close()` releases the lease.
+
+  Raises:
+    ValueError: a bad shard, verify level, on_new_data or example option, or a gs:// split that cannot
+      fit on local disk.
+    NotAnOutputError, KeyError, CorruptRecordError: as in `data_source` (CorruptRecordError also when
+      a damaged record is read).
+  """
+  if shard_options is not None:
+    shard_index, shard_count, drop_remainder = (shard_options.shard_index, shard_options.shard_count,
+                                                shard_options.drop_remainder)
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
+  verify_level(verify)
+  check_on_new_data(on_new_data)
+  pin = pin_output(path, lease=lease, purpose=f"loaders.grain records {split}")
+  try:
+    _check_fits(pin.output, split, cache_dir, None)
+    source = ShardedRecords(pin.output, split, cache_dir=cache_dir, verify=verify)
+    transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
+  except BaseException:
+    pin.release()
+    raise
+  end = len(source) - len(source) % shard_count if drop_remainder else len(source)
+  ds = grain.MapDataset.source(source)[shard_index:end:shard_count]
+  if shuffle:
+    ds = ds.shuffle(seed=seed)
+  example = _Example(transform, pin)
+  ds = ds.random_map(example, seed=seed) if transform.needs_rng else ds.map(example)
+  settings = {"order": "records", "shuffle": shuffle, "seed": seed, "shards": [shard_index, shard_count]}
+  guard = StateGuard(DataIdentity.of(pin.output, split), len(ds), on_new_data, order=settings)
+  return PinnedMapDataset(ds, guard, keep=(pin, source), close=(source.close, pin.release))
 
 
 def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
