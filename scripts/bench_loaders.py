@@ -1,8 +1,8 @@
-"""Benchmarks the loaders (grain, torch_xla) against today's record path, a read ceiling and a torch DataLoader.
+"""Benchmarks the loaders (grain, torch_xla, JAX) against today's record path, a read ceiling and a torch DataLoader.
 
     python scripts/bench_loaders.py [--work=bench_work] [--num_images=2000]
         [--batch_size=64] [--num_threads=16] [--num_workers=2] [--raw_epochs=5]
-        [--xla=raw,jpeg] [--stream=jpeg,raw] [--rounds=3] [--json=results.json] [--pinning_only]
+        [--xla=raw,jpeg] [--jax=raw,jpeg] [--stream=jpeg,raw] [--rounds=3] [--json=results.json] [--pinning_only]
 
 On the cached folder of ~500x375 JPEGs that scripts/bench_image_folder.py
 generates, converts (once, cached under --work) ArrayRecord shards at 224x224,
@@ -37,6 +37,12 @@ batches from:
       (g), for both shard kinds, without (b) to (f): each round runs lease on
       and off in the order on, off, off, on per kind (the run after its twin
       finds warmer caches) and takes the mean of each variant's two runs.
+  (h) loaders.jax over --jax kinds, in a subprocess with 8 CPU devices
+      (XLA_FLAGS=--xla_force_host_platform_device_count=8; jax never shares
+      a process with this one): the same passes as (a)'s record path, each
+      global batch split over a mesh of the 8 and waited on until its arrays
+      are on the devices (block_until_ready), against (a)'s numpy batches;
+      target >= 0.9x, as the median of the per-round ratios to (a).
 
 Every variant runs once per round, in an order rotated each round, for
 --rounds rounds; each reports its median images/s. Raw passes are repeated
@@ -78,6 +84,8 @@ CEILING_TARGET = 0.70  # (a) raw shards: at least this fraction of the read ceil
 JPEG_TARGET = 5.0  # (a) JPEG shards: at least this times the DataLoader's images/s
 LEASE_TARGET = 0.97  # (g): with pinning and a lease, at least this fraction of the images/s without a lease
 RAW_TARGET = 20.0  # (a) raw shards: at least this times the DataLoader's images/s
+JAX_TARGET = 0.9  # (h): loaders.jax at least this fraction of (a)'s images/s, shard kind for shard kind
+JAX_DEVICES = 8  # (h): CPU devices of the JAX child's mesh
 CHILD_TIMEOUT_S = 900
 
 NEW_RAW, OLD_RAW = "(a) grain, raw shards", "(a) grain, raw shards, today's loader"
@@ -85,6 +93,8 @@ NEW_JPEG, OLD_JPEG = "(a) grain, JPEG shards", "(a) grain, JPEG shards, today's 
 DATALOADER, BARE = "(c) torch DataLoader, folder", "(d) bare reads, raw shards, 1 thread"
 CEILING = "(e) read ceiling, raw shards, grain's threads"
 NO_LEASE_RAW, NO_LEASE_JPEG = "(g) grain, raw shards, lease=False", "(g) grain, JPEG shards, lease=False"
+JAX_VARIANTS = {"raw": (f"(h) jax, {JAX_DEVICES} CPU devices, raw shards", NEW_RAW),
+                "jpeg": (f"(h) jax, {JAX_DEVICES} CPU devices, JPEG shards", NEW_JPEG)}  # kind: (variant, vs)
 
 
 def ensure_shards(work: str, root: str, encoding: str, size: tuple[int, int]) -> str:
@@ -295,6 +305,30 @@ def xla_child(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int
   return {"seconds": time.perf_counter() - t0, "images": n, "device": str(device)}
 
 
+def jax_child(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int, epochs: int) -> dict:
+  """(h), in its own process: (a)'s record path through loaders.jax on a mesh of every device, each global
+  batch waited on until its arrays are on the devices (the dataset is built inside the timing, as in (a))."""
+  import jax  # the edge: only this subprocess imports jax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from loaders import jax as jax_loader
+
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  # untimed: the shards' checksums (once per process, as in (a)'s process) and a first transfer
+  grain_loader.data_source(path, SPLIT).close()
+  jax.device_put(np.zeros((a.batch_size, *size, 3), np.uint8), NamedSharding(mesh, PartitionSpec("data")))
+  t0 = time.perf_counter()
+  it = jax_loader.dataset(path, SPLIT, mesh=mesh, batch_size=a.batch_size, image_size=size,
+                          num_threads=a.num_threads, num_epochs=epochs, shuffle=True, seed=seed)
+  n = 0
+  for batch in it:
+    image = batch["image"].block_until_ready()
+    check_batch("jax", image, a.batch_size, size)
+    n += image.shape[0]
+  it.close()
+  return {"seconds": time.perf_counter() - t0, "images": n, "devices": len(jax.devices())}
+
+
 def child_args(a: argparse.Namespace, seed: int) -> list[str]:
   return [f"--batch_size={a.batch_size}", f"--image_size={a.image_size}", f"--num_threads={a.num_threads}",
           f"--num_workers={a.num_workers}", f"--_seed={seed}"]
@@ -315,7 +349,8 @@ def from_child(result: dict) -> float:
 
 
 def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict[str, float], list[tuple]]:
-  """Prints the table and the targets; returns the medians and the checks (text, ratio, ok)."""
+  """Prints the table and the targets; returns the medians and the checks (text, ratio, ok): ratios of
+  medians, except (h)'s, the median of the per-round ratios (its pairs ran in the same round)."""
   medians = {v: statistics.median(xs) for v, xs in per_round.items() if xs}
   base = medians.get(DATALOADER)
   print()
@@ -341,6 +376,12 @@ def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict
   check(f"(a) raw >= {RAW_TARGET:g}x (c)", NEW_RAW, DATALOADER, RAW_TARGET)
   check(f"(g) raw: pinned and leased >= {LEASE_TARGET:.0%} of lease=False", NEW_RAW, NO_LEASE_RAW, LEASE_TARGET)
   check(f"(g) JPEG: pinned and leased >= {LEASE_TARGET:.0%} of lease=False", NEW_JPEG, NO_LEASE_JPEG, LEASE_TARGET)
+  for kind, (num, den) in JAX_VARIANTS.items():
+    if per_round.get(num) and len(per_round[num]) == len(per_round.get(den, [])):
+      ratios = [x / y for x, y in zip(per_round[num], per_round[den])]
+      ratio = statistics.median(ratios)
+      checks.append((f"(h) jax {kind}: device arrays >= {JAX_TARGET:g}x (a)'s numpy batches (per round "
+                     f"{' '.join(f'{r:.2f}' for r in ratios)})", ratio, ratio >= JAX_TARGET))
   print()
   for text, ratio, ok in checks:
     print(f"{'PASS' if ok else 'MISS'}  {text} (ratio {ratio:.2f})")
@@ -357,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--num_workers", type=int, default=2, help="the DataLoader's worker processes, (c)")
   ap.add_argument("--raw_epochs", type=int, default=5, help="passes per timing of the raw-shard variants")
   ap.add_argument("--xla", default="raw,jpeg", help="shard kinds for (b), comma-separated; empty: skip (b)")
+  ap.add_argument("--jax", default="raw,jpeg", help="shard kinds for (h), comma-separated; empty: skip (h)")
   ap.add_argument("--rounds", type=int, default=3, help="rounds; every variant runs once per round")
   ap.add_argument("--stream", default="jpeg,raw",
                   help="shard kinds to stream from the benchmark bucket (scripts/bench_stream.py) after the loader "
@@ -366,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   help="time only (a)'s record path with and without a lease, (g); no (b), (c), (d), (e), (f)")
   ap.add_argument("--_xla_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_dataloader_child", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--_jax_child", default=None, help=argparse.SUPPRESS)
+  ap.add_argument("--_epochs", type=int, default=1, help=argparse.SUPPRESS)
   ap.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
   if a.rounds < 1 or a.num_images < 1 or a.batch_size < 1 or a.num_threads < 1 or a.raw_epochs < 1:
@@ -373,11 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   if a.num_workers < 0:
     ap.error("--num_workers must be >= 0")
   xla_kinds = [k for k in a.xla.split(",") if k] if not a.pinning_only else []
+  jax_kinds = [k for k in a.jax.split(",") if k] if not a.pinning_only else []
   stream_kinds = [k for k in a.stream.split(",") if k] if not a.pinning_only else []
   if set(stream_kinds) - {"raw", "jpeg"}:
     ap.error(f"--stream takes raw and/or jpeg, got {a.stream!r}")
   if set(xla_kinds) - {"raw", "jpeg"}:
     ap.error(f"--xla takes raw and/or jpeg, got {a.xla!r}")
+  if set(jax_kinds) - {"raw", "jpeg"}:
+    ap.error(f"--jax takes raw and/or jpeg, got {a.jax!r}")
   size = tuple(int(v) for v in a.image_size.split(","))
 
   if a._xla_child:
@@ -385,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   if a._dataloader_child:
     print(json.dumps(dataloader_child(a._dataloader_child, a, size, a._seed)), flush=True)
+    return 0
+  if a._jax_child:
+    print(json.dumps(jax_child(a._jax_child, a, size, a._seed, a._epochs)), flush=True)
     return 0
 
   logging.basicConfig(level=logging.WARNING)
@@ -402,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   raw_source = ShardedRecords(shards["raw"], SPLIT, lease=False)  # (d), (e) time reads only
   xla_env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1",
              "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+  jax_env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={JAX_DEVICES}"}
   e = a.raw_epochs
   variants: dict[str, Callable[[int], float]] = {
       DATALOADER: lambda seed: from_child(run_child([f"--_dataloader_child={root}", *child_args(a, seed)])),
@@ -420,6 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"(b) xla CPU device, {'JPEG' if kind == 'jpeg' else kind} shards"
     variants[label] = (lambda kind: lambda seed: from_child(
         run_child([f"--_xla_child={shards[kind]}", *child_args(a, seed)], env=xla_env)))(kind)
+  for kind in jax_kinds:  # the same passes as (a)'s record path of its kind
+    variants[JAX_VARIANTS[kind][0]] = (lambda kind: lambda seed: from_child(run_child(
+        [f"--_jax_child={shards[kind]}", f"--_epochs={e if kind == 'raw' else 1}", *child_args(a, seed)],
+        env=jax_env)))(kind)
   names = list(variants)
   per_round: dict[str, list[float]] = {v: [] for v in names}
   failures: dict[str, str] = {}
