@@ -158,10 +158,10 @@ def _fork_server() -> multiprocessing.context.BaseContext:
   return ctx
 
 
-def _main(module: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
-  """In the fork: what `python -m module *args` does in `cwd` with the environment `env`, its standard output
-  and error in the files `out` and `err`. Exits as the interpreter would: SystemExit's code, 1 for an
-  uncaught exception (its traceback on stderr), the signal for a process killed by one."""
+def _main(module: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str, setup: str = "") -> None:
+  """In the fork: what `python -m module *args` does in `cwd` with the environment `env` (after running the
+  code `setup`), its standard output and error in the files `out` and `err`. Exits as the interpreter would:
+  SystemExit's code, 1 for an uncaught exception (its traceback on stderr), the signal for a process killed by one."""
   os.chdir(cwd)
   os.environ.clear()
   os.environ.update(env)
@@ -172,6 +172,7 @@ def _main(module: str, args: list[str], env: dict[str, str], cwd: str, out: str,
   sys.argv = [module, *args]  # run_module puts the module's path first, as `-m` does
   code = 0
   try:
+    exec(setup, {})
     runpy.run_module(module, run_name="__main__", alter_sys=True)
   except SystemExit as e:
     code = e.code
@@ -185,11 +186,12 @@ def _main(module: str, args: list[str], env: dict[str, str], cwd: str, out: str,
 class Run:
   """A `run_module` started with wait=False: the part of subprocess.Popen the tests use."""
 
-  def __init__(self, module: str, args: tuple[str, ...], env: dict[str, str], cwd: str):
+  def __init__(self, module: str, args: tuple[str, ...], env: dict[str, str], cwd: str, setup: str):
     self.args = [sys.executable, "-m", module, *args]
     self._dir = tempfile.mkdtemp(prefix="run-module-")
     self._out, self._err = os.path.join(self._dir, "out"), os.path.join(self._dir, "err")
-    self._proc = _fork_server().Process(target=_main, args=(module, list(args), env, cwd, self._out, self._err))
+    self._proc = _fork_server().Process(target=_main,
+                                        args=(module, list(args), env, cwd, self._out, self._err, setup))
     self._proc.start()
     self.returncode: int | None = None
     self._output: tuple[str, str] | None = None
@@ -220,19 +222,20 @@ class Run:
     return self._output
 
 
-def run_module(module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300,
+def run_module(module: str, *args: str, env: dict[str, str] | None = None, setup: str = "", timeout: float = 300,
                wait: bool = True) -> subprocess.CompletedProcess | Run:
   """`python -m module *args` in the repository, in a process of its own (forked from an interpreter that has
-  imported the pipelines): a CompletedProcess with its exit status and text output, as
+  imported the libraries the pipelines use): a CompletedProcess with its exit status and text output, as
   subprocess.run(capture_output=True, text=True) gives; a Run when not `wait`.
 
   Args:
     env: the run's whole environment (default: this process's, with the repository on PYTHONPATH).
+    setup: Python code the run executes before the module (e.g. to shorten one of the toolkit's waits).
 
   Raises:
     subprocess.TimeoutExpired: the run lasted more than `timeout` seconds (it is killed).
   """
-  run = Run(module, args, {**os.environ, "PYTHONPATH": REPO} if env is None else env, REPO)
+  run = Run(module, args, {**os.environ, "PYTHONPATH": REPO} if env is None else env, REPO, setup)
   if not wait:
     return run
   try:

@@ -147,8 +147,9 @@ def test_the_proxy_enforces_generation_preconditions(gcs_faults):
 # --------------------------------------------------------------------------- real runs in subprocesses
 
 
-def _run(*flags: str, env: dict | None = None, wait: bool = True, module: str = "pipelines.image_folder"):
-  return run_module(module, *flags, env={**os.environ, "PYTHONPATH": REPO, **(env or {})}, wait=wait)
+def _run(*flags: str, env: dict | None = None, wait: bool = True, module: str = "pipelines.image_folder",
+         setup: str = ""):
+  return run_module(module, *flags, env={**os.environ, "PYTHONPATH": REPO, **(env or {})}, setup=setup, wait=wait)
 
 
 def _paused_at_switch(tmp_path, *flags: str, module: str = "pipelines.image_folder"):
@@ -455,7 +456,9 @@ def test_gcs_a_kill_at_a_step_leaves_the_old_or_the_new_output(gcs_faults, old_o
     assert verify_output(out, old if info_gen == gen(old) else now) == 0
     labels = files.read_bytes(files.join(out, "label.labels.txt")).decode().split()
     assert labels == list((old if info_gen == gen(old) else now).features["label"].names)
-  again = _run(f"--input={src}", f"--output={out}", "--num_shards=3", "--overwrite=true")
+  # A kill inside the TFDS sync leaves its lock object: the retry takes it over once its lease is over (1 s here).
+  again = _run(f"--input={src}", f"--output={out}", "--num_shards=3", "--overwrite=true",
+               setup="from formats.outputs import commit; commit.SYNC_LEASE_SECONDS = 1.0")
   assert again.returncode == 0, again.stderr
   final = _read_manifest(out)
   assert verify_output(out, final) == 0 and not commit.tfds_metadata_lags(out)
