@@ -34,17 +34,17 @@ batches from:
       (the manifest read once either way; with the default lease=True a
       lease object is written, the manifest read again to prove it came in
       time, and a heartbeat thread runs). --pinning_only times just (a) and
-      (g), for both shard kinds, without (b) to (f): each round runs lease on
+      (g), for both shard kinds, without (b) to (f) or (h): each round runs lease on
       and off in the order on, off, off, on per kind (the run after its twin
       finds warmer caches) and takes the mean of each variant's two runs.
   (h) loaders.jax over --jax kinds, in a subprocess with 8 CPU devices
       (XLA_FLAGS=--xla_force_host_platform_device_count=8; jax never shares
       a process with this one): the same passes as (a)'s record path, each
       global batch split over a mesh of the 8 and waited on until its arrays
-      are on the devices (block_until_ready), against (a)'s numpy batches
-      timed in the same process, in the order grain, jax, jax, grain (the
-      mean of each pair is the round's figure); target >= 0.9x, as the
-      median of the per-round ratios.
+      are on the devices (block_until_ready), against loaders.grain's numpy
+      batches (the record path) timed in the same process, in the order
+      grain, jax, jax, grain (the mean of each pair is the round's figure);
+      target >= 0.9x, as the median of the per-round ratios.
 
 Every variant runs once per round, in an order rotated each round, for
 --rounds rounds; each reports its median images/s. Raw passes are repeated
@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "variants, comma-separated; empty: skip")
   ap.add_argument("--json", default=None, help="also write the results here")
   ap.add_argument("--pinning_only", action="store_true",
-                  help="time only (a)'s record path with and without a lease, (g); no (b), (c), (d), (e), (f)")
+                  help="time only (a)'s record path with and without a lease, (g); no (b), (c), (d), (e), (f), (h)")
   ap.add_argument("--_xla_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_dataloader_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_jax_child", default=None, help=argparse.SUPPRESS)
