@@ -21,10 +21,11 @@ fi
 .venv-airflow/bin/python -m pip install --quiet --upgrade pip
 pip_install .venv-airflow/bin/python -c constraints-airflow.txt -e ".[airflow]" pytest
 
-# The main suite runs on TEST_WORKERS pytest-xdist workers (default 2: CI's cores), a test file to a worker,
-# so that a module's fixtures are made once; TEST_WORKERS=0 runs it in this process.
+# The main suite runs on TEST_WORKERS pytest-xdist workers (default 2: CI's cores), test by test, except that
+# the tests sharing a module's fixture run on one worker (tests/conftest.py groups them); TEST_WORKERS=0 runs it
+# in this process.
 status=0
-for suite in ".venv/bin/python -m pytest tests -n ${TEST_WORKERS:-2} --dist loadfile" \
+for suite in ".venv/bin/python -m pytest tests -n ${TEST_WORKERS:-2} --dist loadgroup" \
              ".venv-airflow/bin/python -m pytest tests/airflow"; do
   set +e
   $suite "$@"

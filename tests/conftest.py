@@ -33,13 +33,20 @@ _EMULATOR_FIXTURES = {"_gcs_server", "gcs_emulator", "gcs_faults"}
 def pytest_collection_modifyitems(items):
   """A test that runs against the GCS emulator is marked `gcs` and `slow` (pyproject.toml's markers), whether
   or not its module says so: one that uses an emulator fixture, or a case whose parameter is "gcs" (the
-  suite's `where`/`output` parameters that fetch the emulator with `request.getfixturevalue`)."""
+  suite's `where`/`output` parameters that fetch the emulator with `request.getfixturevalue`).
+
+  The tests of a module that share a module- or class-scoped fixture are one `xdist_group`: under
+  `--dist loadgroup` (scripts/run_tests.sh) they run on one pytest-xdist worker, which makes the fixture once;
+  every other test goes to whichever worker is free."""
   for item in items:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if _EMULATOR_FIXTURES & set(getattr(item, "fixturenames", ())) or "gcs" in [
         v for v in params.values() if isinstance(v, str)]:
       item.add_marker(pytest.mark.gcs)
       item.add_marker(pytest.mark.slow)
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(defs[-1].scope in ("module", "class") for defs in fixtures.values()):
+      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 CLASSES = ["cat", "dog", "zebra"]
