@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 
 import requests
 
@@ -39,32 +40,44 @@ class Orthanc:
   def __init__(self, root: str, users: dict[str, str] | None = None):
     self.root = root
     os.makedirs(root, exist_ok=True)
+    self._auth = next(iter(users.items())) if users else None
+    self._log = open(os.path.join(root, "orthanc.log"), "wb")
+    for _ in range(5):  # a port picked free may be taken before Orthanc binds it: then another one
+      if self._start(users):
+        return
+    raise RuntimeError(f"Orthanc did not start (see {root}/orthanc.log)")
+
+  def _start(self, users: dict[str, str] | None) -> bool:
+    """Starts Orthanc on a free port; True once it answers as itself (its own name: not another test's)."""
     self.port = _free_port()
+    name = f"tests-{uuid.uuid4().hex[:12]}"
     config = {
-        "Name": "tests", "StorageDirectory": os.path.join(root, "db"), "IndexDirectory": os.path.join(root, "db"),
+        "Name": name, "StorageDirectory": os.path.join(self.root, "db"), "IndexDirectory": os.path.join(self.root, "db"),
         "HttpPort": self.port, "DicomServerEnabled": False, "DicomPort": _free_port(),
         "RemoteAccessAllowed": False, "AuthenticationEnabled": bool(users), "RegisteredUsers": users or {},
         "StorageCompression": False,
         "Plugins": [PLUGIN], "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
     }
-    self._config = os.path.join(root, "orthanc.json")
+    self._config = os.path.join(self.root, "orthanc.json")
     with open(self._config, "w") as f:
       json.dump(config, f)
     self.url = f"http://127.0.0.1:{self.port}"
-    self._auth = next(iter(users.items())) if users else None
     self.dicomweb = f"{self.url}/dicom-web"
-    self._log = open(os.path.join(root, "orthanc.log"), "wb")
     self._proc = subprocess.Popen([BINARY, self._config], stdout=self._log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
-    while True:
+    while time.monotonic() < deadline:
       try:
-        if requests.get(f"{self.url}/system", timeout=2, auth=self._auth).ok:
-          break
-      except requests.ConnectionError:
+        r = requests.get(f"{self.url}/system", timeout=2, auth=self._auth)
+        if r.ok and r.json().get("Name") == name:
+          return True
+      except (requests.ConnectionError, ValueError):
         pass
-      if self._proc.poll() is not None or time.monotonic() > deadline:
-        raise RuntimeError(f"Orthanc did not start (see {root}/orthanc.log)")
+      if self._proc.poll() is not None:
+        return False
       time.sleep(0.1)
+    self._proc.kill()
+    self._proc.wait()
+    return False
 
   def upload(self, paths) -> dict[str, str]:
     """POSTs each file; returns {path: Orthanc's instance ID} of those it stored (a file it refuses, or an
