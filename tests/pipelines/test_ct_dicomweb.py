@@ -257,60 +257,56 @@ class _ExactFaults(FaultProxy):
     return super()._take_fault(method, path)
 
 
+@pytest.fixture
+def proxy(store):
+  """An `_ExactFaults` proxy in front of the module's Orthanc, closed after the test."""
+  p = _ExactFaults(store[0].url)
+  yield p
+  p.close()
+
+
 def _a_series(stored) -> tuple[str, str]:
   ds = pydicom.dcmread(sorted(stored)[0], stop_before_pixels=True)
   return ds.StudyInstanceUID, ds.SeriesInstanceUID
 
 
 @pytest.mark.slow
-def test_503s_429s_drops_and_cut_bodies_are_retried_to_the_same_output(store, both, tmp_path):
+def test_503s_429s_drops_and_cut_bodies_are_retried_to_the_same_output(store, both, tmp_path, proxy):
   o, _, stored, _ = store
   _, (sout, sm) = both
   study, series = _a_series(stored)
-  proxy = _ExactFaults(o.url)
-  try:
-    retrieval = f"=/dicom-web/studies/{study}/series/{series}"
-    proxy.add_fault("/dicom-web/studies?", status=429, times=2)
-    proxy.add_fault("/series?", status=503, times=1)
-    proxy.add_fault("/series?", mode="drop", times=1)
-    proxy.add_fault(retrieval, status=503, times=1)
-    proxy.add_fault(retrieval, mode="cut", times=2)
-    m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
-    assert proxy.requests_seen(f"/dicom-web/studies/{study}/series/{series}", "GET") >= 3
-  finally:
-    proxy.close()
+  retrieval = f"=/dicom-web/studies/{study}/series/{series}"
+  proxy.add_fault("/dicom-web/studies?", status=429, times=2)
+  proxy.add_fault("/series?", status=503, times=1)
+  proxy.add_fault("/series?", mode="drop", times=1)
+  proxy.add_fault(retrieval, status=503, times=1)
+  proxy.add_fault(retrieval, mode="cut", times=2)
+  m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
+  assert proxy.requests_seen(f"/dicom-web/studies/{study}/series/{series}", "GET") >= 3
   assert _shards(m) == _shards(sm)
   assert _rejects(str(tmp_path / "out"), m, lambda p: p.replace(proxy.host, o.url)) == _rejects(sout, sm)
 
 
 @pytest.mark.slow
-def test_a_storm_past_the_deadline_fails_the_run_and_writes_no_manifest(store, tmp_path):
+def test_a_storm_past_the_deadline_fails_the_run_and_writes_no_manifest(store, tmp_path, proxy):
   o, _, stored, _ = store
   study, series = _a_series(stored)
-  proxy = _ExactFaults(o.url)
-  try:
-    proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=503)
-    with pytest.raises(Exception, match="retrieving a series") as e:
-      _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"), "--transient_retry_seconds=2")
-  finally:
-    proxy.close()
+  proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=503)
+  with pytest.raises(Exception, match="retrieving a series") as e:
+    _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"), "--transient_retry_seconds=2")
   shown = "".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
   assert study not in shown and series not in shown
   assert not glob.glob(str(tmp_path / "out" / "**" / "manifest.json"), recursive=True)
 
 
 @pytest.mark.slow
-def test_credentials_refused_in_the_shard_step_fail_the_run_not_the_series(store, tmp_path):
+def test_credentials_refused_in_the_shard_step_fail_the_run_not_the_series(store, tmp_path, proxy):
   o, _, stored, _ = store
   study, series = _a_series(stored)
-  proxy = _ExactFaults(o.url)
-  try:
-    proxy.pass_first = 1  # the header stage's retrieval passes; the shard step's is refused
-    proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=401)
-    with pytest.raises(Exception, match="401"):
-      _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
-  finally:
-    proxy.close()
+  proxy.pass_first = 1  # the header stage's retrieval passes; the shard step's is refused
+  proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=401)
+  with pytest.raises(Exception, match="401"):
+    _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
   assert not glob.glob(str(tmp_path / "out" / "**" / "manifest.json"), recursive=True)
 
 
@@ -340,19 +336,15 @@ def test_an_append_from_the_store_adds_only_new_series(store, both, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_series_the_store_lists_but_does_not_serve_is_rejected_whole(store, both, tmp_path):
+def test_a_series_the_store_lists_but_does_not_serve_is_rejected_whole(store, both, tmp_path, proxy):
   o, _, stored, _ = store
   _, (sout, sm) = both
   study, series = _a_series(stored)
   n = sum(_a_series([p]) == (study, series) for p in stored)
   prefix = dicomweb.series_path(o.dicomweb, SALT, study, series)
   n_rejected = sum(r[0].startswith(prefix) for r in _rejects(sout, sm))
-  proxy = _ExactFaults(o.url)
-  try:
-    proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=404)
-    m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
-  finally:
-    proxy.close()
+  proxy.add_fault(f"=/dicom-web/studies/{study}/series/{series}", status=404)
+  m = _convert(f"{proxy.host}/dicom-web", str(tmp_path / "out"))
   rows = [r for r in _rejects(str(tmp_path / "out"), m) if "does not serve it (HTTP 404)" in r[1]]
   assert [r[0] for r in rows] == [dicomweb.series_path(f"{proxy.host}/dicom-web", SALT, study, series)]
   # Its instances are neither records nor rejects of their own: the series counts as one input, rejected.
