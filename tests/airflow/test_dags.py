@@ -73,6 +73,16 @@ def test_an_appending_conversion_writes_one_fixed_output():
   assert make_dag(config).get_task("convert").pipeline_options["mode"] == "append"
 
 
+def _scheduled_dag(configs, dag_id: str):
+  """The real DAG file in Airflow's dags folder, reading the config folder `configs`: dag.test()
+  serialises the DAGs it finds there."""
+  dags_folder = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
+  os.makedirs(dags_folder, exist_ok=True)
+  shutil.copy(os.path.join(DAG_FOLDER, "conversions.py"), dags_folder)
+  os.environ["TOOLKIT_DAG_CONFIGS"] = str(configs)
+  return DagBag(dag_folder=dags_folder, include_examples=False).get_dag(dag_id)
+
+
 def test_a_daily_dag_appends_what_a_dicom_store_gained(tmp_path):
   """A real Orthanc holding a study of 2026-01-01 and one of 2026-01-02: the daily DAG's StudyDate window
   converts the first on day 1, adds the second on day 2, and a rerun of day 2 adds nothing."""
@@ -101,11 +111,7 @@ for k, date in enumerate(("20260101", "20260102")):
                     "dicomweb_filter": "StudyDate={{ macros.ds_format(macros.ds_add(ds, -1), '%Y-%m-%d', '%Y%m%d') }}-"
                                        "{{ ds_nodash }}"},
         "py_interpreter": PIPELINE_PYTHON, "retries": 0, "schedule": None}))
-    dags_folder = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
-    os.makedirs(dags_folder, exist_ok=True)
-    shutil.copy(os.path.join(DAG_FOLDER, "conversions.py"), dags_folder)
-    os.environ["TOOLKIT_DAG_CONFIGS"] = str(configs)
-    dag = DagBag(dag_folder=dags_folder, include_examples=False).get_dag("ct_store")
+    dag = _scheduled_dag(configs, "ct_store")
     held = []
     for day in (1, 2, 2):  # day 2 twice: a rerun
       dr = dag.test(logical_date=datetime.datetime(2026, 1, day, tzinfo=datetime.timezone.utc))
@@ -126,13 +132,7 @@ def test_a_scheduled_run_converts_end_to_end_and_a_rerun_replaces_it(tmp_path):
       "pipeline": "image_folder", "input": str(tmp_path / "incoming" / "{{ ds }}"),
       "output": str(tmp_path / "shards" / "{{ ds }}"), "options": {"format": "array_record", "num_shards": 2},
       "py_interpreter": PIPELINE_PYTHON, "retries": 0, "schedule": None}))
-  # The real DAG file in Airflow's dags folder, reading this config folder: dag.test() serialises
-  # the DAGs it finds there.
-  dags_folder = os.environ["AIRFLOW__CORE__DAGS_FOLDER"]
-  os.makedirs(dags_folder, exist_ok=True)
-  shutil.copy(os.path.join(DAG_FOLDER, "conversions.py"), dags_folder)
-  os.environ["TOOLKIT_DAG_CONFIGS"] = str(configs)
-  dag = DagBag(dag_folder=dags_folder, include_examples=False).get_dag("local_images")
+  dag = _scheduled_dag(configs, "local_images")
   out = str(tmp_path / "shards" / "2026-01-02")
 
   def run_once():
