@@ -27,7 +27,7 @@ from formats.features import ClassLabel, Features, Tensor
 from formats.transforms import element_rng
 from loaders import ExampleOptions, ShardedRecords, example_transform
 from loaders import grain as grain_loader
-from loaders._batch import BatchFiller
+from loaders._batch import ALIGNMENT, BatchFiller
 from loaders._transforms import fill_batch  # the old path's batching: the reference
 from tests.conftest import REPO
 from tests.damage import flip_byte
@@ -124,6 +124,18 @@ def test_every_kind_takes_its_fast_path(outputs):
   for case, (_, kind, options) in CASES.items():
     fill = BatchFiller(ShardedRecords(outputs[case, "array_record"]), ExampleOptions(**options), 4, False)
     assert (fill._plan is None) == (kind == "volume"), case  # volumes: decode, transform, copy
+
+
+def test_every_batch_is_new_memory_aligned_for_zero_copy(outputs):
+  """Two batches of one filler never share memory (nothing is reused: a device array that shares a batch's memory,
+  as jax's CPU backend does, never sees it change), and every array starts on an ALIGNMENT-byte boundary (where
+  that backend shares it instead of copying)."""
+  for case, (_, kind, options) in CASES.items():
+    fill = BatchFiller(ShardedRecords(outputs[case, "array_record"]), ExampleOptions(**options), 4, True)
+    a, b = (fill(indices, lambda j: element_rng(5, 0, j)) for indices in (np.arange(4), np.arange(3)))
+    for key in a:
+      assert a[key].ctypes.data % ALIGNMENT == b[key].ctypes.data % ALIGNMENT == 0, (case, key)
+      assert not np.shares_memory(a[key], b[key]), (case, key)
 
 
 def test_random_patches_follow_the_slot_generators(outputs):
