@@ -49,9 +49,10 @@ class DeviceIterator:
       it = DeviceIterator(loaders.grain.dataset(path, batch_size=32).map(f), NamedSharding(mesh, P("data")))
 
   Each process's host batch must hold its rows of the global batch, in order
-  (what `dataset` and `graph_dataset` arrange). `get_state()` is the host
-  iterator's state right after the last batch the loop received, not the
-  (further advanced) live one.
+  (what `dataset` and `graph_dataset` arrange), and nothing may write into it
+  once it is yielded (the device arrays may share its memory: `_to_global`).
+  `get_state()` is the host iterator's state right after the last batch the
+  loop received, not the (further advanced) live one.
   """
 
   def __init__(self, host_dataset, sharding: NamedSharding, prefetch: int = 2):
@@ -163,7 +164,15 @@ class _Worker:
 
 
 def _to_global(sharding: NamedSharding, batch: dict) -> dict:
-  """One host batch → the global batch: arrays of numbers become jax.Arrays, strings and objects stay as they are."""
+  """One host batch → the global batch: arrays of numbers become jax.Arrays, strings and objects stay as they are.
+
+  On the CPU backend jax uses a host array whose data is 64-byte aligned in place, as the device array's memory
+  (loaders._batch aligns the loaders' batches: no copy), and copies any other; a TPU or GPU copies it into device
+  memory. Either way nothing may write into a host batch once it is handed over (`may_alias=False` does not stop
+  the sharing for numpy arrays: jax-ml/jax#37830): the loaders' batches are new memory every time, and a pool
+  that reuses a buffer only once nothing refers to it (loaders._features.BufferPool) is safe, as the device
+  array refers to it.
+  """
   local = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype.kind not in "OSU"}
   arrays = jax.make_array_from_process_local_data(sharding, local)
   return {k: arrays.get(k, v) for k, v in batch.items()}
