@@ -276,6 +276,71 @@ def test_prefetch_text_on_the_host_set_state_a_dropped_iterator_and_refused_mesh
   assert "make_sampler(1, 8) made a sampler of shard 0 of 8" in found["not_its_slot"]
 
 
+# One process, 8 devices: the device arrays share the loader's aligned host batches (jax's CPU backend uses an
+# aligned numpy buffer in place), so nothing may ever write into a host batch again; and a pool that reuses a
+# buffer only once nothing refers to it (loaders._features.BufferPool) is safe, because jax refers to it.
+_SHARED = r"""
+import gc, json, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from loaders import grain as grain_loader, jax as lj
+from loaders._batch import aligned_empty
+
+sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+found, hosts = {}, []
+
+def note(batch):  # where each host batch's pixels lie (no reference kept)
+  hosts.append(batch["image"].ctypes.data)
+  return batch
+
+want = next(iter(grain_loader.dataset(sys.argv[2], batch_size=8, seed=5, num_threads=1)))  # loaders.grain's batch 0
+host = grain_loader.dataset(sys.argv[2], batch_size=8, seed=5, num_epochs=6, num_threads=2).map(note)
+it = lj.DeviceIterator(host, sharding)
+first = next(it)
+same = lambda: [k for k in want if np.array_equal(np.asarray(first[k]), want[k])]
+found["at_once"] = same()
+row = first["image"][0].nbytes
+found["shared"] = [s.data.unsafe_buffer_pointer() - hosts[0] for s in first["image"].addressable_shards] == \
+    [s.index[0].start * row for s in first["image"].addressable_shards]
+for _ in range(20):  # later batches, dropped at once: a reused buffer would be written over
+  next(it)
+gc.collect()
+found["later"] = len(hosts) - 1
+found["after"] = same()
+it.close()
+
+a = aligned_empty((8, 256), np.float32)
+a[...] = 1
+owner = a.base
+before = sys.getrefcount(owner)
+held = jax.device_put(a, sharding)
+found["put_shared"] = held.addressable_shards[0].data.unsafe_buffer_pointer() == a.ctypes.data
+del a
+found["jax_refers"] = sys.getrefcount(owner) > before - 1  # `a` gone, jax's references remain
+del held
+gc.collect()
+found["released"] = sys.getrefcount(owner) == before - 1
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow  # a process of its own (jax)
+def test_device_arrays_share_the_host_batches_which_nothing_writes_again(inputs):
+  """Batch 0's device arrays equal loaders.grain's batch 0, and still do once 20 more batches are made while
+  they are held; the pixels are the host batch's own memory, not a copy (so the check is not vacuous); a device array
+  sharing a numpy buffer holds a reference to it (what a reference-counting pool relies on)."""
+  r = subprocess.run([sys.executable, "-c", _SHARED, REPO, inputs["records"]], capture_output=True, text=True,
+                     env=_env(8), timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  found = json.loads(r.stdout.strip().splitlines()[-1])
+  assert found["shared"]
+  assert found["later"] >= 20
+  assert found["at_once"] == found["after"] == ["image", "label", "record_index"]
+  assert found["put_shared"] and found["jax_refers"] and found["released"]
+
+
 _PAIR = r"""
 import json, sys
 frameworks = sys.argv[1:]
