@@ -14,8 +14,8 @@ only its own framework:
 This package itself names the framework-free pieces (importing it imports no
 grain, torch, torch_xla or TensorFlow): random access to the records of a
 split, the error a damaged record raises, the record → example transform and
-its options, the graph file and sampler, and the errors of resuming on other
-data. It builds on `formats` only and never imports `pipelines` or Beam.
+its options, the loaders' grouped settings (loaders.options), the graph file and
+sampler, and the errors of resuming on other data. It builds on `formats` only and never imports `pipelines` or Beam.
 
 Every loader reads the generation its output's manifest named when it was
 opened, for its whole life, holds a lease on it, and names it in every saved
@@ -32,6 +32,7 @@ from loaders._pinning import DataIdentity, StateMismatchError, UnverifiedStateWa
 from loaders._sampler import Budgets, NeighborSampler, budgets
 from loaders._shards import ShardedRecords
 from loaders._transforms import ExampleOptions, example_transform
+from loaders.options import Fetching, Ordering, Reading, Settings, Sharding, settings
 from loaders.graph import load as load_graph
 
 __all__ = [
@@ -40,11 +41,16 @@ __all__ = [
     "CorruptRecordError",
     "DataIdentity",
     "ExampleOptions",
+    "Fetching",
     "Graph",
     "HeteroBudgets",
     "HeteroNeighborSampler",
     "NeighborSampler",
+    "Ordering",
+    "Reading",
+    "Settings",
     "ShardedRecords",
+    "Sharding",
     "StateMismatchError",
     "UnverifiedStateWarning",
     "Verify",
@@ -52,4 +58,5 @@ __all__ = [
     "example_transform",
     "hetero_budgets",
     "load_graph",
+    "settings",
 ]

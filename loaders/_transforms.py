@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 import dataclasses
 import io
+from typing import Literal
 
 import numpy as np
 from PIL import Image as PILImage, ImageOps
@@ -32,6 +33,9 @@ from formats.features import ClassLabel, Features, Tensor
 from formats.transforms import (CT_PADDING_HU, DEFAULT_HU_WINDOW, LABEL_PADDING, PATCH_MODES,
                                 center_patch_start, hu_window_constants, label_layout, label_patch_dtype,
                                 sampled_patch_start)
+
+
+Patch = Literal["random", "center"]  # formats.transforms.PATCH_MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +61,7 @@ class ExampleOptions:
 
   image_size: tuple[int, int] | None = None
   patch_size: tuple[int, int, int] | None = None
-  patch: str = "random"
+  patch: Patch = "random"
   hu_window: tuple[float, float] = DEFAULT_HU_WINDOW
   normalize: bool = True
   pos_fraction: float | None = None

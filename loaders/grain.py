@@ -26,6 +26,7 @@ the fused batches of `dataset`; docs/loaders.md says by how much).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -33,20 +34,19 @@ import grain
 import numpy as np
 
 from formats.storage import files
-from formats.outputs.integrity import Verify, verify_level
+from formats.outputs.integrity import Verify
 from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from formats.transforms import element_rng
 from loaders._batch import BatchFiller
 from loaders._order import per_host_batch_size
 from loaders._pinned import PinnedIterDataset, PinnedMapDataset
-from loaders._pinning import ON_NEW_DATA, DataIdentity, StateGuard, check_on_new_data, pin_output
+from loaders._pinning import DataIdentity, StateGuard, pin_output
 from loaders._shards import ShardedRecords
 from loaders._stream import DEFAULT_RUN_RECORDS, RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
+from loaders.options import Fetching, Ordering, Reading, Sharding, settings
 
-__all__ = ["FETCH_MODES", "ON_NEW_DATA", "data_source", "dataset", "map_dataset", "operations", "records"]
-
-FETCH_MODES = ("auto", "shards", "records")  # how a streamed gs:// split is fetched (see `dataset`)
+__all__ = ["data_source", "dataset", "map_dataset", "operations", "records"]
 
 
 def data_source(path: str, split: str = "train", cache_dir: str | None = None,
@@ -206,80 +206,70 @@ def _check_fits(output: Output, split: str, cache_dir: str | None, cache_limit_b
                    f"cache bounded by cache_limit_bytes (see docs/loaders.md)")
 
 
-def map_dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True,
-                seed: int = 0, shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1,
-                drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
-                order: str = "global", global_batch_size: int | None = None, window_shards: int | None = None,
-                cache_limit_bytes: int | None = None, fetch: str = "auto", run_records: int | None = None,
-                lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedMapDataset:
+def map_dataset(path: str, split: str = "train", *, batch_size: int | None = None,
+                global_batch_size: int | None = None, ordering: Ordering | None = None,
+                sharding: Sharding | grain.sharding.ShardOptions | None = None, fetching: Fetching | None = None,
+                example: ExampleOptions | None = None, **fields) -> PinnedMapDataset:
   """The random-access form of `dataset`: a grain MapDataset whose element i is batch i.
 
   Its `to_iter_dataset()` iterators carry the data's identity in their states,
   as `dataset`'s do; `close()` releases the lease.
 
   Args:
-    path, split, batch_size, shuffle, seed, shard_index, shard_count, num_epochs,
-    drop_remainder, cache_dir, verify, order, global_batch_size, window_shards,
-    cache_limit_bytes, fetch, run_records, lease, on_new_data, **example_options: as in `dataset`.
+    path, split, batch_size, global_batch_size, ordering, sharding, fetching, example, **fields: as in
+      `dataset`.
 
   Returns:
     A MapDataset of batches (dicts of numpy arrays), `num_epochs` epochs long.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level, window, cache limit, on_new_data or
-      example option.
-    NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
+    ValueError, TypeError, NotAnOutputError, KeyError, CorruptRecordError: as in `dataset`.
   """
-  batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
-  if num_epochs < 1:
-    raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
-  if cache_limit_bytes is not None and cache_limit_bytes < 1:
-    raise ValueError(f"cache_limit_bytes must be >= 1, got {cache_limit_bytes}")
-  verify_level(verify)
-  if fetch not in FETCH_MODES:
-    raise ValueError(f"fetch must be one of {FETCH_MODES}, got {fetch!r}")
-  check_on_new_data(on_new_data)
-  pin = pin_output(path, lease=lease, purpose=f"loaders.grain {split}")  # the one read of the manifest
+  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, **fields)
+  s.only("loaders.grain.map_dataset (iterate it with grain.ReadOptions)", "ordering", "sharding", "fetching", "example")
+  o, f = s.ordering, s.fetching
+  shard_index, shard_count = s.sharding.resolve(0, 1)
+  batch_size = per_host_batch_size(batch_size, shard_count, o.order, global_batch_size)
+  pin = pin_output(path, lease=f.lease, purpose=f"loaders.grain {split}")  # the one read of the manifest
   try:
     output = pin.output
     identity = DataIdentity.of(output, split)
-    if window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
+    run_records = o.run_records
+    if o.window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
       counts = [s.num_records for s in output.shards(split)]
       if run_records is None:
-        run_records = DEFAULT_RUN_RECORDS if order == "global" else 1
-      windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
-                            shard_count=shard_count, order=order, drop_remainder=drop_remainder,
-                            run_records=run_records)
-      options = ExampleOptions(**example_options)
-      example_transform(output.kind, output.features, options)  # refuses missing options before anything starts
-      positions = windows.batches_per_epoch * num_epochs
+        run_records = DEFAULT_RUN_RECORDS if o.order == "global" else 1
+      windows = WindowOrder(counts, o.window_shards, batch_size, seed=o.seed, shuffle=o.shuffle,
+                            shard_index=shard_index, shard_count=shard_count, order=o.order,
+                            drop_remainder=o.drop_remainder, run_records=run_records)
+      example_transform(output.kind, output.features, s.example)  # refuses missing options before anything starts
+      positions = windows.batches_per_epoch * o.num_epochs
+      fetch = f.fetch
       if fetch == "auto":  # each host reads only its own records: whole shards with the host order, else ranges
-        fetch = ("records" if order == "global" and shard_count > 1 and output.file_format == "array_record"
+        fetch = ("records" if o.order == "global" and shard_count > 1 and output.file_format == "array_record"
                  else "shards")
       if fetch == "records" and files.is_gcs(path):
-        stream = RecordStream(output, split, windows, positions, cache_dir=cache_dir,
-                              cache_limit_bytes=cache_limit_bytes)
+        stream = RecordStream(output, split, windows, positions, cache_dir=f.cache_dir,
+                              cache_limit_bytes=f.cache_limit_bytes)
       else:
-        stream = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
-                             cache_limit_bytes=cache_limit_bytes, verify=verify)
-      read = StreamedBatches(stream, _fill_records(stream, options, batch_size, not drop_remainder, seed))
+        stream = ShardStream(output, split, windows, positions, cache_dir=f.cache_dir,
+                             cache_limit_bytes=f.cache_limit_bytes, verify=f.verify)
+      read = StreamedBatches(stream, _fill_records(stream, s.example, batch_size, not o.drop_remainder, o.seed))
       source = stream
     else:
-      _check_fits(output, split, cache_dir, cache_limit_bytes)
-      source = ShardedRecords(output, split, cache_dir=cache_dir, verify=verify)
-      transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
-      read = _ReadBatch(source, transform, batch_size, seed, shuffle, shard_index, shard_count,
-                        len(source) // shard_count, drop_remainder, order)
+      _check_fits(output, split, f.cache_dir, f.cache_limit_bytes)
+      source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
+      transform = example_transform(source.kind, source.features, s.example)
+      read = _ReadBatch(source, transform, batch_size, o.seed, o.shuffle, shard_index, shard_count,
+                        len(source) // shard_count, o.drop_remainder, o.order)
   except BaseException:
     pin.release()  # nothing will read it: its lease goes now, not when the traceback is dropped
     raise
-  positions = read.batches_per_epoch * num_epochs
+  positions = read.batches_per_epoch * o.num_epochs
   batches = grain.MapDataset.range(positions).map_with_index(read)
-  order_settings = {"order": order, "shuffle": shuffle, "seed": seed, "window_shards": window_shards,
-                    "run_records": windows.run_records if window_shards is not None else None}
-  guard = StateGuard(identity, read.batches_per_epoch, on_new_data, positions, order=order_settings)
+  order_settings = {"order": o.order, "shuffle": o.shuffle, "seed": o.seed, "window_shards": o.window_shards,
+                    "run_records": run_records if o.window_shards is not None else None}
+  guard = StateGuard(identity, read.batches_per_epoch, o.on_new_data, positions, order=order_settings)
   return PinnedMapDataset(batches, guard, keep=(pin, source), close=(source.close, pin.release))
 
 
@@ -294,10 +284,9 @@ class _Example:
     return self._transform(record, rng)
 
 
-def records(path: str, split: str = "train", *, shuffle: bool = True, seed: int = 0, shard_index: int = 0,
-            shard_count: int = 1, shard_options: grain.sharding.ShardOptions | None = None,
-            drop_remainder: bool = True, cache_dir: str | None = None, verify: Verify = "sha256",
-            lease: bool = True, on_new_data: str = "error", **example_options) -> PinnedMapDataset:
+def records(path: str, split: str = "train", *, ordering: Ordering | None = None,
+            sharding: Sharding | grain.sharding.ShardOptions | None = None, fetching: Fetching | None = None,
+            example: ExampleOptions | None = None, **fields) -> PinnedMapDataset:
   """One epoch of fixed-shape examples as a grain MapDataset, for grain's own `.map`, `.filter`, `.batch`, `.mix`.
 
       ds = loaders.grain.records("gs://bucket/imagenet", "train", image_size=(224, 224), seed=0)
@@ -312,133 +301,85 @@ def records(path: str, split: str = "train", *, shuffle: bool = True, seed: int 
   `to_iter_dataset()`. `dataset` is faster (see docs/loaders.md).
 
   Args:
-    path, split, shuffle, seed, cache_dir, verify, lease, on_new_data, **example_options: as in `dataset`.
-    shard_index, shard_count: this replica's records: split records shard_index, shard_index + shard_count, ...
-    shard_options: grain's ShardOptions instead of shard_index, shard_count and drop_remainder.
-    drop_remainder: trim the split to a multiple of shard_count first, so every shard has as many records.
+    path, split, ordering, fetching, example, **fields: as in `dataset`; of Ordering, records reads
+      shuffle, seed, on_new_data and drop_remainder (here: trim the split to a multiple of shard_count
+      first, so every shard has as many records), and of Fetching all but fetch.
+    sharding: this replica's records: split records shard_index, shard_index + shard_count, ...; grain's
+      ShardOptions gives its drop_remainder too.
 
   Returns:
     A MapDataset of dicts of numpy arrays; `identity` names the data, `close()` releases the lease.
 
   Raises:
-    ValueError: a bad shard, verify level, on_new_data or example option, or a gs:// split that cannot
-      fit on local disk.
+    ValueError: a bad setting or one records does not read (num_epochs, order, window_shards, run_records,
+      fetch: one epoch of random access; use `.repeat`), or a gs:// split that cannot fit on local disk.
+    TypeError: as in loaders.options.settings.
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source` (CorruptRecordError also when
       a damaged record is read).
   """
-  if shard_options is not None:
-    shard_index, shard_count, drop_remainder = (shard_options.shard_index, shard_options.shard_count,
-                                                shard_options.drop_remainder)
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
-  verify_level(verify)
-  check_on_new_data(on_new_data)
-  pin = pin_output(path, lease=lease, purpose=f"loaders.grain records {split}")
+  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, **fields).only(
+      "loaders.grain.records", "shuffle", "seed", "on_new_data", "drop_remainder", "sharding", "cache_dir",
+      "verify", "cache_limit_bytes", "lease", "example")
+  o, f = s.ordering, s.fetching
+  shard_index, shard_count = s.sharding.resolve(0, 1)
+  drop_remainder = getattr(sharding, "drop_remainder", o.drop_remainder)  # grain's ShardOptions says its own
+  pin = pin_output(path, lease=f.lease, purpose=f"loaders.grain records {split}")
   try:
-    _check_fits(pin.output, split, cache_dir, None)
-    source = ShardedRecords(pin.output, split, cache_dir=cache_dir, verify=verify)
-    transform = example_transform(source.kind, source.features, ExampleOptions(**example_options))
+    _check_fits(pin.output, split, f.cache_dir, f.cache_limit_bytes)
+    source = ShardedRecords(pin.output, split, cache_dir=f.cache_dir, verify=f.verify)
+    transform = example_transform(source.kind, source.features, s.example)
   except BaseException:
     pin.release()
     raise
   end = len(source) - len(source) % shard_count if drop_remainder else len(source)
   ds = grain.MapDataset.source(source)[shard_index:end:shard_count]
-  if shuffle:
-    ds = ds.shuffle(seed=seed)
+  if o.shuffle:
+    ds = ds.shuffle(seed=o.seed)
   example = _Example(transform, pin)
-  ds = ds.random_map(example, seed=seed) if transform.needs_rng else ds.map(example)
-  settings = {"order": "records", "shuffle": shuffle, "seed": seed, "shards": [shard_index, shard_count]}
-  guard = StateGuard(DataIdentity.of(pin.output, split), len(ds), on_new_data, order=settings)
+  ds = ds.random_map(example, seed=o.seed) if transform.needs_rng else ds.map(example)
+  order = {"order": "records", "shuffle": o.shuffle, "seed": o.seed, "shards": [shard_index, shard_count]}
+  guard = StateGuard(DataIdentity.of(pin.output, split), len(ds), o.on_new_data, order=order)
   return PinnedMapDataset(ds, guard, keep=(pin, source), close=(source.close, pin.release))
 
 
-def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
-            shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, drop_remainder: bool = True,
-            num_threads: int = 16, prefetch_buffer_size: int = 64, cache_dir: str | None = None,
-            verify: Verify = "sha256", order: str = "global", global_batch_size: int | None = None,
-            window_shards: int | None = None, cache_limit_bytes: int | None = None, fetch: str = "auto",
-            run_records: int | None = None, lease: bool = True, on_new_data: str = "error",
-            **example_options) -> PinnedIterDataset:
-  """A grain IterDataset of batches read by up to `num_threads` threads (capped at the CPUs this process may use).
+def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
+            global_batch_size: int | None = None, ordering: Ordering | None = None,
+            sharding: Sharding | grain.sharding.ShardOptions | None = None, fetching: Fetching | None = None,
+            example: ExampleOptions | None = None, reading: Reading | grain.ReadOptions | None = None,
+            **fields) -> PinnedIterDataset:
+  """A grain IterDataset of batches, read on a pool of threads (loaders.Reading), never in processes.
+
+      ds = loaders.grain.dataset("gs://bucket/imagenet", "train", batch_size=256, image_size=(224, 224),
+                                 sharding=grain.sharding.ShardByJaxProcess(), num_epochs=10)
 
   Args:
     path: the output folder, local or gs://.
     split: the split to read.
-    batch_size: examples per batch.
-    shuffle: shuffle each epoch (seeded; reshuffled every epoch).
-    seed: fixes the order and every random draw (patch positions).
-    shard_index, shard_count: this replica's disjoint, equal share of the records.
-    num_epochs: epochs in a row.
-    drop_remainder: drop each epoch's last short batch; False pads it and every
-      batch carries `mask`.
-    num_threads: grain's reading threads.
-    prefetch_buffer_size: batches read ahead.
-    cache_dir: where gs:// shards are cached.
-    verify: how local shards are proven against the manifest, "sha256" (default,
-      once per shard per process), "size" or "none" (see docs/loaders.md).
-    order: "global" (the default: global step k takes the next batch_size ×
-      shard_count records of the epoch's order over the whole split, host h
-      its slice; random draws keyed by the slot in the global batch: the
-      batches of a step, and every sample's patch, do not depend on the host
-      count, so a saved state resumes on any number of hosts with the same
-      global batch) or "host" (each host's strided share, shuffled; what
-      loaders.tfdata reads).
-    global_batch_size: with order="global", the records per global step
-      instead of batch_size (which becomes global_batch_size / shard_count).
-    window_shards: read the split in windows of this many shards instead of
-      at random: each epoch a seeded permutation of the shards, cut into
-      windows, records shuffled within their window. A gs:// split is then
-      streamed: shards are fetched ahead of need (parallel ranged reads, the
-      SHA-256 checked as they arrive), kept in a private cache bounded by
-      `cache_limit_bytes` and deleted after use; a local output is read in the
-      same order from its files. None (default): random access over the
-      whole split (a gs:// split is first copied whole into `cache_dir`, by
-      parallel ranged reads).
-    cache_limit_bytes: the most local disk the streamed shards may take
-      (default: half the free space of the cache's disk, divided among the
-      host's loader processes); with window_shards=None, a gs:// split larger
-      than this is refused with advice instead of filling the disk.
-    fetch: how a streamed gs:// split is fetched: "shards" (whole shards of
-      the windows), "records" (ArrayRecord only: this host's records, one
-      ranged read per run of neighbouring records, verified by their chunk
-      hashes; at most cache_limit_bytes held in memory, ahead of 16
-      batches), or "auto" (default): "records" with order="global" on
-      several hosts (every host reads every window), else "shards". Either
-      way every host reads about its share: one pass over the data in all.
-    run_records: with window_shards, each window's records are shuffled as
-      runs of this many consecutive records of a shard (see docs/loaders.md:
-      what runs do to randomness); None (default): 8 with order="global"
-      (a host's batch of B records is B / 8 ranged reads), 1 (every record on
-      its own) with order="host". The batches depend on it: resume with the
-      value the state was saved with.
-    lease: hold a lease (formats.outputs.leases) on the generation read while the
-      dataset lives, so that clean-up after a rerun does not remove it;
-      released by `close()` or when the dataset and its iterators are
-      collected. On read-only storage one warning is logged and the dataset
-      reads without one. False: no lease.
-    on_new_data: what `set_state` does with a state saved on other data (another generation, manifest or
-      split): "error" (default) raises StateMismatchError naming both generations; "restart_epoch" keeps
-      the state's epoch and starts that epoch over, from its first batch, in this data's order.
-    **example_options: the fields of loaders.ExampleOptions (image_size,
-      patch_size, patch, hu_window, normalize, pos_fraction, max_nodes, max_edges).
+    batch_size: examples per batch on this host.
+    global_batch_size: with order="global", the records per global step instead of batch_size (which
+      becomes global_batch_size / shard_count).
+    ordering: which records each step holds, and in what order (loaders.Ordering).
+    sharding: this host's share (loaders.Sharding, or grain's ShardOptions; default the only host).
+    fetching: how shards are proven and fetched from gs:// (loaders.Fetching).
+    example: how records become fixed-shape examples (loaders.ExampleOptions).
+    reading: host threads and read-ahead (loaders.Reading, or grain's ReadOptions).
+    **fields: any field of those groups by its own name (seed=3, window_shards=8, image_size=(224, 224),
+      num_threads=8).
 
   Returns:
     An IterDataset of dicts of numpy arrays with static shapes; its iterator
     has get_state()/set_state() for resuming (each state names the data:
-    generation, manifest SHA-256, split); `identity` names the data and
-    `close()` releases the lease.
+    generation, manifest SHA-256, split, and the Ordering fields that fix the
+    batches); `identity` names the data and `close()` releases the lease.
 
   Raises:
-    ValueError: a bad batch size, shard, epoch count, verify level, order, window, cache limit, on_new_data
-      or example option, a global batch the host count does not divide, or a gs:// split that cannot fit on
-      local disk for random access.
+    ValueError: a bad setting or batch size, a global batch the host count does not divide, a window
+      the cache limit cannot hold, or a gs:// split that cannot fit on local disk for random access.
+    TypeError: a name that is no setting, or a setting given twice (loaders.options.settings).
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
-  ds = map_dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed, shard_index=shard_index,
-                   shard_count=shard_count, num_epochs=num_epochs, drop_remainder=drop_remainder,
-                   cache_dir=cache_dir, verify=verify, order=order, global_batch_size=global_batch_size,
-                   window_shards=window_shards, cache_limit_bytes=cache_limit_bytes, fetch=fetch,
-                   run_records=run_records, lease=lease, on_new_data=on_new_data, **example_options)
-  # More threads than cores only adds GIL contention for the Python parts of a batch.
-  threads = max(1, min(num_threads, len(os.sched_getaffinity(0))))
-  return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch_buffer_size))
+  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, reading=reading, **fields)
+  ds = map_dataset(path, split, batch_size=batch_size, global_batch_size=global_batch_size,
+                   **dataclasses.replace(s, reading=Reading()).groups())
+  threads = max(1, min(s.reading.num_threads, len(os.sched_getaffinity(0))))
+  return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=s.reading.prefetch_buffer_size))

@@ -42,8 +42,9 @@ from loaders import _graph_file
 from loaders._device import DeviceLoader
 from loaders._graph_file import Graph
 from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
-from loaders._pinning import PIN_ATTEMPTS, DataIdentity, StateGuard, check_on_new_data, pin_output
+from loaders._pinning import PIN_ATTEMPTS, DataIdentity, StateGuard, pin_output
 from loaders._sampler import Budgets, NeighborSampler, budgets
+from loaders.options import Ordering, Reading, settings
 
 __all__ = ["Budgets", "Graph", "HeteroBudgets", "HeteroNeighborSampler", "NeighborSampler", "budgets",
            "grain_dataset", "hetero_budgets", "load", "sampler_identity", "xla_loader"]
@@ -125,47 +126,50 @@ class _EpochSource:
     return f"NeighborSamplerSource(batches={len(self._sampler)}, epochs={self._epochs})"
 
 
-def grain_dataset(sampler: Sampler, num_epochs: int = 1, num_threads: int = 4,
-                  prefetch_buffer_size: int = 8, on_new_data: str = "error"):
+def grain_dataset(sampler: Sampler, *, ordering: Ordering | None = None, reading: Reading | None = None,
+                  **fields):
   """A grain IterDataset of the sampler's batches, built by a pool of threads (never processes).
 
   Args:
-    sampler: the batches of one epoch.
-    num_epochs: epochs in a row (each reshuffles the seeds).
-    num_threads: grain's reading threads.
-    prefetch_buffer_size: batches read ahead.
-    on_new_data: what set_state does with a state saved on another graph or other seeds: "error"
-      (StateMismatchError naming both generations) or "restart_epoch" (the state's epoch, from its
-      first batch); see loaders.grain.dataset.
+    sampler: the batches of one epoch (it holds its own seed, order and shard).
+    ordering: of loaders.Ordering, num_epochs (epochs in a row, each reshuffling the seeds) and on_new_data
+      (what set_state does with a state saved on another graph or other seeds).
+    reading: host threads and read-ahead (loaders.Reading, or grain's ReadOptions).
+    **fields: those fields by name (num_epochs=2, num_threads=4).
 
   Returns:
     A grain IterDataset of dicts of numpy arrays; its iterator supports
     get_state()/set_state() for resuming, and every state names the graph
     and the seeds (`sampler_identity`).
+
+  Raises:
+    ValueError, TypeError: a bad setting, or one the sampler holds (seed, order, shard: set them on it).
   """
   import grain
 
   from loaders._pinned import PinnedMapDataset
 
-  check_on_new_data(on_new_data)
-  source = grain.MapDataset.source(_EpochSource(sampler, num_epochs))
-  guard = StateGuard(sampler_identity(sampler), len(sampler), on_new_data, len(source))
+  s = settings(ordering=ordering, reading=reading, **fields).only(
+      "loaders.graph.grain_dataset (the sampler holds its seed, order and shard)", "num_epochs", "on_new_data",
+      "reading")
+  source = grain.MapDataset.source(_EpochSource(sampler, s.ordering.num_epochs))
+  guard = StateGuard(sampler_identity(sampler), len(sampler), s.ordering.on_new_data, len(source))
+  threads = max(1, min(s.reading.num_threads, len(os.sched_getaffinity(0))))
   return PinnedMapDataset(source, guard, keep=(sampler,)).to_iter_dataset(
-      grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size))
+      grain.ReadOptions(num_threads=threads, prefetch_buffer_size=s.reading.prefetch_buffer_size))
 
 
-def xla_loader(sampler: Sampler, device=None, num_epochs: int = 1, num_threads: int = 4,
-               state: dict | None = None, on_new_data: str = "error", **kwargs) -> DeviceLoader:
+def xla_loader(sampler: Sampler, device=None, *, state: dict | None = None, ordering: Ordering | None = None,
+               reading: Reading | None = None, loader_prefetch_size: int = 8, device_prefetch_size: int = 4,
+               **fields) -> DeviceLoader:
   """The sampler's batches as dicts of tensors on the XLA device, resumable.
 
   Args:
     sampler: the batches of one epoch.
     device: the XLA device (default torch_xla.device()).
-    num_epochs: epochs in a row.
-    num_threads: grain's reading threads on the host.
     state: a get_state() of an earlier loader over the same sampler and epochs: continue after it.
-    on_new_data: what a `state` of another graph or other seeds does (see `grain_dataset`).
-    **kwargs: passed to torch_xla's MpDeviceLoader (loader_prefetch_size, device_prefetch_size, ...).
+    ordering, reading, **fields: as in `grain_dataset`.
+    loader_prefetch_size, device_prefetch_size: torch_xla MpDeviceLoader's queues.
 
   Returns:
     A DeviceLoader (see loaders.xla): iterate it for batches; get_state() says where to resume.
@@ -175,5 +179,6 @@ def xla_loader(sampler: Sampler, device=None, num_epochs: int = 1, num_threads: 
   """
   import torch_xla
 
-  return DeviceLoader(grain_dataset(sampler, num_epochs, num_threads, on_new_data=on_new_data),
-                      device or torch_xla.device(), state, **kwargs)
+  return DeviceLoader(grain_dataset(sampler, ordering=ordering, reading=reading, **fields),
+                      device or torch_xla.device(), state, loader_prefetch_size=loader_prefetch_size,
+                      device_prefetch_size=device_prefetch_size)

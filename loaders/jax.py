@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import copy
+import dataclasses
 import functools
 import math
 import queue
@@ -37,6 +38,7 @@ import numpy as np
 
 from loaders import grain as grain_loader, graph as graph_loader
 from loaders._order import per_host_batch_size
+from loaders.options import ExampleOptions, Fetching, Ordering, Reading, Sharding, settings
 
 __all__ = ["DeviceIterator", "dataset", "graph_dataset"]
 
@@ -214,21 +216,23 @@ def _check_rows(mesh: Mesh, partition: PartitionSpec, per_host: int, shard_index
 
 
 def dataset(path: str, split: str = "train", *, mesh: Mesh, partition: PartitionSpec = PartitionSpec("data"),
-            batch_size: int | None = None, global_batch_size: int | None = None, shard_index: int | None = None,
-            shard_count: int | None = None, prefetch: int = 2, **options) -> DeviceIterator:
+            batch_size: int | None = None, global_batch_size: int | None = None,
+            ordering: Ordering | None = None, sharding: Sharding | None = None, fetching: Fetching | None = None,
+            example: ExampleOptions | None = None, reading: Reading | None = None, prefetch: int = 2,
+            **fields) -> DeviceIterator:
   """Global batches of `path`'s `split` on `mesh`: dicts of jax.Arrays of static shape, resumable.
 
   Args:
-    path, split: as in loaders.grain.dataset.
+    path, split, ordering, fetching, example, reading, **fields: as in loaders.grain.dataset.
     mesh: the devices every array spans.
     partition: the layout of every array on `mesh`; its first entry shards the batch dimension (by default
       over the mesh axis "data").
     batch_size, global_batch_size: this process's rows of each global batch, or the global batch (as in
       loaders.grain.dataset).
-    shard_index, shard_count: this process's slice of every global batch (default jax.process_index() and
-      jax.process_count()); `mesh` must place exactly those rows on this process's devices.
+    sharding: this process's slice of every global batch (loaders.Sharding or grain's ShardOptions, e.g.
+      ShardByJaxProcess); what it leaves None is jax.process_index() and jax.process_count(). `mesh` must
+      place exactly those rows on this process's devices.
     prefetch: global batches waiting on the devices ahead of the loop (DeviceIterator).
-    **options: loaders.grain.dataset's other arguments (seed, num_epochs, order, window_shards, image_size, ...).
 
   Returns:
     A DeviceIterator; its get_state() resumes on any number of processes with the same global batch
@@ -237,14 +241,15 @@ def dataset(path: str, split: str = "train", *, mesh: Mesh, partition: Partition
   Raises:
     ValueError: a mesh that gives this process other rows than its shard reads, a global batch the
       partition's slices do not divide, `prefetch` below 1, or what loaders.grain.dataset refuses.
+    TypeError: as in loaders.grain.dataset.
     NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.data_source.
   """
-  shard_index = jax.process_index() if shard_index is None else shard_index
-  shard_count = jax.process_count() if shard_count is None else shard_count
-  per_host = per_host_batch_size(batch_size, shard_count, options.get("order", "global"), global_batch_size)
+  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, reading=reading, **fields)
+  shard_index, shard_count = s.sharding.resolve(jax.process_index(), jax.process_count())
+  per_host = per_host_batch_size(batch_size, shard_count, s.ordering.order, global_batch_size)
   _check_rows(mesh, partition, per_host, shard_index, shard_count)
-  host = grain_loader.dataset(path, split, batch_size=per_host, shard_index=shard_index, shard_count=shard_count,
-                              **options)
+  s = dataclasses.replace(s, sharding=Sharding(shard_index, shard_count))
+  host = grain_loader.dataset(path, split, batch_size=per_host, **s.groups())
   try:
     return DeviceIterator(host, NamedSharding(mesh, partition), prefetch)
   except BaseException:
@@ -268,8 +273,8 @@ class _Subgraphs:
 
 
 def graph_dataset(make_sampler: Callable[[int, int], graph_loader.Sampler], *, mesh: Mesh,
-                  partition: PartitionSpec = PartitionSpec("data"), num_epochs: int = 1, num_threads: int = 4,
-                  prefetch: int = 2, on_new_data: str = "error") -> DeviceIterator:
+                  partition: PartitionSpec = PartitionSpec("data"), ordering: Ordering | None = None,
+                  reading: Reading | None = None, prefetch: int = 2, **fields) -> DeviceIterator:
   """Neighbour-sampled batches on `mesh`, one subgraph per slice of the leading axis: [slices, ...] arrays.
 
       it = graph_dataset(lambda i, n: loaders.graph.NeighborSampler(graph, [10, 5], global_batch_size=1024,
@@ -286,7 +291,7 @@ def graph_dataset(make_sampler: Callable[[int, int], graph_loader.Sampler], *, m
       shard_index=slot, shard_count=slots; every slot over the same graph and seeds).
     mesh: the devices every array spans.
     partition: the layout of every array; its first entry shards the slots (by default over "data").
-    num_epochs, num_threads, on_new_data: as in loaders.graph.grain_dataset.
+    ordering, reading, **fields: as in loaders.graph.grain_dataset (num_epochs, on_new_data, num_threads, ...).
     prefetch: global batches waiting on the devices ahead of the loop (DeviceIterator).
 
   Returns:
@@ -304,5 +309,5 @@ def graph_dataset(make_sampler: Callable[[int, int], graph_loader.Sampler], *, m
       raise ValueError(f"make_sampler({i}, {slots}) made a sampler of shard {s.shard_index} of {s.shard_count}")
   if len({len(s) for s in samplers}) != 1:
     raise ValueError(f"the slots' samplers have different numbers of batches: {[len(s) for s in samplers]}")
-  host = graph_loader.grain_dataset(_Subgraphs(samplers), num_epochs, num_threads, on_new_data=on_new_data)
+  host = graph_loader.grain_dataset(_Subgraphs(samplers), ordering=ordering, reading=reading, **fields)
   return DeviceIterator(host, NamedSharding(mesh, partition), prefetch)

@@ -15,56 +15,51 @@ never imports TensorFlow (it cannot share a process with torch_xla).
 
 from __future__ import annotations
 
-from formats.outputs.integrity import Verify
+import dataclasses
+
 from loaders import grain as grain_loader
 from loaders._device import DeviceLoader
+from loaders.options import ExampleOptions, Fetching, Ordering, Reading, Sharding, settings
 
 __all__ = ["DeviceLoader", "device_loader"]
 
 
-def device_loader(path: str, split: str = "train", *, batch_size: int | None = None, device=None, shuffle: bool = True,
-                  seed: int = 0, shard_index: int | None = None, shard_count: int | None = None,
-                  num_epochs: int = 1, num_threads: int = 16, state: dict | None = None,
-                  loader_prefetch_size: int = 8, device_prefetch_size: int = 4, verify: Verify = "sha256",
-                  order: str = "global", global_batch_size: int | None = None, window_shards: int | None = None,
-                  cache_limit_bytes: int | None = None, cache_dir: str | None = None, run_records: int | None = None,
-                  lease: bool = True, on_new_data: str = "error", **example_options) -> DeviceLoader:
+def device_loader(path: str, split: str = "train", *, batch_size: int | None = None,
+                  global_batch_size: int | None = None, ordering: Ordering | None = None,
+                  sharding: Sharding | None = None, fetching: Fetching | None = None,
+                  example: ExampleOptions | None = None, reading: Reading | None = None, device=None,
+                  state: dict | None = None, loader_prefetch_size: int = 8, device_prefetch_size: int = 4,
+                  **fields) -> DeviceLoader:
   """torch_xla batches of `path`'s `split` on the device: static shapes, drop_remainder, resumable.
 
   Args:
-    path, split, batch_size, shuffle, seed, num_epochs, num_threads, verify, order,
-      global_batch_size, window_shards, cache_limit_bytes, cache_dir, run_records, lease, on_new_data,
-      **example_options: as in
-      loaders.grain.dataset (order="global": a state resumes on any number of hosts with the same
-      global batch; window_shards: stream a gs:// split through a bounded cache).
+    path, split, batch_size, global_batch_size, ordering, fetching, example, reading, **fields: as in
+      loaders.grain.dataset (with order="global", the default, a state resumes on any number of hosts
+      with the same global batch).
+    sharding: this replica's share (loaders.Sharding or grain's ShardOptions); what it leaves None is
+      torch_xla.runtime's global_ordinal() and world_size().
     device: the XLA device (default torch_xla.device()).
-    shard_index, shard_count: this replica's share (default torch_xla.runtime's
-      global_ordinal() and world_size()).
-    state: a DeviceLoader.get_state() of an earlier loader with the same
-      arguments: continue after the last batch it delivered. A state saved on
-      other data raises StateMismatchError (on_new_data="error") or starts
-      its epoch over on this data (on_new_data="restart_epoch").
+    state: a DeviceLoader.get_state() of an earlier loader with the same settings: continue after the
+      last batch it delivered. A state saved on other data raises StateMismatchError
+      (on_new_data="error") or starts its epoch over on this data (on_new_data="restart_epoch").
     loader_prefetch_size, device_prefetch_size: torch_xla MpDeviceLoader's queues.
 
   Returns:
     A DeviceLoader: iterate it for dicts of tensors on the device.
 
   Raises:
-    ValueError, NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.dataset.
+    ValueError, TypeError, NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.dataset;
+      drop_remainder=False is refused (torch_xla needs every batch whole).
     StateMismatchError: `state` was saved on other data and on_new_data="error".
   """
   import torch_xla
   import torch_xla.runtime as xr
 
-  device = device or torch_xla.device()
-  shard_index = xr.global_ordinal() if shard_index is None else shard_index
-  shard_count = xr.world_size() if shard_count is None else shard_count
-  ds = grain_loader.dataset(path, split, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                            shard_index=shard_index, shard_count=shard_count, num_epochs=num_epochs,
-                            drop_remainder=True, num_threads=num_threads, verify=verify, order=order,
-                            global_batch_size=global_batch_size, window_shards=window_shards,
-                            cache_limit_bytes=cache_limit_bytes, cache_dir=cache_dir, run_records=run_records,
-                            lease=lease,
-                            on_new_data=on_new_data, **example_options)
-  return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
+  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, reading=reading, **fields)
+  if not s.ordering.drop_remainder:
+    raise ValueError("loaders.xla reads whole batches only: drop_remainder must be True")
+  index, count = s.sharding.resolve(xr.global_ordinal(), xr.world_size())
+  s = dataclasses.replace(s, sharding=Sharding(index, count))
+  ds = grain_loader.dataset(path, split, batch_size=batch_size, global_batch_size=global_batch_size, **s.groups())
+  return DeviceLoader(ds, device or torch_xla.device(), state, loader_prefetch_size=loader_prefetch_size,
                       device_prefetch_size=device_prefetch_size)

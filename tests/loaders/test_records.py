@@ -89,7 +89,7 @@ def test_shards_partition_the_records(outputs):
   assert {len(p) for p in parts} == {N // 4}
   assert sorted(sum(parts, [])) == list(range(N - N % 4))
   assert sorted(parts[1]) == list(range(1, N - N % 4, 4))  # strided, as dataset(order="host") shares them
-  uneven = [ids(shard_options=grain.sharding.ShardOptions(i, 4, drop_remainder=False)) for i in range(4)]
+  uneven = [ids(sharding=grain.sharding.ShardOptions(i, 4, drop_remainder=False)) for i in range(4)]
   assert sorted(sum(uneven, [])) == list(range(N))
   with pytest.raises(ValueError, match=r"shard_index 4 is outside \[0, 4\)"):
     grain_loader.records(outputs["raw"], shard_index=4, shard_count=4)
