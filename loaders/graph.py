@@ -44,7 +44,7 @@ from loaders._graph_file import Graph
 from loaders._hetero import HeteroBudgets, HeteroNeighborSampler, hetero_budgets
 from loaders._pinning import PIN_ATTEMPTS, DataIdentity, StateGuard, pin_output
 from loaders._sampler import Budgets, NeighborSampler, budgets
-from loaders.options import Ordering, Reading, settings
+from loaders.options import GRAPH_DEFAULTS, Ordering, Reading, settings
 
 __all__ = ["Budgets", "Graph", "HeteroBudgets", "HeteroNeighborSampler", "NeighborSampler", "budgets",
            "grain_dataset", "hetero_budgets", "load", "sampler_identity", "xla_loader"]
@@ -134,7 +134,8 @@ def grain_dataset(sampler: Sampler, *, ordering: Ordering | None = None, reading
     sampler: the batches of one epoch (it holds its own seed, order and shard).
     ordering: of loaders.Ordering, num_epochs (epochs in a row, each reshuffling the seeds) and on_new_data
       (what set_state does with a state saved on another graph or other seeds).
-    reading: host threads and read-ahead (loaders.Reading, or grain's ReadOptions).
+    reading: host threads and read-ahead (loaders.Reading, or grain's ReadOptions; by default
+      loaders.options.GRAPH_DEFAULTS': 4 threads, 8 batches ahead).
     **fields: those fields by name (num_epochs=2, num_threads=4).
 
   Returns:
@@ -149,7 +150,7 @@ def grain_dataset(sampler: Sampler, *, ordering: Ordering | None = None, reading
 
   from loaders._pinned import PinnedMapDataset
 
-  s = settings(ordering=ordering, reading=reading, **fields).only(
+  s = settings(ordering=ordering, reading=reading, defaults=GRAPH_DEFAULTS, **fields).only(
       "loaders.graph.grain_dataset (the sampler holds its seed, order and shard)", "num_epochs", "on_new_data",
       "reading")
   source = grain.MapDataset.source(_EpochSource(sampler, s.ordering.num_epochs))

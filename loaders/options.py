@@ -31,7 +31,7 @@ from loaders._order import ORDERS
 from loaders._pinning import ON_NEW_DATA
 from loaders._transforms import ExampleOptions, Patch
 
-__all__ = ["ExampleOptions", "Fetch", "Fetching", "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings",
+__all__ = ["GRAPH_DEFAULTS", "ExampleOptions", "Fetch", "Fetching", "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings",
            "Sharding", "settings"]
 
 Order = Literal["global", "host"]
@@ -246,12 +246,14 @@ class Settings:
 
 def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | None = None,
              fetching: Fetching | None = None, example: ExampleOptions | None = None,
-             reading: Reading | Any | None = None, **fields) -> Settings:
+             reading: Reading | Any | None = None, defaults: Settings | None = None, **fields) -> Settings:
   """The settings of one loader call: the groups given, each field given by name set in its group.
 
   Args:
     ordering, sharding, fetching, example, reading: the groups (None: the defaults); `sharding` may be
       grain's ShardOptions and `reading` grain's ReadOptions.
+    defaults: the groups a field by name is set in (None: each group's own defaults; the graph feeders
+      pass GRAPH_DEFAULTS).
     **fields: any field of the groups by its own name.
 
   Returns:
@@ -276,5 +278,11 @@ def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | Non
     if given[group] is not None:
       raise TypeError(f"{field} is given both by name and in {group}=: give it once")
     by_group[group][field] = value
-  return Settings(**{name: given[name] if given[name] is not None else _GROUPS[name](**by_group[name])
-                     for name in _GROUPS})
+  defaults = defaults or Settings()
+  return Settings(**{name: given[name] if given[name] is not None
+                     else dataclasses.replace(getattr(defaults, name), **by_group[name]) for name in _GROUPS})
+
+
+# The graph feeders' defaults: a sampled batch with its features can take tens of MB, and sampling
+# saturates few threads.
+GRAPH_DEFAULTS = Settings(reading=Reading(num_threads=4, prefetch_buffer_size=8))

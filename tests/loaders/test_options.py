@@ -75,6 +75,12 @@ def test_a_setting_given_twice_or_unknown_is_a_type_error(raw):
     grain_loader.dataset(raw, batch_size=4, sharding=(0, 2))
 
 
+def test_a_field_by_name_is_set_in_the_loaders_defaults():
+  assert options.settings(num_threads=2).reading == loaders.Reading(2, 64)
+  assert options.settings(defaults=options.GRAPH_DEFAULTS, num_threads=2).reading == loaders.Reading(2, 8)
+  assert options.settings(defaults=options.GRAPH_DEFAULTS).reading == options.GRAPH_DEFAULTS.reading
+
+
 def test_a_setting_a_loader_does_not_read_is_refused_not_ignored(raw):
   with pytest.raises(ValueError, match=r"loaders.grain.records does not read num_epochs \(set to 3\)"):
     grain_loader.records(raw, num_epochs=3)
