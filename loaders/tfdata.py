@@ -1,13 +1,30 @@
 """TFRecord shards → a `tf.data.Dataset` of fixed-shape dict batches.
 
     ds = loaders.tfdata.dataset("gs://bucket/imagenet", "train", batch_size=256, image_size=(224, 224))
+    ds = loaders.tfdata.dataset(path, "train", order="global", global_batch_size=1024, shard_index=host,
+                                shard_count=hosts, window_shards=8)   # grain's batches, streamed from gs://
 
-Records are parsed from the manifest's schema, split disjointly with
-`Dataset.shard` at record level (after trimming to a multiple of the shard
-count, so every shard gets the same number of batches), shuffled with `seed`
-and reshuffled each epoch, decoded/resized to static shapes and batched with
-drop_remainder. gs:// shards are fetched once into a local cache and checked
-against the manifest's SHA-256 (no TensorFlow GCS plugin or FUSE mount needed).
+Two ways to choose the records of a batch:
+
+* order="host" (the default) without `window_shards`: tf.data's own
+  pipeline. Records are split disjointly with `Dataset.shard` at record level
+  (after trimming to a multiple of the shard count, so every shard gets the
+  same number of batches), shuffled with `seed` in a buffer and reshuffled
+  each epoch, decoded/resized to static shapes and batched with
+  drop_remainder. gs:// shards are fetched once into a local cache and
+  checked against the manifest's SHA-256 (no TensorFlow GCS plugin or FUSE
+  mount needed).
+* order="global", or `window_shards`: the records of batch position k are
+  those loaders.grain puts in it, chosen by the same framework-free order
+  (loaders._stream.WindowOrder for windows of shards; otherwise one seeded
+  permutation of the whole split per epoch) and read by the same readers
+  (loaders.ShardedRecords at random, loaders._stream.ShardStream for
+  windows: a gs:// split streamed through a bounded cache, each shard's
+  SHA-256 checked as it arrives). tf.data maps `Dataset.range(positions)`
+  through one `tf.numpy_function` that hands it batch k's serialized records,
+  then parses and decodes them as above: the batches equal grain's bit for
+  bit, and a run resumes at global step k on any number of hosts with the
+  same global batch (`dataset` says how).
 
 Before tf.data sees a shard, its bytes are proven at the `verify` level (see
 formats.outputs.integrity) and its framing is walked once to count its records against
@@ -20,6 +37,8 @@ epoch, and holds a lease on it while the dataset lives (loaders._pinning).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -29,7 +48,10 @@ from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.outputs.integrity import Verify, verify_level
 from formats.outputs.output import Output
+from loaders._order import per_host_batch_size
 from loaders._pinning import pin_output
+from loaders._shards import ShardedRecords
+from loaders._stream import DEFAULT_RUN_RECORDS, ShardStream, WindowOrder
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
                                 RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
                                 resize_plan, seeded_patch_start)
@@ -128,16 +150,17 @@ def _checked_shards(output: Output, split: str, cache_dir: str | None, verify: V
   return paths
 
 
-_Convert = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], dict]  # (n, record index, serialized record) -> example
+# (n, record index, serialized record) -> example; n = batch position × batch_size + slot in this host's batch
+_Convert = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], dict]
 
 
-def _check_arguments(verify: Verify, batch_size: int, num_epochs: int) -> None:
-  """Rejects a bad verify level, batch size or epoch count, before anything is opened."""
+def _check_arguments(verify: Verify, num_epochs: int, cache_limit_bytes: int | None) -> None:
+  """Rejects a bad verify level, epoch count or cache limit, before anything is opened."""
   verify_level(verify)
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if num_epochs < 1:
     raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
+  if cache_limit_bytes is not None and cache_limit_bytes < 1:
+    raise ValueError(f"cache_limit_bytes must be >= 1, got {cache_limit_bytes}")
 
 
 def _check_tfrecord(output: Output) -> None:
@@ -153,13 +176,18 @@ def _check_shard(shard_index: int, shard_count: int) -> None:
     raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
 
 
-def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batch_size: int) -> _Convert:
-  """The parse-and-decode function for records of `kind`, giving static shapes; ValueError for a kind not read here."""
+def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batch_size: int,
+               first_slot: int = 0) -> _Convert:
+  """The parse-and-decode function for records of `kind`, giving static shapes; ValueError for a kind not read here.
+
+  Random draws are keyed by (seed, batch position, first_slot + slot): `first_slot` is this host's first slot
+  in the global batch with order="global", else 0.
+  """
   spec = _parse_spec(features)
   if kind == "image":
     return _image_converter(features, spec, o)
   if kind == "volume":
-    return _volume_converter(features, spec, o, seed, batch_size)
+    return _volume_converter(features, spec, o, seed, batch_size, first_slot)
   if kind == "tensors":
     return _tensors_converter(features, spec)
   raise ValueError(f"loaders.tfdata reads image, volume and tensors records, not {kind!r} "
@@ -212,7 +240,8 @@ def _label_parser(features: Features, layout: str) -> Callable[[dict, tf.Tensor]
   return parse
 
 
-def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: int, batch_size: int) -> _Convert:
+def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: int, batch_size: int,
+                      first_slot: int) -> _Convert:
   """CT volumes cut to a `patch_size` patch (centre, or seeded by batch position and slot), padded, windowed;
   their `label`, when they have one, cut at the same start (formats.transforms)."""
   if o.patch_size is None:
@@ -228,7 +257,7 @@ def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: i
 
   def draw(shape, n, *label):
     position, slot = divmod(int(n), batch_size)
-    return seeded_patch_start(shape, o.patch_size, seed, position, slot, o.pos_fraction,
+    return seeded_patch_start(shape, o.patch_size, seed, position, first_slot + slot, o.pos_fraction,
                               label[0] if label else None)
 
   def convert(n, index, serialized):
@@ -299,31 +328,152 @@ def _whole_batches(records: tf.data.Dataset, convert: _Convert, per_shard: int, 
   return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool = True, seed: int = 0,
+class _SplitOrder:
+  """order="global" over the whole split at random: the records of each batch position, as loaders.grain's
+  random-access reader (window_shards=None) chooses them.
+
+  Epoch e is one permutation of the split drawn from (seed, e) (record order unshuffled); global step k
+  takes its records [k·G, (k+1)·G), G = batch_size × shard_count, and host h the slice starting at
+  h·batch_size. The same interface as loaders._stream.WindowOrder (indices, batches_per_epoch, first_slot).
+  """
+
+  _TAG = 0x610BA1  # loaders.grain's key of the global permutation
+
+  def __init__(self, num_records: int, batch_size: int, seed: int, shuffle: bool, shard_index: int,
+               shard_count: int):
+    self.num_records, self.batch_size, self.seed, self.shuffle = num_records, batch_size, seed, shuffle
+    self.shard_index, self.shard_count = shard_index, shard_count
+    self.batches_per_epoch = num_records // (batch_size * shard_count)
+    self.first_slot = shard_index * batch_size
+    self._orders: dict[int, np.ndarray] = {}
+    self._lock = threading.Lock()
+
+  def _order(self, epoch: int) -> np.ndarray:
+    """The epoch's record order (drawn once; the last two epochs are kept)."""
+    with self._lock:
+      order = self._orders.get(epoch)
+      if order is None:
+        n = self.num_records
+        order = (np.random.default_rng([self.seed, epoch, self._TAG]).permutation(n) if self.shuffle
+                 else np.arange(n))
+        self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+        self._orders[epoch] = order
+      return order
+
+  def indices(self, position: int) -> np.ndarray:
+    """The split record indices of this host's batch `position`."""
+    epoch, k = divmod(position, self.batches_per_epoch)
+    start = k * self.batch_size * self.shard_count + self.first_slot
+    return self._order(epoch)[start:start + self.batch_size]
+
+
+class _RecordBatches:
+  """Batch position → (n, record indices, serialized records) of this host's batch, for tf.numpy_function.
+
+  The records are read by `source.raw` (a ShardedRecords, or a ShardStream whose `batch` block makes the
+  position's shards local and pins them); n = position × batch_size + slot keys the random draws.
+  """
+
+  def __init__(self, source: ShardedRecords | ShardStream, order: _SplitOrder | WindowOrder, batch_size: int):
+    self.source, self.order, self.batch_size = source, order, batch_size
+
+  def __call__(self, position) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    position = int(position)
+    if isinstance(self.source, ShardStream):
+      with self.source.batch(position) as indices:
+        data = [self.source.raw(int(i)) for i in indices]
+    else:
+      indices = self.order.indices(position)
+      data = [self.source.raw(int(i)) for i in indices]
+    n = position * self.batch_size + np.arange(len(data), dtype=np.int64)
+    return n, np.asarray(indices, np.int64), np.array(data, dtype=object).reshape(len(data))
+
+
+def _position_batches(read: _RecordBatches, positions: int, convert: _Convert) -> tf.data.Dataset:
+  """Batch positions 0..positions-1, each read by `read` (one numpy call per batch, in parallel), converted
+  record by record and batched again: every batch holds exactly the records `read` gave for its position.
+
+  Checkpoints are symbolic (tf.data.Options.experimental_symbolic_checkpoint): a tf.train.Checkpoint of an
+  iterator saves how far the range has gone, not the batches in tf.data's buffers, so it is a few KiB and
+  restores into a dataset of another host count (the position is the global step with order="global").
+  """
+  b = read.batch_size
+  # tf.numpy_function keeps its function for the life of the process (in the outermost graph): it holds
+  # `read` weakly, and the dataset strongly (`dataset`), so the readers go with the dataset.
+  ref = weakref.ref(read)
+
+  def call(position):
+    reader = ref()
+    if reader is None:
+      raise RuntimeError("the loaders.tfdata dataset this iterator reads was collected")
+    return reader(position)
+
+  def load(position):
+    out = tf.numpy_function(tf.autograph.experimental.do_not_convert(call), [position],
+                            [tf.int64, tf.int64, tf.string], stateful=False)
+    for t in out:
+      t.set_shape([b])
+    return tuple(out)
+
+  ds = tf.data.Dataset.range(positions).map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.unbatch().map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.batch(b, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+  options = tf.data.Options()
+  options.experimental_symbolic_checkpoint = True  # a checkpoint holds positions, never buffered batches
+  return ds.with_options(options)
+
+
+def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
             shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, cache_dir: str | None = None,
-            shuffle_buffer: int = 10_000, verify: Verify = "sha256", lease: bool = True,
+            shuffle_buffer: int = 10_000, verify: Verify = "sha256", order: str = "host",
+            global_batch_size: int | None = None, window_shards: int | None = None,
+            cache_limit_bytes: int | None = None, run_records: int | None = None, lease: bool = True,
             **example_options) -> tf.data.Dataset:
   """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards: images, CT volumes, tensors records.
 
   The batches have loaders.grain's keys, dtypes and values (formats.transforms
-  is the one specification): every epoch is this shard's records (strided by
-  record index), shuffled with `seed` when `shuffle`, cut to whole batches
-  (drop_remainder), and random patches are drawn from
+  is the one specification), every epoch cut to whole batches (drop_remainder).
+
+  order="host" without window_shards (the default): every epoch is this
+  shard's records (strided by record index), shuffled with `seed` in a buffer
+  of `shuffle_buffer` records when `shuffle`; random patches are drawn from
   element_rng(seed, batch position, slot). With shuffle=False the batches
   equal grain's bit for bit; shuffled orders differ (tf.data's shuffle buffer
   is not grain's permutation), and so do the random patches a record gets.
 
+  order="global", or any order with window_shards: every batch is the one
+  loaders.grain.dataset gives with the same arguments, bit for bit, shuffled
+  or not (the same order, read by the same readers; random draws keyed by the
+  slot in the global batch with order="global"). Batch k of the dataset is
+  batch position k (over all epochs); with order="global" position k is
+  global step k, the same on any number of hosts. Resume, on this host count
+  or another with the same global batch: restore a tf.train.Checkpoint of an
+  iterator (checkpoints are symbolic: a few KiB, and nothing before the saved
+  step is read again), or take `dataset(...).skip(k)` after k steps (the same
+  batches, but tf.data reads and drops the k skipped ones).
+
   Args:
     path: the output folder (TFRecord shards), local or gs://.
     split: the split to read.
-    batch_size: examples per batch (the remainder of each epoch is dropped).
-    shuffle: shuffle each epoch with a buffer of `shuffle_buffer` records.
-    seed: fixes the shuffle and every random draw.
+    batch_size: examples per batch on this host (the remainder of each epoch is dropped).
+    shuffle: shuffle each epoch (seeded; differently every epoch).
+    seed: fixes the order and every random draw.
     shard_index, shard_count: this replica's disjoint, equal share of the records.
     num_epochs: epochs in a row.
-    cache_dir: where gs:// shards are cached.
-    shuffle_buffer: the shuffle buffer's size.
+    cache_dir: where gs:// shards are cached (streamed ones: a private folder under it).
+    shuffle_buffer: the shuffle buffer's size (order="host" without window_shards only).
     verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
+    order: "host" (default: tf.data's pipeline above) or "global" (grain's global order:
+      global step k takes the next batch_size × shard_count records of the epoch's permutation
+      of the whole split, host h its slice); see loaders.grain.dataset.
+    global_batch_size: with order="global", the records per global step instead of batch_size.
+    window_shards: read the split in windows of this many shards, as loaders.grain does: a gs://
+      split is streamed (shards fetched ahead, SHA-256 checked as they arrive, deleted after use)
+      through a private cache bounded by `cache_limit_bytes` instead of copied whole.
+    cache_limit_bytes: the most local disk streamed shards may take (default: half the free space
+      of the cache's disk, divided among the host's loader processes).
+    run_records: with window_shards, records shuffled as runs of this many consecutive records
+      (default 8 with order="global", 1 with order="host"); see loaders.grain.dataset.
     lease: hold a lease on the generation read while the dataset (or one made from it by tf.data
       transformations) lives; see loaders.grain.dataset.
     **example_options: the fields of loaders.ExampleOptions.
@@ -333,24 +483,61 @@ def dataset(path: str, split: str = "train", *, batch_size: int, shuffle: bool =
 
   Raises:
     ValueError: the shards are not TFRecord, the record kind is not read here,
-      or a bad batch size, shard, epoch count, verify level or example option.
+      or a bad batch size, order, shard, epoch count, verify level, window, cache limit or
+      example option, or a global batch the host count does not divide.
     NotAnOutputError: `path` has no manifest.json.
     KeyError: the output has no such split.
     CorruptRecordError: a shard differs from the manifest (size, digest or record count).
   """
-  _check_arguments(verify, batch_size, num_epochs)
+  _check_arguments(verify, num_epochs, cache_limit_bytes)
+  batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
   pin = pin_output(path, lease=lease, purpose=f"loaders.tfdata {split}")
-  output = pin.output
-  _check_tfrecord(output)
-  _check_shard(shard_index, shard_count)  # after opening: a missing or non-TFRecord output is reported first
-  kind = output.kind  # here: a manifest without a kind is reported before bad options or a missing split
-  options = ExampleOptions(**example_options)
+  try:
+    output = pin.output
+    _check_tfrecord(output)
+    _check_shard(shard_index, shard_count)  # after opening: a missing or non-TFRecord output is reported first
+    kind = output.kind  # here: a manifest without a kind is reported before bad options or a missing split
+    options = ExampleOptions(**example_options)
+    if order == "host" and window_shards is None:
+      ds, read = _host_pipeline(output, split, kind, options, batch_size, shuffle, seed, shard_index,
+                                shard_count, num_epochs, cache_dir, shuffle_buffer, verify), None
+    else:
+      if window_shards is not None:
+        counts = [s.num_records for s in output.shards(split)]
+        if run_records is None:
+          run_records = DEFAULT_RUN_RECORDS if order == "global" else 1
+        windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle,
+                              shard_index=shard_index, shard_count=shard_count, order=order, run_records=run_records)
+        convert = _converter(kind, output.features, options, seed, batch_size, windows.first_slot)
+        positions = windows.batches_per_epoch * num_epochs
+        source = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
+                             cache_limit_bytes=cache_limit_bytes, verify=verify)
+        read = _RecordBatches(source, windows, batch_size)
+      else:
+        shards = output.shards(split)  # a missing split is reported before the shards are fetched
+        split_order = _SplitOrder(sum(s.num_records for s in shards), batch_size, seed, shuffle, shard_index,
+                                  shard_count)
+        convert = _converter(kind, output.features, options, seed, batch_size, split_order.first_slot)
+        positions = split_order.batches_per_epoch * num_epochs
+        source = ShardedRecords(output, split, cache_dir=cache_dir, verify=verify)
+        read = _RecordBatches(source, split_order, batch_size)
+      ds = _position_batches(read, positions, convert)
+  except BaseException:
+    pin.release()  # nothing will read it: its lease goes now, not when the traceback is dropped
+    raise
+  ds._tpu_shards_pin = pin  # lives as long as the dataset and every dataset made from it (they hold their input)
+  ds._tpu_shards_read = read  # the readers (a stream's private folder goes with them); None for the host pipeline
+  return ds
+
+
+def _host_pipeline(output: Output, split: str, kind: str, options: ExampleOptions, batch_size: int, shuffle: bool,
+                   seed: int, shard_index: int, shard_count: int, num_epochs: int, cache_dir: str | None,
+                   shuffle_buffer: int, verify: Verify) -> tf.data.Dataset:
+  """order="host" without windows: tf.data's TFRecordDataset, `shard`, a shuffle buffer, map and batch."""
   paths = _checked_shards(output, split, cache_dir, verify)
   per_shard = sum(s.num_records for s in output.shards(split)) // shard_count
   convert = _converter(kind, output.manifest.features, options, seed, batch_size)
   records = _shard_records(paths, per_shard, shard_index, shard_count)
   if shuffle:
     records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-  ds = _whole_batches(records, convert, per_shard, batch_size, num_epochs)
-  ds._tpu_shards_pin = pin  # lives as long as the dataset and every dataset made from it (they hold their input)
-  return ds
+  return _whole_batches(records, convert, per_shard, batch_size, num_epochs)

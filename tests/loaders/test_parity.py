@@ -164,6 +164,82 @@ def test_center_patch_is_the_centre(outputs):
       assert start.tolist() == (np.maximum(shape - (8, 40, 40), 0) // 2).tolist()
 
 
+# name: (output, loader options) read with order="global", shuffled, by 1 host and by each of 2 hosts.
+GLOBAL_CASES = {
+    "raw": ("raw", dict(global_batch_size=4, num_epochs=2)),
+    "jpeg_small": ("jpeg", dict(global_batch_size=4, image_size=(24, 24))),
+    "ct_random": ("ct", dict(global_batch_size=2, patch_size=(8, 40, 40), patch="random", num_epochs=2)),
+    "seg_positive": ("seg", dict(global_batch_size=2, patch_size=(6, 16, 16), patch="random", num_epochs=2,
+                                 pos_fraction=0.7)),
+    "tensors": ("tensors", dict(global_batch_size=4)),
+}
+
+
+def _both(path: str, **opts) -> tuple[list[dict], list[dict]]:
+  """(tf.data's batches, grain's batches) of the same arguments."""
+  return (list(tfdata.dataset(path, **opts).as_numpy_iterator()),
+          list(grain_loader.dataset(path, num_threads=2, **opts)))
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+@pytest.mark.parametrize("case", sorted(GLOBAL_CASES))
+def test_tfdata_global_order_equals_grain_shuffled(outputs, case, hosts):
+  """order="global", shuffled: every host's batches are grain's, bit for bit (the same permutation of the
+  split, and every random patch keyed by the slot in the global batch)."""
+  key, opts = GLOBAL_CASES[case]
+  for h in range(hosts):
+    got, want = _both(outputs[key], order="global", seed=7, shard_index=h, shard_count=hosts, **opts)
+    _assert_same_batches(got, want, f"tf.data {case} host {h} of {hosts}")
+  if hosts == 1:  # shuffled for real: not the record order
+    assert not np.array_equal(np.concatenate([b["record_index"] for b in got]),
+                              np.arange(len(got) * len(got[0]["record_index"])))
+
+
+@pytest.mark.parametrize("order", ["global", "host"])
+@pytest.mark.parametrize("case", ["raw", "seg_positive"])
+def test_tfdata_windows_of_shards_equal_grain(outputs, case, order):
+  """window_shards on a local output: the same windows, runs and slots as grain, on each of 2 hosts."""
+  key, opts = GLOBAL_CASES[case]
+  opts = {**{k: v for k, v in opts.items() if k != "global_batch_size"}, "batch_size": opts["global_batch_size"] // 2}
+  for h in range(2):
+    got, want = _both(outputs[key], order=order, seed=3, shard_index=h, shard_count=2, window_shards=1, **opts)
+    _assert_same_batches(got, want, f"tf.data {case} windows, order={order}, host {h}")
+
+
+@pytest.mark.parametrize("window_shards", [1, None])
+def test_tfdata_streamed_from_gcs_equals_grain_reading_the_local_copy(outputs, gcs_emulator, tmp_path,
+                                                                       window_shards):
+  """gs:// through the emulator: windows of shards streamed through a bounded cache (or, without windows, the
+  split copied once), the batches grain gives for the local output; the stream's private folder goes with the
+  dataset."""
+  import gc
+
+  from formats import load_manifest
+  from tests.conftest import upload_tree
+
+  for key, opts in (("raw", dict(GLOBAL_CASES["raw"][1])), ("seg", dict(GLOBAL_CASES["seg_positive"][1]))):
+    gs = f"gs://{gcs_emulator}/parity/{key}-{window_shards}"
+    upload_tree(outputs[key], gs)
+    shards = load_manifest(outputs[key]).splits["train"].shards
+    limit = 4096 + 3 * (max(s.num_bytes for s in shards) + 4 * 4096)  # 3 of the 2 shards: the smallest it takes
+    cache = tmp_path / f"cache-{key}"
+    opts.update(order="global", seed=11, shard_count=2, window_shards=window_shards, cache_dir=str(cache))
+    if window_shards:
+      opts["cache_limit_bytes"] = limit
+    for h in range(2):
+      ds = tfdata.dataset(gs, shard_index=h, **opts)
+      got = list(ds.as_numpy_iterator())
+      want = list(grain_loader.dataset(outputs[key], num_threads=2, shard_index=h, **{
+          k: v for k, v in opts.items() if k not in ("cache_dir", "cache_limit_bytes")}))
+      _assert_same_batches(got, want, f"tf.data {key} from gs://, window_shards={window_shards}, host {h}")
+      if window_shards:
+        stream = ds._tpu_shards_read.source
+        assert stream.bytes_fetched >= sum(s.num_bytes for s in shards) and 0 < stream.peak_bytes <= limit
+        del ds, stream
+        gc.collect()
+        assert not [f for _, _, fs in os.walk(cache / "stream") for f in fs], "the stream outlived its dataset"
+
+
 _XLA_DUMP = r"""
 import json, sys
 import numpy as np

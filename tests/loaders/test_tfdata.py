@@ -1,11 +1,20 @@
-"""loaders.tfdata's own pieces: the TensorFlow resize equals Pillow's fit, pixel for pixel."""
+"""loaders.tfdata's own pieces: the TensorFlow resize equals Pillow's fit, pixel for pixel; the global order's
+resume (tf.train.Checkpoint on another host count, `skip`), its errors, and its readers' lifetime."""
 
 from __future__ import annotations
 
+import gc
+import os
+import weakref
+
 import numpy as np
+import pytest
+import tensorflow as tf
 from PIL import Image as PILImage, ImageOps
 
+from formats.outputs.output import open_output
 from loaders import tfdata
+from tests.loaders import make_outputs
 
 
 def _pillow_fit(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -28,3 +37,88 @@ def test_crop_first_gives_the_same_pixels_as_pillows_fit():
       for size in sizes:
         np.testing.assert_array_equal(tfdata._resize_center_crop(img, size).numpy(), _pillow_fit(img, size),
                                       err_msg=f"{(h, w)} -> {size}")
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> str:
+  """48 raw 6x5 images in 6 TFRecord shards."""
+  features, payloads = make_outputs.raw_images(np.random.default_rng(1), 48, size=(6, 5))
+  return make_outputs.write(str(tmp_path_factory.mktemp("tfdata") / "raw"), features, {"train": payloads},
+                            kind="image", file_format="tfrecord", num_shards=6)
+
+
+def _global(path: str, host: int, hosts: int, **kw) -> tf.data.Dataset:
+  return tfdata.dataset(path, order="global", global_batch_size=8, shard_index=host, shard_count=hosts, seed=5,
+                        num_epochs=3, **kw)
+
+
+def _ids(batches) -> list[list[int]]:
+  return [np.asarray(b["record_index"]).tolist() for b in batches]
+
+
+@pytest.mark.parametrize("window_shards", [None, 2])
+def test_a_checkpoint_saved_on_2_hosts_resumes_on_4_with_the_same_global_steps(raw, tmp_path, window_shards):
+  """tf.train.Checkpoint of host 0's iterator after 5 global steps on 2 hosts, restored by each of 4 hosts: the
+  rest of the run's global steps are those of one uninterrupted host (the checkpoint holds the global step)."""
+  single = _ids(_global(raw, 0, 1, window_shards=window_shards).as_numpy_iterator())
+  assert len(single) == 3 * 48 // 8
+  its = [iter(_global(raw, h, 2, window_shards=window_shards)) for h in range(2)]
+  steps = [sum(_ids(next(it) for it in its), []) for _ in range(5)]
+  saved = tf.train.Checkpoint(iterator=its[0]).save(str(tmp_path / "ckpt"))
+  its = [iter(_global(raw, h, 4, window_shards=window_shards)) for h in range(4)]
+  for it in its:
+    tf.train.Checkpoint(iterator=it).restore(saved).assert_consumed()
+  steps += [sum(_ids(next(it) for it in its), []) for _ in range(len(single) - 5)]
+  assert steps == single
+  for it in its:
+    with pytest.raises(StopIteration):
+      next(it)
+
+
+def test_skip_resumes_at_a_global_step(raw):
+  full = _ids(_global(raw, 0, 1).as_numpy_iterator())
+  assert _ids(_global(raw, 0, 1).skip(7).as_numpy_iterator()) == full[7:]
+  assert sorted(sum(full[:6], [])) == list(range(48))  # every record once an epoch
+
+
+def test_the_global_order_refuses_bad_arguments(raw):
+  with pytest.raises(ValueError, match="order must be one of"):
+    tfdata.dataset(raw, batch_size=4, order="random")
+  with pytest.raises(ValueError, match="global_batch_size 8 is not divisible by shard_count 3"):
+    tfdata.dataset(raw, order="global", global_batch_size=8, shard_count=3)
+  with pytest.raises(ValueError, match="global_batch_size needs order='global'"):
+    tfdata.dataset(raw, global_batch_size=8)
+  with pytest.raises(ValueError, match="window_shards must be >= 1"):
+    tfdata.dataset(raw, batch_size=4, order="global", window_shards=0)
+  with pytest.raises(ValueError, match="cache_limit_bytes must be >= 1"):
+    tfdata.dataset(raw, batch_size=4, order="global", window_shards=1, cache_limit_bytes=0)
+
+
+def test_a_damaged_record_read_in_the_global_order_names_its_shard(tmp_path):
+  features, payloads = make_outputs.raw_images(np.random.default_rng(2), 8, size=(6, 5))
+  out = make_outputs.write(str(tmp_path / "raw"), features, {"train": payloads}, kind="image",
+                           file_format="tfrecord", num_shards=2)
+  output = open_output(out)
+  shard = output.shard_path(output.shards("train")[0])
+  with open(shard, "r+b") as f:  # a payload byte of the first record: its data checksum fails
+    f.seek(40)
+    b = f.read(1)
+    f.seek(40)
+    f.write(bytes([b[0] ^ 0xFF]))
+  ds = tfdata.dataset(out, batch_size=4, order="global", shuffle=False, verify="none")
+  with pytest.raises(tf.errors.OpError, match=f"{os.path.basename(shard)}: record 0: bad data checksum"):
+    list(ds)
+
+
+def test_the_readers_go_with_the_dataset(raw):
+  """tf.numpy_function keeps its function for the process's life: the readers (and a stream's private folder)
+  must not stay with it once the dataset and its iterators are gone."""
+  ds = _global(raw, 0, 1, window_shards=2)
+  source = weakref.ref(ds._tpu_shards_read.source)
+  it = iter(ds.map(lambda b: b))
+  del ds
+  gc.collect()
+  assert source() is not None and next(it)["image"].shape == (8, 6, 5, 3)  # the iterator holds the dataset
+  del it
+  gc.collect()
+  assert source() is None
