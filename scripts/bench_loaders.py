@@ -2,7 +2,8 @@
 
     python scripts/bench_loaders.py [--work=bench_work] [--num_images=2000]
         [--batch_size=64] [--num_threads=16] [--num_workers=2] [--raw_epochs=5]
-        [--xla=raw,jpeg] [--jax=raw,jpeg] [--stream=jpeg,raw] [--rounds=3] [--json=results.json] [--pinning_only]
+        [--xla=raw,jpeg] [--jax=raw,jpeg] [--per_example=raw,jpeg] [--stream=jpeg,raw] [--rounds=3]
+        [--only=h,i] [--json=results.json] [--pinning_only]
 
 On the cached folder of ~500x375 JPEGs that scripts/bench_image_folder.py
 generates, converts (once, cached under --work) ArrayRecord shards at 224x224,
@@ -34,9 +35,10 @@ batches from:
       (the manifest read once either way; with the default lease=True a
       lease object is written, the manifest read again to prove it came in
       time, and a heartbeat thread runs). --pinning_only times just (a) and
-      (g), for both shard kinds, without (b) to (f) or (h): each round runs lease on
-      and off in the order on, off, off, on per kind (the run after its twin
-      finds warmer caches) and takes the mean of each variant's two runs.
+      (g), for both shard kinds, without (b) to (f), (h) or (i): each round
+      runs lease on and off in the order on, off, off, on per kind (the run
+      after its twin finds warmer caches) and takes the mean of each
+      variant's two runs.
   (h) loaders.jax over --jax kinds, in a subprocess with 8 CPU devices
       (XLA_FLAGS=--xla_force_host_platform_device_count=8; jax never shares
       a process with this one): the same passes as (a)'s record path, each
@@ -45,7 +47,14 @@ batches from:
       batches (the record path) timed in the same process, in the order
       grain, jax, jax, grain (the mean of each pair is the round's figure);
       target >= 0.9x, as the median of the per-round ratios.
+  (i) the per-example path over --per_example kinds: loaders.grain.records,
+      then grain's own .repeat and .batch, read with (a)'s threads and
+      prefetch, against (a)'s fused path (loaders.grain.dataset) timed beside
+      it in the order fused, per-example, per-example, fused (the mean of each
+      pair is the round's figure); its cost is reported as the median of the
+      per-round ratios (no target: what composing per example costs).
 
+--only=h,i runs just the sections named by their letters ((f) included).
 Every variant runs once per round, in an order rotated each round, for
 --rounds rounds; each reports its median images/s. Raw passes are repeated
 --raw_epochs times so that each timing lasts long enough. Page caches are
@@ -89,6 +98,7 @@ LEASE_TARGET = 0.97  # (g): with pinning and a lease, at least this fraction of 
 RAW_TARGET = 20.0  # (a) raw shards: at least this times the DataLoader's images/s
 JAX_TARGET = 0.9  # (h): loaders.jax at least this fraction of loaders.grain's images/s in the same process
 JAX_DEVICES = 8  # (h): CPU devices of the JAX child's mesh
+PREFETCH = 64  # (i): batches read ahead by the per-example path (loaders.grain.dataset's prefetch_buffer_size)
 CHILD_TIMEOUT_S = 900
 
 NEW_RAW, OLD_RAW = "(a) grain, raw shards", "(a) grain, raw shards, today's loader"
@@ -99,6 +109,10 @@ NO_LEASE_RAW, NO_LEASE_JPEG = "(g) grain, raw shards, lease=False", "(g) grain, 
 JAX_VARIANTS = {kind: (f"(h) jax, {JAX_DEVICES} CPU devices, {name} shards",
                        f"(h) grain in jax's process, {name} shards")
                 for kind, name in (("raw", "raw"), ("jpeg", "JPEG"))}  # kind: (variant, its baseline)
+PER_EXAMPLE_VARIANTS = {kind: (f"(i) grain per example, records().batch, {name}",
+                               f"(i) grain fused, beside the per-example, {name}")
+                        for kind, name in (("raw", "raw"), ("jpeg", "JPEG"))}  # kind: (variant, its baseline)
+SECTIONS = "abcdefghi"
 
 
 def ensure_shards(work: str, root: str, encoding: str, size: tuple[int, int]) -> str:
@@ -176,6 +190,21 @@ def time_grain(path: str, a: argparse.Namespace, size: tuple[int, int], seed: in
     check_batch("grain", batch["image"], a.batch_size, size)
     n += batch["image"].shape[0]
   ds.close()
+  return n
+
+
+def time_records(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int, epochs: int) -> int:
+  """(i): shuffled passes of the per-example path, loaders.grain.records then grain's .repeat and .batch, read by
+  (a)'s threads with (a)'s prefetch (the dataset built inside the timing, as in (a))."""
+  import grain
+
+  examples = grain_loader.records(path, SPLIT, image_size=size, shuffle=True, seed=seed)
+  batches = examples.repeat(epochs).batch(a.batch_size, drop_remainder=True)
+  n = 0
+  for batch in batches.to_iter_dataset(grain.ReadOptions(num_threads=threads_of(a), prefetch_buffer_size=PREFETCH)):
+    check_batch("per example", batch["image"], a.batch_size, size)
+    n += batch["image"].shape[0]
+  examples.close()
   return n
 
 
@@ -360,9 +389,18 @@ def from_child(result: dict) -> float:
 # --------------------------------------------------------------------------- report
 
 
-def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict[str, float], list[tuple]]:
-  """Prints the table and the targets; returns the medians and the checks (text, ratio, ok): ratios of
-  medians, except (h)'s, the median of the per-round ratios (its pairs ran in the same round)."""
+def paired_ratio(per_round: dict[str, list[float]], num: str, den: str) -> tuple[float, list[float]] | None:
+  """The median of the per-round ratios num / den of two variants timed side by side, and those ratios."""
+  if not per_round.get(num) or len(per_round[num]) != len(per_round.get(den, [])):
+    return None
+  ratios = [x / y for x, y in zip(per_round[num], per_round[den])]
+  return statistics.median(ratios), ratios
+
+
+def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict[str, float], list[tuple], list[tuple]]:
+  """Prints the table, the targets and the costs; returns the medians, the checks (text, ratio, ok) and the costs
+  (text, ratio): ratios of medians, except (h)'s and (i)'s, the median of the per-round ratios (each pair ran
+  side by side in its round)."""
   medians = {v: statistics.median(xs) for v, xs in per_round.items() if xs}
   base = medians.get(DATALOADER)
   print()
@@ -389,15 +427,22 @@ def report(per_round: dict[str, list[float]], failures: list[str]) -> tuple[dict
   check(f"(g) raw: pinned and leased >= {LEASE_TARGET:.0%} of lease=False", NEW_RAW, NO_LEASE_RAW, LEASE_TARGET)
   check(f"(g) JPEG: pinned and leased >= {LEASE_TARGET:.0%} of lease=False", NEW_JPEG, NO_LEASE_JPEG, LEASE_TARGET)
   for kind, (num, den) in JAX_VARIANTS.items():
-    if per_round.get(num) and len(per_round[num]) == len(per_round.get(den, [])):
-      ratios = [x / y for x, y in zip(per_round[num], per_round[den])]
-      ratio = statistics.median(ratios)
+    if (got := paired_ratio(per_round, num, den)) is not None:
+      ratio, ratios = got
       checks.append((f"(h) jax {kind}: device arrays >= {JAX_TARGET:g}x grain's numpy batches (per round "
                      f"{' '.join(f'{r:.2f}' for r in ratios)})", ratio, ratio >= JAX_TARGET))
+  costs = []
+  for kind, (num, den) in PER_EXAMPLE_VARIANTS.items():
+    if (got := paired_ratio(per_round, num, den)) is not None:
+      ratio, ratios = got
+      costs.append((f"(i) {kind}: per example (records().batch) / fused (dataset) images/s (per round "
+                    f"{' '.join(f'{r:.2f}' for r in ratios)})", ratio))
   print()
   for text, ratio, ok in checks:
     print(f"{'PASS' if ok else 'MISS'}  {text} (ratio {ratio:.2f})")
-  return medians, checks
+  for text, ratio in costs:
+    print(f"COST  {text} (ratio {ratio:.2f})")
+  return medians, checks, costs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -411,13 +456,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--raw_epochs", type=int, default=5, help="passes per timing of the raw-shard variants")
   ap.add_argument("--xla", default="raw,jpeg", help="shard kinds for (b), comma-separated; empty: skip (b)")
   ap.add_argument("--jax", default="raw,jpeg", help="shard kinds for (h), comma-separated; empty: skip (h)")
+  ap.add_argument("--per_example", default="raw,jpeg",
+                  help="shard kinds for (i), comma-separated; empty: skip (i)")
+  ap.add_argument("--only", default=SECTIONS,
+                  help="the sections to run, comma-separated letters, e.g. h,i (default: all)")
   ap.add_argument("--rounds", type=int, default=3, help="rounds; every variant runs once per round")
   ap.add_argument("--stream", default="jpeg,raw",
                   help="shard kinds to stream from the benchmark bucket (scripts/bench_stream.py) after the loader "
                        "variants, comma-separated; empty: skip")
   ap.add_argument("--json", default=None, help="also write the results here")
   ap.add_argument("--pinning_only", action="store_true",
-                  help="time only (a)'s record path with and without a lease, (g); no (b), (c), (d), (e), (f), (h)")
+                  help="time only (a)'s record path with and without a lease, (g); no (b) to (f), (h) or (i)")
   ap.add_argument("--_xla_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_dataloader_child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--_jax_child", default=None, help=argparse.SUPPRESS)
@@ -430,6 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.error("--num_workers must be >= 0")
   xla_kinds = [k for k in a.xla.split(",") if k] if not a.pinning_only else []
   jax_kinds = [k for k in a.jax.split(",") if k] if not a.pinning_only else []
+  per_example_kinds = [k for k in a.per_example.split(",") if k] if not a.pinning_only else []
+  sections = set(a.only.replace(",", ""))
+  if not sections or sections - set(SECTIONS):
+    ap.error(f"--only takes letters of {SECTIONS}, comma-separated, got {a.only!r}")
   stream_kinds = [k for k in a.stream.split(",") if k] if not a.pinning_only else []
   if set(stream_kinds) - {"raw", "jpeg"}:
     ap.error(f"--stream takes raw and/or jpeg, got {a.stream!r}")
@@ -437,6 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.error(f"--xla takes raw and/or jpeg, got {a.xla!r}")
   if set(jax_kinds) - {"raw", "jpeg"}:
     ap.error(f"--jax takes raw and/or jpeg, got {a.jax!r}")
+  if set(per_example_kinds) - {"raw", "jpeg"}:
+    ap.error(f"--per_example takes raw and/or jpeg, got {a.per_example!r}")
+  if "f" not in sections:
+    stream_kinds = []
   size = tuple(int(v) for v in a.image_size.split(","))
 
   if a._xla_child:
@@ -483,7 +540,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = f"(b) xla CPU device, {'JPEG' if kind == 'jpeg' else kind} shards"
     variants[label] = (lambda kind: lambda seed: from_child(
         run_child([f"--_xla_child={shards[kind]}", *child_args(a, seed)], env=xla_env)))(kind)
-  names = list(variants) + [JAX_VARIANTS[kind][0] for kind in jax_kinds]
+  names = list(variants) + [JAX_VARIANTS[kind][0] for kind in jax_kinds] + [
+      PER_EXAMPLE_VARIANTS[kind][0] for kind in per_example_kinds]
+  names = [v for v in names if v[1] in sections]  # every label starts with "(<section>)"
   per_round: dict[str, list[float]] = {v: [] for v in names}
 
   def time_jax(kind: str, seed: int) -> float:
@@ -495,6 +554,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   for kind in jax_kinds:  # the same passes as (a)'s record path of its kind
     variants[JAX_VARIANTS[kind][0]] = functools.partial(time_jax, kind)
+
+  def time_per_example(kind: str, seed: int) -> float:
+    """(i): fused, per example, per example, fused; the mean per-example figure (the fused one goes to the
+    baseline's rounds)."""
+    epochs = e if kind == "raw" else 1
+    fused = lambda: timed(lambda: time_grain(shards[kind], a, size, seed, epochs, fast=True))
+    per_example = lambda: timed(lambda: time_records(shards[kind], a, size, seed, epochs))
+    got = [fused(), per_example(), per_example(), fused()]
+    per_round.setdefault(PER_EXAMPLE_VARIANTS[kind][1], []).append(statistics.mean(got[::3]))
+    return statistics.mean(got[1:3])
+
+  for kind in per_example_kinds:
+    variants[PER_EXAMPLE_VARIANTS[kind][0]] = functools.partial(time_per_example, kind)
   failures: dict[str, str] = {}
   for r in range(a.rounds):
     order = names[r % len(names):] + names[:r % len(names)]  # rotated: no variant always runs first or last
@@ -513,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       for v in names:
         if len(per_round[v]) > r + 1:  # its two runs of this round: one figure
           per_round[v][r:] = [statistics.mean(per_round[v][r:])]
-  medians, checks = report(per_round, [f"{v}: {why}" for v, why in failures.items()])
+  medians, checks, costs = report(per_round, [f"{v}: {why}" for v, why in failures.items()])
   streaming = None
   if stream_kinds:
     streaming = bench_stream.run(a.work, a.num_images, stream_kinds, rounds=a.rounds, num_threads=a.num_threads)
@@ -528,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for v in per_round if per_round[v]],
         "failures": failures,
         "checks": [{"check": t, "ratio": x, "pass": ok} for t, x, ok in checks],
+        "costs": [{"cost": t, "ratio": x} for t, x in costs],
         "streaming": streaming,
     }
     with open(a.json, "w") as f:
