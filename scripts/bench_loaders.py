@@ -46,7 +46,9 @@ batches from:
       are on the devices (block_until_ready), against loaders.grain's numpy
       batches (the record path) timed in the same process, in the order
       grain, jax, jax, grain (the mean of each pair is the round's figure);
-      target >= 0.9x, as the median of the per-round ratios.
+      target >= 0.9x, as the median of the per-round ratios. Also printed:
+      the process's CPU time per image of each (medians of the rounds),
+      steadier than the rates where other jobs share the CPUs.
   (i) the per-example path over --per_example kinds: loaders.grain.records,
       then grain's own .repeat and .batch, read with (a)'s threads and
       prefetch, against (a)'s fused path (loaders.grain.dataset) timed beside
@@ -363,10 +365,14 @@ def jax_child(path: str, a: argparse.Namespace, size: tuple[int, int], seed: int
     it.close()
     return n
 
-  numpy_batches = [timed(lambda: time_grain(path, a, size, seed, epochs, fast=True))]
-  device_arrays = [timed(time_jax), timed(time_jax)]
-  numpy_batches.append(timed(lambda: time_grain(path, a, size, seed, epochs, fast=True)))
-  return {"jax_images_per_s": statistics.mean(device_arrays), "grain_images_per_s": statistics.mean(numpy_batches),
+  grain_pass = lambda: timed_cpu(lambda: time_grain(path, a, size, seed, epochs, fast=True))
+  numpy_batches = [grain_pass()]
+  device_arrays = [timed_cpu(time_jax), timed_cpu(time_jax)]
+  numpy_batches.append(grain_pass())
+  return {"jax_images_per_s": statistics.mean(x for x, _ in device_arrays),
+          "grain_images_per_s": statistics.mean(x for x, _ in numpy_batches),
+          "jax_cpu_us_per_image": statistics.mean(c for _, c in device_arrays),
+          "grain_cpu_us_per_image": statistics.mean(c for _, c in numpy_batches),
           "devices": len(jax.devices())}
 
 
@@ -380,6 +386,14 @@ def timed(fn: Callable[[], int]) -> float:
   t0 = time.perf_counter()
   n = fn()
   return n / (time.perf_counter() - t0)
+
+
+def timed_cpu(fn: Callable[[], int]) -> tuple[float, float]:
+  """(images/s, µs of this process's CPU per image) of one call of `fn` (which returns the images it yielded):
+  the CPU figure is steadier than the rate on a machine other jobs share."""
+  t0, c0 = time.perf_counter(), time.process_time()
+  n = fn()
+  return n / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e6
 
 
 def from_child(result: dict) -> float:
@@ -545,11 +559,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   names = [v for v in names if v[1] in sections]  # every label starts with "(<section>)"
   per_round: dict[str, list[float]] = {v: [] for v in names}
 
+  jax_cpu: dict[str, list[tuple[float, float]]] = {}  # (h) kind: (jax, grain) µs of CPU per image, per round
+
   def time_jax(kind: str, seed: int) -> float:
     """(h): the child's jax figure; its grain figure goes to the baseline's rounds."""
     got = run_child([f"--_jax_child={shards[kind]}", f"--_epochs={e if kind == 'raw' else 1}", *child_args(a, seed)],
                     env=jax_env)
     per_round.setdefault(JAX_VARIANTS[kind][1], []).append(got["grain_images_per_s"])
+    jax_cpu.setdefault(kind, []).append((got["jax_cpu_us_per_image"], got["grain_cpu_us_per_image"]))
     return got["jax_images_per_s"]
 
   for kind in jax_kinds:  # the same passes as (a)'s record path of its kind
@@ -586,6 +603,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(per_round[v]) > r + 1:  # its two runs of this round: one figure
           per_round[v][r:] = [statistics.mean(per_round[v][r:])]
   medians, checks, costs = report(per_round, [f"{v}: {why}" for v, why in failures.items()])
+  cpu = {kind: {"jax": statistics.median(j for j, _ in xs), "grain": statistics.median(g for _, g in xs)}
+         for kind, xs in jax_cpu.items()}
+  for kind, c in cpu.items():
+    print(f"CPU   (h) jax {kind}: {c['jax']:.0f} us of CPU per image, grain {c['grain']:.0f} "
+          f"({c['jax'] / c['grain']:.2f}x; per round {' '.join(f'{j:.0f}/{g:.0f}' for j, g in jax_cpu[kind])})")
   streaming = None
   if stream_kinds:
     streaming = bench_stream.run(a.work, a.num_images, stream_kinds, rounds=a.rounds, num_threads=a.num_threads)
@@ -601,6 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "failures": failures,
         "checks": [{"check": t, "ratio": x, "pass": ok} for t, x, ok in checks],
         "costs": [{"cost": t, "ratio": x} for t, x in costs],
+        "jax_cpu_us_per_image": cpu,
         "streaming": streaming,
     }
     with open(a.json, "w") as f:
