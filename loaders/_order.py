@@ -156,3 +156,63 @@ class SeedOrder:
       return seeds[index * self.batch_size:(index + 1) * self.batch_size]
     start = index * self.global_batch_size + self.shard_index * self.batch_size
     return seeds[start:start + self.batch_size]
+
+
+class RecordOrder:
+  """The split records of each batch position, at random over the whole split (loaders.grain and loaders.tfdata
+  without windows; loaders._stream.WindowOrder is the windowed order, with the same interface).
+
+  * "global": epoch e is one permutation of the whole split drawn from (seed, e); global step k takes its
+    records [k·G, (k+1)·G), G = batch_size × shard_count, and host h the slice from h·batch_size. Random
+    draws are keyed by the slot in the global batch (`first_slot` + slot), so a step does not depend on
+    the host count.
+  * "host": this shard's records (split records shard_index + shard_count·j, j < num_records // shard_count,
+    the remainder trimmed so every shard has as many), in a permutation drawn from (seed, e), cut into
+    batches of batch_size.
+
+  Unshuffled, each epoch keeps record order. A position is a pure function of (seed, shard, position), so
+  a loader's state is its next position.
+  """
+
+  _GLOBAL_TAG = 0x610BA1  # the key of the global permutation
+
+  def __init__(self, num_records: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+               shard_index: int = 0, shard_count: int = 1, order: str = "global", drop_remainder: bool = True):
+    if order not in ORDERS:
+      raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+    self.shard_index, self.shard_count, self.order = shard_index, shard_count, order
+    self.num_records, self.per_shard = num_records, num_records // shard_count
+    per_epoch, step = (num_records, batch_size * shard_count) if order == "global" else (self.per_shard, batch_size)
+    self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
+    self.first_slot = shard_index * batch_size if order == "global" else 0
+    self._orders: dict[int, np.ndarray] = {}
+    self._lock = threading.Lock()
+
+  def _epoch(self, epoch: int) -> np.ndarray:
+    """The epoch's record order (drawn once; the last two epochs are kept)."""
+    with self._lock:
+      order = self._orders.get(epoch)
+      if order is not None:
+        return order
+      if self.order == "global":  # the whole split's order: the same on every host, whatever their number
+        n = self.num_records
+        order = (np.random.default_rng([self.seed, epoch, self._GLOBAL_TAG]).permutation(n) if self.shuffle
+                 else np.arange(n))
+      else:
+        local = (np.random.default_rng([self.seed, epoch]).permutation(self.per_shard) if self.shuffle
+                 else np.arange(self.per_shard))
+        order = self.shard_index + self.shard_count * local  # this shard's records: strided
+      self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+      self._orders[epoch] = order
+      return order
+
+  def indices(self, position: int) -> np.ndarray:
+    """The split record indices of this host's batch `position` (over all epochs); short at an epoch's end
+    when the remainder is kept."""
+    epoch, k = divmod(position, self.batches_per_epoch)
+    if self.order == "global":
+      start = k * self.batch_size * self.shard_count + self.first_slot
+    else:
+      start = k * self.batch_size
+    return self._epoch(epoch)[start:start + self.batch_size]

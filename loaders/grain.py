@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 
 import grain
 import numpy as np
@@ -38,7 +37,7 @@ from formats.outputs.integrity import Verify
 from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from formats.transforms import element_rng
 from loaders._batch import BatchFiller
-from loaders._order import per_host_batch_size
+from loaders._order import RecordOrder, per_host_batch_size
 from loaders._pinned import PinnedIterDataset, PinnedMapDataset
 from loaders._pinning import DataIdentity, StateGuard, pin_output
 from loaders._shards import ShardedRecords
@@ -108,12 +107,12 @@ def operations(source: ShardedRecords, *, batch_size: int, drop_remainder: bool 
 class _ReadBatch:
   """Batch position → one batch of examples, each payload copied once into place.
 
-  The position gives the epoch and the batch within it; the epoch's order is a
-  seeded permutation of this shard's records (computed once per epoch,
-  vectorised), so every epoch is shuffled differently and the sequence is a
-  pure function of (seed, shard, position): grain's iterator state (the next
-  position) is all a resume needs. Random draws (patch positions) use
-  formats.transforms.element_rng(seed, position, slot), as loaders.tfdata does.
+  The records of a position come from loaders._order.RecordOrder (a seeded
+  permutation per epoch, of the split or of this shard's records), so every
+  epoch is shuffled differently and the sequence is a pure function of (seed,
+  shard, position): grain's iterator state (the next position) is all a resume
+  needs. Random draws (patch positions) use formats.transforms.element_rng(seed,
+  position, slot), as loaders.tfdata does.
 
   A batch is filled by loaders._batch.BatchFiller (each record's features
   found in place and written once into the batch); fast=False (or FAST =
@@ -124,48 +123,21 @@ class _ReadBatch:
   FAST = True  # the default of `fast`
 
   def __init__(self, source: ShardedRecords, transform, batch_size: int, seed: int, shuffle: bool,
-               shard_index: int, shard_count: int, per_shard: int, drop_remainder: bool, order: str = "host",
+               shard_index: int, shard_count: int, drop_remainder: bool, order: str = "host",
                fast: bool | None = None):
     self._source, self._transform = source, transform
-    self._batch_size, self._seed, self._shuffle = batch_size, seed, shuffle
-    self._shard_index, self._shard_count, self._per_shard = shard_index, shard_count, per_shard
-    self._drop, self._global = drop_remainder, order == "global"
-    # "global": step k takes records [k*G, (k+1)*G) of the epoch's order over the whole split, host h its slice
-    per_epoch, step = (len(source), batch_size * shard_count) if self._global else (per_shard, batch_size)
-    self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
-    self._orders: dict[int, np.ndarray] = {}
-    self._lock = threading.Lock()
+    self._batch_size, self._seed, self._drop = batch_size, seed, drop_remainder
+    self._order = RecordOrder(len(source), batch_size, seed=seed, shuffle=shuffle, shard_index=shard_index,
+                              shard_count=shard_count, order=order, drop_remainder=drop_remainder)
+    self.batches_per_epoch = self._order.batches_per_epoch
     self._needs_rng = getattr(transform, "needs_rng", True)
     options = getattr(transform, "options", None)  # a transform of loaders.example_transform: the filler applies it
     use_filler = (self.FAST if fast is None else fast) and options is not None
     self._fill = (BatchFiller(source, options, batch_size, with_mask=not drop_remainder)
                   if use_filler and getattr(transform, "kind", None) == source.kind else None)
 
-  def _order(self, epoch: int) -> np.ndarray:
-    """The epoch's record order (computed once; the last two epochs are kept)."""
-    with self._lock:
-      order = self._orders.get(epoch)
-      if order is not None:
-        return order
-      if self._global:  # the whole split's order: the same on every host, whatever their number
-        n = len(self._source)
-        order = np.random.default_rng([self._seed, epoch, 0x610BA1]).permutation(n) if self._shuffle else np.arange(n)
-      else:
-        local = (np.random.default_rng([self._seed, epoch]).permutation(self._per_shard) if self._shuffle
-                 else np.arange(self._per_shard))
-        order = self._shard_index + self._shard_count * local  # this shard's records: strided
-      self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-      self._orders[epoch] = order
-      return order
-
   def __call__(self, position: int, _) -> dict:
-    epoch, k = divmod(position, self.batches_per_epoch)
-    if self._global:  # this host's slice of global step k; draws keyed by the slot in the global batch
-      start = k * self._batch_size * self._shard_count + self._shard_index * self._batch_size
-      first_slot = self._shard_index * self._batch_size
-    else:
-      start, first_slot = k * self._batch_size, 0
-    indices = self._order(epoch)[start:start + self._batch_size]
+    indices, first_slot = self._order.indices(position), self._order.first_slot
     if self._fill is not None:
       return self._fill(indices, lambda j: element_rng(self._seed, position, first_slot + j))
 
@@ -261,7 +233,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
       source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
       transform = example_transform(source.kind, source.features, s.example)
       read = _ReadBatch(source, transform, batch_size, o.seed, o.shuffle, shard_index, shard_count,
-                        len(source) // shard_count, o.drop_remainder, o.order)
+                        o.drop_remainder, o.order)
   except BaseException:
     pin.release()  # nothing will read it: its lease goes now, not when the traceback is dropped
     raise

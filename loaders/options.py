@@ -31,7 +31,7 @@ from loaders._order import ORDERS
 from loaders._pinning import ON_NEW_DATA
 from loaders._transforms import ExampleOptions, Patch
 
-__all__ = ["GRAPH_DEFAULTS", "ExampleOptions", "Fetch", "Fetching", "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings",
+__all__ = ["GRAPH_DEFAULTS", "TFDATA_DEFAULTS", "ExampleOptions", "Fetch", "Fetching", "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings",
            "Sharding", "settings"]
 
 Order = Literal["global", "host"]
@@ -253,7 +253,7 @@ def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | Non
     ordering, sharding, fetching, example, reading: the groups (None: the defaults); `sharding` may be
       grain's ShardOptions and `reading` grain's ReadOptions.
     defaults: the groups a field by name is set in (None: each group's own defaults; the graph feeders
-      pass GRAPH_DEFAULTS).
+      pass GRAPH_DEFAULTS, loaders.tfdata TFDATA_DEFAULTS).
     **fields: any field of the groups by its own name.
 
   Returns:
@@ -286,3 +286,6 @@ def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | Non
 # The graph feeders' defaults: a sampled batch with its features can take tens of MB, and sampling
 # saturates few threads.
 GRAPH_DEFAULTS = Settings(reading=Reading(num_threads=4, prefetch_buffer_size=8))
+# loaders.tfdata's defaults: each host's own share through tf.data's own pipeline (TFRecordDataset, a shuffle
+# buffer), as before it had the global order; order="global" gives loaders.grain's batches.
+TFDATA_DEFAULTS = Settings(ordering=Ordering(order="host"))

@@ -37,7 +37,7 @@ epoch, and holds a lease on it while the dataset lives (loaders._pinning).
 
 from __future__ import annotations
 
-import threading
+import json
 import weakref
 from collections.abc import Callable
 
@@ -48,16 +48,17 @@ from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.outputs.integrity import Verify, verify_level
 from formats.outputs.output import Output
-from loaders._order import per_host_batch_size
-from loaders._pinning import pin_output
+from loaders._order import RecordOrder, per_host_batch_size
+from loaders._pinning import DataIdentity, StateGuard, pin_output
 from loaders._shards import ShardedRecords
 from loaders._stream import DEFAULT_RUN_RECORDS, ShardStream, WindowOrder
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
                                 RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
                                 resize_plan, seeded_patch_start)
 from loaders._transforms import ExampleOptions, batched_features, volume_label
+from loaders.options import TFDATA_DEFAULTS, Fetching, Ordering, Sharding, settings
 
-__all__ = ["dataset"]
+__all__ = ["data_state", "dataset"]
 
 
 # The dtypes tf.io.decode_raw reads.
@@ -154,26 +155,11 @@ def _checked_shards(output: Output, split: str, cache_dir: str | None, verify: V
 _Convert = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], dict]
 
 
-def _check_arguments(verify: Verify, num_epochs: int, cache_limit_bytes: int | None) -> None:
-  """Rejects a bad verify level, epoch count or cache limit, before anything is opened."""
-  verify_level(verify)
-  if num_epochs < 1:
-    raise ValueError(f"num_epochs must be >= 1, got {num_epochs}")
-  if cache_limit_bytes is not None and cache_limit_bytes < 1:
-    raise ValueError(f"cache_limit_bytes must be >= 1, got {cache_limit_bytes}")
-
-
 def _check_tfrecord(output: Output) -> None:
   """Rejects an output whose shards are not TFRecord."""
   if output.manifest.file_format != "tfrecord":
     raise ValueError(f"{output.path} holds {output.manifest.file_format} shards; tf.data reads tfrecord "
                      f"(use loaders.grain)")
-
-
-def _check_shard(shard_index: int, shard_count: int) -> None:
-  """Rejects a shard index outside [0, shard_count)."""
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(f"shard_index {shard_index} is outside [0, {shard_count})")
 
 
 def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batch_size: int,
@@ -328,56 +314,34 @@ def _whole_batches(records: tf.data.Dataset, convert: _Convert, per_shard: int, 
   return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-class _SplitOrder:
-  """order="global" over the whole split at random: the records of each batch position, as loaders.grain's
-  random-access reader (window_shards=None) chooses them.
-
-  Epoch e is one permutation of the split drawn from (seed, e) (record order unshuffled); global step k
-  takes its records [k·G, (k+1)·G), G = batch_size × shard_count, and host h the slice starting at
-  h·batch_size. The same interface as loaders._stream.WindowOrder (indices, batches_per_epoch, first_slot).
-  """
-
-  _TAG = 0x610BA1  # loaders.grain's key of the global permutation
-
-  def __init__(self, num_records: int, batch_size: int, seed: int, shuffle: bool, shard_index: int,
-               shard_count: int):
-    self.num_records, self.batch_size, self.seed, self.shuffle = num_records, batch_size, seed, shuffle
-    self.shard_index, self.shard_count = shard_index, shard_count
-    self.batches_per_epoch = num_records // (batch_size * shard_count)
-    self.first_slot = shard_index * batch_size
-    self._orders: dict[int, np.ndarray] = {}
-    self._lock = threading.Lock()
-
-  def _order(self, epoch: int) -> np.ndarray:
-    """The epoch's record order (drawn once; the last two epochs are kept)."""
-    with self._lock:
-      order = self._orders.get(epoch)
-      if order is None:
-        n = self.num_records
-        order = (np.random.default_rng([self.seed, epoch, self._TAG]).permutation(n) if self.shuffle
-                 else np.arange(n))
-        self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-        self._orders[epoch] = order
-      return order
-
-  def indices(self, position: int) -> np.ndarray:
-    """The split record indices of this host's batch `position`."""
-    epoch, k = divmod(position, self.batches_per_epoch)
-    start = k * self.batch_size * self.shard_count + self.first_slot
-    return self._order(epoch)[start:start + self.batch_size]
-
-
 class _RecordBatches:
   """Batch position → (n, record indices, serialized records) of this host's batch, for tf.numpy_function.
 
   The records are read by `source.raw` (a ShardedRecords, or a ShardStream whose `batch` block makes the
   position's shards local and pins them); n = position × batch_size + slot keys the random draws.
+
+  `data` (a string tf.Variable, `data_state`) holds the stamp of the data and order settings a
+  tf.train.Checkpoint restored; before each batch it is checked against what this dataset reads, so a
+  checkpoint saved on other data (a rerun's new generation) or with other settings raises
+  StateMismatchError instead of resuming on records its position does not name.
   """
 
-  def __init__(self, source: ShardedRecords | ShardStream, order: _SplitOrder | WindowOrder, batch_size: int):
-    self.source, self.order, self.batch_size = source, order, batch_size
+  def __init__(self, source: ShardedRecords | ShardStream, order: RecordOrder | WindowOrder, batch_size: int,
+               guard: StateGuard):
+    self.source, self.order, self.batch_size, self._guard = source, order, batch_size, guard
+    self._stamp = json.dumps(guard.stamp({}), sort_keys=True)
+    self.data = tf.Variable(self._stamp, trainable=False, dtype=tf.string, name="tpu_shards_data")
+    self._checked = self._stamp
+
+  def _check_data(self) -> None:
+    """StateMismatchError when a checkpoint restored `data` from other data or order settings."""
+    stamp = self.data.numpy().decode()
+    if stamp != self._checked:
+      self._guard.check(json.loads(stamp))
+      self._checked = stamp
 
   def __call__(self, position) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    self._check_data()
     position = int(position)
     if isinstance(self.source, ShardStream):
       with self.source.batch(position) as indices:
@@ -423,12 +387,10 @@ def _position_batches(read: _RecordBatches, positions: int, convert: _Convert) -
   return ds.with_options(options)
 
 
-def dataset(path: str, split: str = "train", *, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
-            shard_index: int = 0, shard_count: int = 1, num_epochs: int = 1, cache_dir: str | None = None,
-            shuffle_buffer: int = 10_000, verify: Verify = "sha256", order: str = "host",
-            global_batch_size: int | None = None, window_shards: int | None = None,
-            cache_limit_bytes: int | None = None, run_records: int | None = None, lease: bool = True,
-            **example_options) -> tf.data.Dataset:
+def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
+            global_batch_size: int | None = None, ordering: Ordering | None = None,
+            sharding: Sharding | None = None, fetching: Fetching | None = None, example: ExampleOptions | None = None,
+            shuffle_buffer: int = 10_000, **fields) -> tf.data.Dataset:
   """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards: images, CT volumes, tensors records.
 
   The batches have loaders.grain's keys, dtypes and values (formats.transforms
@@ -455,79 +417,101 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None, s
   Args:
     path: the output folder (TFRecord shards), local or gs://.
     split: the split to read.
-    batch_size: examples per batch on this host (the remainder of each epoch is dropped).
-    shuffle: shuffle each epoch (seeded; differently every epoch).
-    seed: fixes the order and every random draw.
-    shard_index, shard_count: this replica's disjoint, equal share of the records.
-    num_epochs: epochs in a row.
-    cache_dir: where gs:// shards are cached (streamed ones: a private folder under it).
+    batch_size, global_batch_size: as in loaders.grain.dataset (the remainder of each epoch is dropped).
+    ordering: as in loaders.grain.dataset, but fields by name default to order="host"
+      (loaders.options.TFDATA_DEFAULTS: tf.data's own pipeline above; an Ordering given whole has its own
+      default, "global"); on_new_data is not read and drop_remainder must stay True.
+    sharding: this replica's share (loaders.Sharding or grain's ShardOptions).
+    fetching: as in loaders.grain.dataset; streamed shards are fetched whole (fetch="records" is
+      ArrayRecord's).
+    example: how records become fixed-shape examples (loaders.ExampleOptions).
     shuffle_buffer: the shuffle buffer's size (order="host" without window_shards only).
-    verify: "sha256" (default), "size" or "none"; see docs/loaders.md.
-    order: "host" (default: tf.data's pipeline above) or "global" (grain's global order:
-      global step k takes the next batch_size × shard_count records of the epoch's permutation
-      of the whole split, host h its slice); see loaders.grain.dataset.
-    global_batch_size: with order="global", the records per global step instead of batch_size.
-    window_shards: read the split in windows of this many shards, as loaders.grain does: a gs://
-      split is streamed (shards fetched ahead, SHA-256 checked as they arrive, deleted after use)
-      through a private cache bounded by `cache_limit_bytes` instead of copied whole.
-    cache_limit_bytes: the most local disk streamed shards may take (default: half the free space
-      of the cache's disk, divided among the host's loader processes).
-    run_records: with window_shards, records shuffled as runs of this many consecutive records
-      (default 8 with order="global", 1 with order="host"); see loaders.grain.dataset.
-    lease: hold a lease on the generation read while the dataset (or one made from it by tf.data
-      transformations) lives; see loaders.grain.dataset.
-    **example_options: the fields of loaders.ExampleOptions.
+    **fields: any field of those groups by its own name.
 
   Returns:
     A tf.data.Dataset of dicts of tensors with static shapes.
 
   Raises:
-    ValueError: the shards are not TFRecord, the record kind is not read here,
-      or a bad batch size, order, shard, epoch count, verify level, window, cache limit or
-      example option, or a global batch the host count does not divide.
+    ValueError: the shards are not TFRecord, the record kind is not read here, a bad setting or one
+      tf.data does not read, or a global batch the host count does not divide.
+    TypeError: as in loaders.options.settings.
     NotAnOutputError: `path` has no manifest.json.
     KeyError: the output has no such split.
     CorruptRecordError: a shard differs from the manifest (size, digest or record count).
   """
-  _check_arguments(verify, num_epochs, cache_limit_bytes)
-  batch_size = per_host_batch_size(batch_size, shard_count, order, global_batch_size)
-  pin = pin_output(path, lease=lease, purpose=f"loaders.tfdata {split}")
+  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example,
+               defaults=TFDATA_DEFAULTS, **fields)
+  s.only("loaders.tfdata", "shuffle", "seed", "num_epochs", "order", "window_shards", "run_records", "sharding",
+         "cache_dir", "verify", "cache_limit_bytes", "lease", "example")
+  if not s.ordering.drop_remainder:
+    raise ValueError("loaders.tfdata gives whole batches only: drop_remainder must be True")
+  if s.fetching.fetch == "records":
+    raise ValueError("loaders.tfdata streams whole TFRecord shards: fetch='records' reads ArrayRecord only")
+  o, f = s.ordering, s.fetching
+  shard_index, shard_count = s.sharding.resolve(0, 1)
+  batch_size = per_host_batch_size(batch_size, shard_count, o.order, global_batch_size)
+  pin = pin_output(path, lease=f.lease, purpose=f"loaders.tfdata {split}")
   try:
     output = pin.output
     _check_tfrecord(output)
-    _check_shard(shard_index, shard_count)  # after opening: a missing or non-TFRecord output is reported first
     kind = output.kind  # here: a manifest without a kind is reported before bad options or a missing split
-    options = ExampleOptions(**example_options)
-    if order == "host" and window_shards is None:
-      ds, read = _host_pipeline(output, split, kind, options, batch_size, shuffle, seed, shard_index,
-                                shard_count, num_epochs, cache_dir, shuffle_buffer, verify), None
+    if o.order == "host" and o.window_shards is None:
+      ds, read = _host_pipeline(output, split, kind, s.example, batch_size, o.shuffle, o.seed, shard_index,
+                                shard_count, o.num_epochs, f.cache_dir, shuffle_buffer, f.verify), None
     else:
-      if window_shards is not None:
+      if o.window_shards is not None:
         counts = [s.num_records for s in output.shards(split)]
+        run_records = o.run_records
         if run_records is None:
-          run_records = DEFAULT_RUN_RECORDS if order == "global" else 1
-        windows = WindowOrder(counts, window_shards, batch_size, seed=seed, shuffle=shuffle,
-                              shard_index=shard_index, shard_count=shard_count, order=order, run_records=run_records)
-        convert = _converter(kind, output.features, options, seed, batch_size, windows.first_slot)
-        positions = windows.batches_per_epoch * num_epochs
-        source = ShardStream(output, split, windows, positions, cache_dir=cache_dir,
-                             cache_limit_bytes=cache_limit_bytes, verify=verify)
-        read = _RecordBatches(source, windows, batch_size)
+          run_records = DEFAULT_RUN_RECORDS if o.order == "global" else 1
+        order = WindowOrder(counts, o.window_shards, batch_size, seed=o.seed, shuffle=o.shuffle,
+                            shard_index=shard_index, shard_count=shard_count, order=o.order,
+                            run_records=run_records)
+        source = ShardStream(output, split, order, order.batches_per_epoch * o.num_epochs, cache_dir=f.cache_dir,
+                             cache_limit_bytes=f.cache_limit_bytes, verify=f.verify)
       else:
-        shards = output.shards(split)  # a missing split is reported before the shards are fetched
-        split_order = _SplitOrder(sum(s.num_records for s in shards), batch_size, seed, shuffle, shard_index,
-                                  shard_count)
-        convert = _converter(kind, output.features, options, seed, batch_size, split_order.first_slot)
-        positions = split_order.batches_per_epoch * num_epochs
-        source = ShardedRecords(output, split, cache_dir=cache_dir, verify=verify)
-        read = _RecordBatches(source, split_order, batch_size)
-      ds = _position_batches(read, positions, convert)
+        num_records = sum(s.num_records for s in output.shards(split))  # a missing split: reported before fetching
+        order = RecordOrder(num_records, batch_size, seed=o.seed, shuffle=o.shuffle, shard_index=shard_index,
+                            shard_count=shard_count, order=o.order)
+        source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
+      convert = _converter(kind, output.features, s.example, o.seed, batch_size, order.first_slot)
+      settings_stamp = {"order": o.order, "shuffle": o.shuffle, "seed": o.seed, "window_shards": o.window_shards,
+                        "run_records": getattr(order, "run_records", None)}
+      guard = StateGuard(DataIdentity.of(output, split), order.batches_per_epoch, order=settings_stamp)
+      read = _RecordBatches(source, order, batch_size, guard)
+      ds = _position_batches(read, order.batches_per_epoch * o.num_epochs, convert)
   except BaseException:
     pin.release()  # nothing will read it: its lease goes now, not when the traceback is dropped
     raise
   ds._tpu_shards_pin = pin  # lives as long as the dataset and every dataset made from it (they hold their input)
   ds._tpu_shards_read = read  # the readers (a stream's private folder goes with them); None for the host pipeline
   return ds
+
+
+def data_state(ds: tf.data.Dataset) -> tf.Variable:
+  """What a tf.train.Checkpoint saves beside the iterator so that a restore is checked against the data.
+
+      ds = loaders.tfdata.dataset(path, "train", order="global", global_batch_size=1024, ...)
+      it = iter(ds)
+      ckpt = tf.train.Checkpoint(iterator=it, data=loaders.tfdata.data_state(ds))
+      ckpt.restore(path)   # on other data or order settings: the next batch raises StateMismatchError
+
+  Args:
+    ds: a dataset `dataset` returned with order="global" or window_shards (the position pipeline).
+
+  Returns:
+    A string tf.Variable holding the data's identity (generation, manifest SHA-256, split) and order
+    settings.
+
+  Raises:
+    ValueError: `ds` is not such a dataset (tf.data's own host pipeline checkpoints its buffers and names
+      no position).
+  """
+  read = getattr(ds, "_tpu_shards_read", None)
+  if read is None:
+    raise ValueError("data_state needs a loaders.tfdata dataset of order='global' or window_shards (the position "
+                     "pipeline); tf.data's own host pipeline names no position to check")
+  return read.data
 
 
 def _host_pipeline(output: Output, split: str, kind: str, options: ExampleOptions, batch_size: int, shuffle: bool,

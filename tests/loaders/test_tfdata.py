@@ -122,3 +122,37 @@ def test_the_readers_go_with_the_dataset(raw):
   del it
   gc.collect()
   assert source() is None
+
+
+def test_a_checkpoint_restored_on_other_data_or_settings_is_refused(tmp_path):
+  """data_state saved beside the iterator: restored on a rerun's new generation, or with another seed, the next
+  batch raises StateMismatchError (naming both generations); on the same data and settings it resumes."""
+  features, payloads = make_outputs.raw_images(np.random.default_rng(3), 16, size=(6, 5))
+  out = make_outputs.write(str(tmp_path / "raw"), features, {"train": payloads}, kind="image",
+                           file_format="tfrecord", num_shards=2)
+
+  def make(**kw):
+    ds = tfdata.dataset(out, order="global", batch_size=4, seed=kw.pop("seed", 1), num_epochs=2, **kw)
+    it = iter(ds)
+    return ds, it, tf.train.Checkpoint(iterator=it, data=tfdata.data_state(ds))
+
+  ds, it, ckpt = make()
+  first = _ids([next(it) for _ in range(3)])
+  saved = ckpt.save(str(tmp_path / "ckpt"))
+  rest = _ids(it)
+  ds, it, ckpt = make()
+  ckpt.restore(saved).assert_consumed()
+  assert _ids(it) == rest and len(first) + len(rest) == 8
+  ds, it, ckpt = make(seed=2)
+  ckpt.restore(saved)
+  with pytest.raises(tf.errors.OpError, match=r"other order settings: seed=1 \(now 2\)"):
+    next(it)
+  old = open_output(out).generation
+  make_outputs.write(out, features, {"train": payloads[::-1]}, kind="image", file_format="tfrecord", num_shards=2)
+  ds, it, ckpt = make()
+  ckpt.restore(saved)
+  with pytest.raises(tf.errors.OpError, match=f"the state was saved on {old}.*but this loader reads "
+                                              f"{open_output(out).generation}"):
+    next(it)
+  with pytest.raises(ValueError, match="data_state needs"):
+    tfdata.data_state(tfdata.dataset(out, batch_size=4))
