@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import multiprocessing
 import os
 import runpy
@@ -47,6 +48,25 @@ def pytest_collection_modifyitems(items):
     fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     if any(defs[-1].scope in ("module", "class") for defs in fixtures.values()):
       item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+_frozen_after = [None]  # the module whose tests last ran
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Before a module's first test: the garbage collected, then what is left alive frozen (gc.freeze).
+
+  TensorFlow, torch and Beam leave ~650k objects that live as long as the process; every full collection
+  (Python's own, as objects pile up, or a test's gc.collect) walked them all, ~0.5 s each, about a quarter
+  of the unit layer's time. A frozen object is still freed when its last reference goes; only a cycle of
+  frozen objects stays (what is alive between modules: imported modules, session fixtures, caches). What a
+  test or its module's fixtures make comes after the freeze and is collected as before."""
+  module = item.nodeid.split("::")[0]
+  if module != _frozen_after[0]:
+    _frozen_after[0] = module
+    gc.collect()
+    gc.freeze()
 
 
 CLASSES = ["cat", "dog", "zebra"]
