@@ -57,9 +57,9 @@ _frozen_after = [None]  # the module whose tests last ran
 def pytest_runtest_protocol(item, nextitem):
   """Before a module's first test: the garbage collected, then what is left alive frozen (gc.freeze).
 
-  TensorFlow, torch and Beam leave ~650k objects that live as long as the process; every full collection
-  (Python's own, as objects pile up, or a test's gc.collect) walked them all, ~0.5 s each, about a quarter
-  of the unit layer's time. A frozen object is still freed when its last reference goes; only a cycle of
+  TensorFlow, torch and Beam leave ~650k objects that live as long as the process; unfrozen, every full
+  collection (Python's own, as objects pile up, or a test's gc.collect) walks them all, ~0.5 s each: about a
+  quarter of the unit layer's time. A frozen object is still freed when its last reference goes; only a cycle of
   frozen objects stays (what is alive between modules: imported modules, session fixtures, caches). What a
   test or its module's fixtures make comes after the freeze and is collected as before."""
   module = item.nodeid.split("::")[0]

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from formats.outputs import commit, inspect
@@ -215,10 +216,21 @@ def test_bytes_that_are_not_a_manifest_object_are_refused(data, message):
 
 
 @pytest.fixture(scope="module")
-def record_output(split_folder, tmp_path_factory) -> str:
+def record_output(tmp_path_factory) -> str:
+  """A committed output of 8x8 raw images in one shard, written with `formats` alone (tests/loaders/make_outputs)."""
+  from tests.loaders import make_outputs
+
+  features, payloads = make_outputs.raw_images(np.random.default_rng(0), 12, (8, 8))
+  return make_outputs.write(str(tmp_path_factory.mktemp("hostile_manifest") / "out"), features, {"train": payloads},
+                            kind="image")
+
+
+@pytest.fixture(scope="module")
+def converted_output(split_folder, tmp_path_factory) -> str:
+  """image_folder's output of `split_folder` (its manifest names the input a rerun reads)."""
   from pipelines import image_folder
 
-  out = str(tmp_path_factory.mktemp("hostile_manifest") / "out")
+  out = str(tmp_path_factory.mktemp("hostile_converted") / "out")
   image_folder.run([f"--input={split_folder}", f"--output={out}", "--encoding=raw", "--image_size=8,8",
                     "--num_shards=1"])
   return out
@@ -255,6 +267,7 @@ def test_readers_refuse_a_manifest_whose_shard_leaves_the_output(record_output, 
       open_it()
 
 
+@pytest.mark.slow  # a subprocess (inspect --repair)
 def test_inspect_refuses_it_and_exits_non_zero(record_output, tmp_path, capsys):
   out, bad = _escape(record_output, tmp_path)
   for flags in ([], ["--verify"]):
@@ -270,10 +283,10 @@ def test_inspect_refuses_it_and_exits_non_zero(record_output, tmp_path, capsys):
 
 @pytest.mark.slow  # runs converters in subprocesses
 @pytest.mark.parametrize("mode", ["--overwrite=true", "--mode=append"])
-def test_a_run_on_it_refuses_in_one_line_and_writes_nothing(record_output, tmp_path, mode):
+def test_a_run_on_it_refuses_in_one_line_and_writes_nothing(converted_output, tmp_path, mode):
   """A rebuild or an append over an output whose manifest lies is refused before anything is written
   (no generation claimed, no clean-up, no TFDS sync): the operator must look at it first."""
-  out, bad = _escape(record_output, tmp_path)
+  out, bad = _escape(converted_output, tmp_path)
   source = json.load(open(os.path.join(out, MANIFEST_FILENAME)))["source"]["input"]
   before = _tree(str(tmp_path))
   r = subprocess.run([sys.executable, "-m", "pipelines.image_folder", f"--input={source}", f"--output={out}", mode],
@@ -301,6 +314,7 @@ def test_cleanup_and_repair_refuse_it_and_delete_nothing(record_output, tmp_path
     assert _tree(str(tmp_path)) == before
 
 
+@pytest.mark.slow  # an end-to-end ogb_graphs run (Beam)
 def test_the_graph_loader_refuses_a_graph_file_outside_the_output(tmp_path):
   from scripts import make_sample_ogb as mo
 

@@ -11,7 +11,6 @@ import threading
 import time
 
 import grain
-from scripts import make_sample_images
 import numpy as np
 import pytest
 
@@ -19,8 +18,8 @@ from formats import load_manifest
 from loaders import CorruptRecordError
 from loaders import grain as grain_loader
 from loaders._stream import WindowOrder, _remove_stale
-from pipelines import image_folder
 from tests.conftest import upload_tree
+from tests.loaders import make_outputs
 
 COUNTS = [5, 7, 3, 9, 4, 6, 8, 2, 7]
 
@@ -84,13 +83,11 @@ def test_window_order_hosts():
 
 @pytest.fixture(scope="module")
 def many_shards(tmp_path_factory):
-  """120 raw 16x16 images in 12 shards (10 records, 128 KiB each)."""
-  base = tmp_path_factory.mktemp("stream")
-  make_sample_images.make_folder(str(base / "images"), ["a", "b", "c"], 40, None, (64, 48), 0, seed=3)
-  out = str(base / "raw")
-  image_folder.run([f"--input={base / 'images'}", f"--output={out}", "--num_shards=12", "--encoding=raw",
-                    "--image_size=16,16"])
-  return out
+  """120 raw 16x16 images in 12 shards (10 records, 128 KiB each), as image_folder --encoding=raw writes them
+  (tests/loaders/make_outputs: no Beam)."""
+  features, payloads = make_outputs.raw_images(np.random.default_rng(3), 120, (16, 16))
+  return make_outputs.write(str(tmp_path_factory.mktemp("stream") / "raw"), features, {"train": payloads},
+                            kind="image", num_shards=12)
 
 
 def _batches(ds) -> list[dict]:

@@ -586,6 +586,7 @@ def test_rtstruct_fill_rule_ties(axial, tmp_path):
   np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.slow  # a benchmark-size input: one contour of a million points
 def test_rtstruct_million_point_contour(axial, tmp_path):
   d, h, w = axial.hu.shape
   centre, radius = (20.13, 15.71), 11.37

@@ -307,8 +307,8 @@ def test_deflated_is_decoded_and_its_length_checked(tmp_path):
 
 
 def test_a_deflate_bomb_is_rejected_without_inflating_it(tmp_path):
-  """A deflated file (about 256 KB) inflating to 256 MiB, over the file cap plus the
-  header allowance: rejected from a bounded inflate, never inflated whole."""
+  """A deflated file (about 80 KB) inflating to 80 MiB, over the file cap (1 MiB) plus the
+  header allowance (MAX_HEADER_BYTES, 64 MiB): rejected from a bounded inflate, never inflated whole."""
   (path,) = build_series(str(tmp_path), "deflated_le")[:1]
   with open(path, "rb") as f:
     pydicom.filereader.read_preamble(f, False)
@@ -317,7 +317,8 @@ def test_a_deflate_bomb_is_rejected_without_inflating_it(tmp_path):
     data = f.seek(0) or f.read()
   body = zlib.decompress(data[meta_end:], -zlib.MAX_WBITS)
   comp = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
-  bomb = comp.compress(body) + b"".join(comp.compress(bytes(1 << 24)) for _ in range(16)) + comp.flush()
+  chunks = ((1 << 20) + ct_headers.MAX_HEADER_BYTES) // (1 << 24) + 1  # of 16 MiB: past the limit
+  bomb = comp.compress(body) + b"".join(comp.compress(bytes(1 << 24)) for _ in range(chunks)) + comp.flush()
   bombed = tmp_path / "bomb.dcm"
   bombed.write_bytes(data[:meta_end] + bomb)
   with open(bombed, "rb") as f, pytest.raises(SliceRejected, match="^deflated data set over the size limit"):

@@ -108,6 +108,7 @@ def test_image_over_the_pixel_cap_is_rejected_with_a_true_reason():
     convert(_png_header_only(14000, 13000), ImageOptions())  # the default cap
 
 
+@pytest.mark.slow  # a benchmark-size input: a 90 M pixel image
 def test_image_under_the_cap_but_over_pillows_limit_is_converted():
   """9500x9500 = 90 M pixels: above Pillow's own warning threshold (89 M, which once
   made such images "corrupt or truncated"), under the toolkit's cap. Grayscale keeps it light."""

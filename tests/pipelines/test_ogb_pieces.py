@@ -153,6 +153,7 @@ def test_a_deflated_edge_index_is_one_source_a_stored_one_ranges(papers, monkeyp
   assert [s.npz_range for s in stored.edge_files] == [(0, 6000), (6000, 12000), (12000, 18000), (18000, 20000)]
 
 
+@pytest.mark.slow  # end-to-end ogb_graphs runs (Beam)
 def test_deflated_and_stored_npz_give_the_same_file(papers, tmp_path, monkeypatch):
   from pipelines.ogb_graphs import plan as plan_module
 
@@ -238,6 +239,7 @@ def test_gcs_a_compose_that_keeps_failing_switches_no_manifest(arxiv, gcs_faults
   assert verify(out, first) == 0
 
 
+@pytest.mark.slow  # end-to-end ogb_graphs runs (Beam)
 def test_counters_of_the_graph_stages(tmp_path):
   from apache_beam.metrics.metric import MetricsFilter
 

@@ -94,6 +94,7 @@ def test_histogram_boundaries_when_every_key_shares_one_bucket():
   assert _plan_by_histogram(keys, 4) == [want[125], want[250], want[375]]
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 @pytest.mark.parametrize("num_shards,min_shards", [(0, 1), (4, 1), (0, 6)])
 def test_plan_on_workers_equals_the_plan_at_launch(num_shards, min_shards):
   units = _units({"train": 300, "test": 40, "one": 1})
@@ -126,6 +127,7 @@ def _spec(out):
                     splits=("train",), num_shards=3, seed=2, generation="gen-x")
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 def test_one_step_per_shard_writes_sorted_records_and_reports_rejects(tmp_path):
   out = str(tmp_path)
   units = _units({"train": 40})
@@ -145,6 +147,7 @@ def test_one_step_per_shard_writes_sorted_records_and_reports_rejects(tmp_path):
     assert list(adapters.get("array_record").read_file(path)) == want
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 def test_a_unit_that_makes_neither_record_nor_reject_fails_the_shard(tmp_path):
   tasks = shards.plan_in_memory(_units({"lost": 10}), 2, 1, 1 << 30)
   with pytest.raises(Exception, match="made no record and no reject"):
@@ -171,6 +174,7 @@ class _Renamed(UnitConverter):
     yield Record(split, f"renamed-{i}", f"{i}".encode())
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 def test_records_are_written_in_their_own_sort_key_order(tmp_path):
   tasks = shards.plan_in_memory(_units({"train": 30}), 2, 1, 1 << 30)
   with beam.Pipeline() as p:
@@ -195,6 +199,7 @@ class _Counted(UnitConverter):
     yield Record(split, f"renamed-{i}" if self._renamed else f"{split}/file-{i:05d}.bin", f"{i}".encode())
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 @pytest.mark.parametrize("renamed", [False, True])
 def test_records_in_order_are_streamed_and_others_redone_buffered(tmp_path, renamed):
   _Counted.calls = 0
@@ -225,6 +230,7 @@ class _Big(UnitConverter):
     yield Record(split, f"{split}/file-{i:05d}.bin", bytes([i]) * (2 << 20))
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 def test_a_streamed_shard_holds_one_record_not_the_shard(tmp_path):
   import tracemalloc
 
@@ -289,6 +295,7 @@ def _finalized(tmp_path, converter, n, num_inputs):
   return Manifest.loads(open(os.path.join(str(tmp_path), "manifest.json"), "rb").read())
 
 
+@pytest.mark.slow  # runs a Beam pipeline
 def test_finalize_refuses_an_input_counted_twice_or_lost(tmp_path):
   m = _finalized(tmp_path / "ok", _Renamed(), 10, 10)
   assert m.num_records == 10 and [s.num_records for s in m.splits["train"].shards] == [3, 3, 4]
