@@ -53,6 +53,7 @@ from formats.outputs.integrity import Verify, check_local_file
 from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from loaders._host import local_processes
 from loaders._shards import decoded
+from loaders.options import Ordering
 
 __all__ = ["DEFAULT_CACHE_FRACTION", "ShardStream", "WindowOrder", "default_cache_limit"]
 
@@ -68,9 +69,6 @@ _BLOCK = 4096
 _FILE_OVERHEAD = 3 * _BLOCK
 _SHARD_TAG, _WINDOW_TAG, _PHASE_TAG = 0x5748, 0x5749, 0x574A  # keys of the shard and window permutations and of
 # the runs' phases (apart from other draws)
-# Records per run in the global order: a host's batch of B records is B / RUN_RECORDS runs of consecutive records,
-# each fetched by one ranged read (see WindowOrder).
-DEFAULT_RUN_RECORDS = 8
 _OPEN_SHARDS = 16  # shards whose readers stay open (at least 4 windows' worth)
 # A ShardStream downloads _FETCHERS shards at once, each in ranged reads of _CHUNK_BYTES, _STREAMS at a time: up
 # to 32 requests and 64 MiB in flight. Sized for GCS from a VM in its region (20-50 ms to the first byte, ~100
@@ -126,6 +124,13 @@ class WindowOrder:
     first_slot: the slot of this host's first example in the global batch (keys random draws).
     run_records: records per run.
   """
+
+  @classmethod
+  def of(cls, counts, ordering: Ordering, batch_size: int, shard_index: int, shard_count: int) -> WindowOrder:
+    """The windows `ordering` asks for (its window_shards and runs), for this host's share."""
+    return cls(counts, ordering.window_shards, batch_size, seed=ordering.seed, shuffle=ordering.shuffle,
+               shard_index=shard_index, shard_count=shard_count, order=ordering.order,
+               drop_remainder=ordering.drop_remainder, run_records=ordering.runs)
 
   def __init__(self, counts, window_shards: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
                shard_index: int = 0, shard_count: int = 1, order: str = "host", drop_remainder: bool = True,

@@ -41,7 +41,7 @@ from loaders._order import RecordOrder, per_host_batch_size
 from loaders._pinned import PinnedIterDataset, PinnedMapDataset
 from loaders._pinning import DataIdentity, StateGuard, pin_output
 from loaders._shards import ShardedRecords
-from loaders._stream import DEFAULT_RUN_RECORDS, RecordStream, ShardStream, StreamedBatches, WindowOrder
+from loaders._stream import RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 from loaders.options import Fetching, Ordering, Reading, Sharding, settings
 
@@ -206,14 +206,9 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
   try:
     output = pin.output
     identity = DataIdentity.of(output, split)
-    run_records = o.run_records
     if o.window_shards is not None:  # the split in windows of shards, through a bounded cache when on gs://
-      counts = [s.num_records for s in output.shards(split)]
-      if run_records is None:
-        run_records = DEFAULT_RUN_RECORDS if o.order == "global" else 1
-      windows = WindowOrder(counts, o.window_shards, batch_size, seed=o.seed, shuffle=o.shuffle,
-                            shard_index=shard_index, shard_count=shard_count, order=o.order,
-                            drop_remainder=o.drop_remainder, run_records=run_records)
+      windows = WindowOrder.of([s.num_records for s in output.shards(split)], o, batch_size, shard_index,
+                               shard_count)
       example_transform(output.kind, output.features, s.example)  # refuses missing options before anything starts
       positions = windows.batches_per_epoch * o.num_epochs
       fetch = f.fetch
@@ -240,7 +235,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
   positions = read.batches_per_epoch * o.num_epochs
   batches = grain.MapDataset.range(positions).map_with_index(read)
   order_settings = {"order": o.order, "shuffle": o.shuffle, "seed": o.seed, "window_shards": o.window_shards,
-                    "run_records": run_records if o.window_shards is not None else None}
+                    "run_records": o.runs if o.window_shards is not None else None}
   guard = StateGuard(identity, read.batches_per_epoch, o.on_new_data, positions, order=order_settings)
   return PinnedMapDataset(batches, guard, keep=(pin, source), close=(source.close, pin.release))
 

@@ -31,8 +31,10 @@ from loaders._order import ORDERS
 from loaders._pinning import ON_NEW_DATA
 from loaders._transforms import ExampleOptions, Patch
 
-__all__ = ["GRAPH_DEFAULTS", "TFDATA_DEFAULTS", "ExampleOptions", "Fetch", "Fetching", "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings",
-           "Sharding", "settings"]
+__all__ = ["DEFAULT_RUN_RECORDS", "GRAPH_DEFAULTS", "TFDATA_DEFAULTS", "ExampleOptions", "Fetch", "Fetching",
+           "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings", "Sharding", "settings"]
+
+DEFAULT_RUN_RECORDS = 8  # Ordering.run_records with order="global": a host's batch of B records is B / 8 ranged reads
 
 Order = Literal["global", "host"]
 Fetch = Literal["auto", "shards", "records"]
@@ -90,6 +92,14 @@ class Ordering:
   run_records: int | None = None
   on_new_data: OnNewData = "error"
 
+  @property
+  def runs(self) -> int:
+    """run_records, or its default for the order: DEFAULT_RUN_RECORDS with "global", 1 (every record on its
+    own) with "host"."""
+    if self.run_records is not None:
+      return self.run_records
+    return DEFAULT_RUN_RECORDS if self.order == "global" else 1
+
   def __post_init__(self) -> None:
     if self.order not in ORDERS:
       raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
@@ -128,7 +138,7 @@ class Sharding:
 
   @classmethod
   def of(cls, sharding: Sharding | Any) -> Sharding:
-    """`sharding` as a Sharding: itself, or the index and count of grain's ShardOptions (or any object that has them)."""
+    """`sharding` as a Sharding: itself, or the index and count of grain's ShardOptions (or any object with them)."""
     if isinstance(sharding, cls):
       return sharding
     try:

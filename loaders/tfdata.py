@@ -51,7 +51,7 @@ from formats.outputs.output import Output
 from loaders._order import RecordOrder, per_host_batch_size
 from loaders._pinning import DataIdentity, StateGuard, pin_output
 from loaders._shards import ShardedRecords
-from loaders._stream import DEFAULT_RUN_RECORDS, ShardStream, WindowOrder
+from loaders._stream import ShardStream, WindowOrder
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
                                 RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
                                 resize_plan, seeded_patch_start)
@@ -460,13 +460,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
                                 shard_count, o.num_epochs, f.cache_dir, shuffle_buffer, f.verify), None
     else:
       if o.window_shards is not None:
-        counts = [s.num_records for s in output.shards(split)]
-        run_records = o.run_records
-        if run_records is None:
-          run_records = DEFAULT_RUN_RECORDS if o.order == "global" else 1
-        order = WindowOrder(counts, o.window_shards, batch_size, seed=o.seed, shuffle=o.shuffle,
-                            shard_index=shard_index, shard_count=shard_count, order=o.order,
-                            run_records=run_records)
+        order = WindowOrder.of([s.num_records for s in output.shards(split)], o, batch_size, shard_index,
+                               shard_count)
         source = ShardStream(output, split, order, order.batches_per_epoch * o.num_epochs, cache_dir=f.cache_dir,
                              cache_limit_bytes=f.cache_limit_bytes, verify=f.verify)
       else:
@@ -476,7 +471,7 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
         source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
       convert = _converter(kind, output.features, s.example, o.seed, batch_size, order.first_slot)
       settings_stamp = {"order": o.order, "shuffle": o.shuffle, "seed": o.seed, "window_shards": o.window_shards,
-                        "run_records": getattr(order, "run_records", None)}
+                        "run_records": o.runs if o.window_shards is not None else None}
       guard = StateGuard(DataIdentity.of(output, split), order.batches_per_epoch, order=settings_stamp)
       read = _RecordBatches(source, order, batch_size, guard)
       ds = _position_batches(read, order.batches_per_epoch * o.num_epochs, convert)
