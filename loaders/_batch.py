@@ -69,7 +69,7 @@ from loaders._transforms import (ExampleOptions, _decode_into, batched_features,
 __all__ = ["ALIGNMENT", "BatchFiller", "aligned_empty"]
 
 # Bytes a batch array's data is aligned to: jax's CPU client (PJRT) uses a host buffer aligned so in place and
-# copies any other (numpy's allocator aligns to 16; a 64x224x224x3 uint8 copy takes ~1.7 ms, the 8-way split of an
+# copies any other (numpy's allocator aligns to 16; a 64x224x224x3 uint8 copy takes ~2 ms, the 8-way split of an
 # aligned one ~0.2 ms).
 ALIGNMENT = 64
 
