@@ -123,6 +123,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow  # a subprocess (a reader, killed)
 def test_a_killed_readers_lease_expires_and_its_generation_is_then_removed(output):
   old = _run(output)
   new = _run(output)

@@ -257,6 +257,7 @@ else:
 """
 
 
+@pytest.mark.slow  # subprocesses (a killed stream, a live one)
 def test_stale_private_folders_are_removed_and_live_ones_kept(tmp_path):
   """A folder whose stream died (process killed: no clean-up ran) is removed by the next stream; one whose owner
   still holds its lock is kept, whatever its pid says; names this module did not make are never touched."""
