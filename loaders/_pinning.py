@@ -43,6 +43,7 @@ ON_NEW_DATA = ("error", "restart_epoch")  # what set_state does with a state sav
 STATE_KEY = "data"  # the key of a state's DataIdentity
 _EPOCH_KEY = "epoch"  # the epoch the state's position lies in (what "restart_epoch" restarts)
 _ORDER_KEY = "order"  # the settings that fix which records a position holds (order, seed, windows, runs)
+_ADDED_ORDER_KEYS = frozenset({"batch", "hosts", "drop_remainder"})  # order settings stamped since states had them
 PIN_ATTEMPTS = 5  # manifest reads before a pin gives up waiting for commits to settle
 
 
@@ -254,6 +255,10 @@ class StateGuard:
                       UnverifiedStateWarning, stacklevel=4)
       return
     if saved != self.order:
+      # keys stamped since a release: a state saved without one is compared without it
+      now = {k: v for k, v in self.order.items() if k in saved or k not in _ADDED_ORDER_KEYS}
+      if saved == now:
+        return
       diff = ", ".join(f"{k}={saved.get(k)!r} (now {self.order.get(k)!r})" for k in sorted(set(saved) | set(self.order))
                        if saved.get(k) != self.order.get(k))
       raise StateMismatchError(f"the state was saved with other order settings: {diff}; its position names other "

@@ -28,11 +28,12 @@ import numpy as np
 
 from formats.errors import CorruptRecordError
 from formats.outputs.integrity import Verify, check_local_file, verify_level
-from formats.outputs.output import Output
+from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
+from formats.storage import files
 from formats.record_slices import ArrayRecordFile, RecordBytes
 from loaders._pinning import DataIdentity, Pin, pin_output
 
-__all__ = ["ShardedRecords"]
+__all__ = ["ShardedRecords", "check_fits"]
 
 
 class ShardedRecords:
@@ -209,3 +210,23 @@ def decoded(source, index: int, copy: bool = True) -> dict:
     return {**source.features.decode(data, copy=copy), "record_index": np.int64(index)}
   except ValueError as e:
     raise CorruptRecordError(f"{source.where(index)}: {e}") from None
+
+
+def check_fits(output: Output, split: str, cache_dir: str | None, cache_limit_bytes: int | None) -> None:
+  """Random access to a gs:// split copies all of it: refuse early (not after hours) when it cannot fit."""
+  if not files.is_gcs(output.path):
+    return
+  total = sum(s.num_bytes for s in output.shards(split))
+  if cache_limit_bytes is not None and total > cache_limit_bytes:
+    where = f"cache_limit_bytes={cache_limit_bytes:,}"
+  else:
+    root = cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "shards")
+    missing = sum(s.num_bytes for s in output.shards(split)
+                  if not os.path.exists(files.cache_path(output.shard_path(s), s.sha256, root) + ".verified"))
+    free = files.free_bytes(root)
+    if missing <= free:
+      return
+    where = f"the {free:,} bytes free in {root}"
+  raise ValueError(f"{output.path} split {split!r} holds {total:,} bytes, more than {where}: random access needs "
+                   f"all of it on local disk; pass window_shards=N to stream it in windows of N shards through a "
+                   f"cache bounded by cache_limit_bytes (see docs/loaders.md)")

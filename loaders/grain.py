@@ -26,7 +26,6 @@ the fused batches of `dataset`; docs/loaders.md says by how much).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import grain
@@ -34,13 +33,12 @@ import numpy as np
 
 from formats.storage import files
 from formats.outputs.integrity import Verify
-from formats.outputs.output import DEFAULT_CACHE_ROOT, Output
 from formats.transforms import element_rng
 from loaders._batch import BatchFiller
 from loaders._order import RecordOrder, per_host_batch_size
 from loaders._pinned import PinnedIterDataset, PinnedMapDataset
 from loaders._pinning import DataIdentity, StateGuard, pin_output
-from loaders._shards import ShardedRecords
+from loaders._shards import ShardedRecords, check_fits
 from loaders._stream import RecordStream, ShardStream, StreamedBatches, WindowOrder
 from loaders._transforms import ExampleOptions, example_transform, fill_batch
 from loaders.options import Fetching, Ordering, Reading, Sharding, settings
@@ -158,26 +156,6 @@ def _fill_records(source, options: ExampleOptions, batch_size: int, with_mask: b
   return fill
 
 
-def _check_fits(output: Output, split: str, cache_dir: str | None, cache_limit_bytes: int | None) -> None:
-  """Random access to a gs:// split copies all of it: refuse early (not after hours) when it cannot fit."""
-  if not files.is_gcs(output.path):
-    return
-  total = sum(s.num_bytes for s in output.shards(split))
-  if cache_limit_bytes is not None and total > cache_limit_bytes:
-    where = f"cache_limit_bytes={cache_limit_bytes:,}"
-  else:
-    root = cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "shards")
-    missing = sum(s.num_bytes for s in output.shards(split)
-                  if not os.path.exists(files.cache_path(output.shard_path(s), s.sha256, root) + ".verified"))
-    free = files.free_bytes(root)
-    if missing <= free:
-      return
-    where = f"the {free:,} bytes free in {root}"
-  raise ValueError(f"{output.path} split {split!r} holds {total:,} bytes, more than {where}: random access needs "
-                   f"all of it on local disk; pass window_shards=N to stream it in windows of N shards through a "
-                   f"cache bounded by cache_limit_bytes (see docs/loaders.md)")
-
-
 def map_dataset(path: str, split: str = "train", *, batch_size: int | None = None,
                 global_batch_size: int | None = None, ordering: Ordering | None = None,
                 sharding: Sharding | grain.sharding.ShardOptions | None = None, fetching: Fetching | None = None,
@@ -197,9 +175,12 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
   Raises:
     ValueError, TypeError, NotAnOutputError, KeyError, CorruptRecordError: as in `dataset`.
   """
-  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, **fields)
-  s.only("loaders.grain.map_dataset (iterate it with grain.ReadOptions)", "ordering", "sharding", "fetching", "example")
+  s = settings("loaders.grain.map_dataset (iterate it with grain.ReadOptions)", ordering=ordering,
+               sharding=sharding, fetching=fetching, example=example,
+               read=("ordering", "sharding", "fetching", "example"), **fields)
   o, f = s.ordering, s.fetching
+  if f.fetch != "auto" and o.window_shards is None:
+    raise ValueError(f"fetch={f.fetch!r} chooses how windows are streamed: it needs window_shards")
   shard_index, shard_count = s.sharding.resolve(0, 1)
   batch_size = per_host_batch_size(batch_size, shard_count, o.order, global_batch_size)
   pin = pin_output(path, lease=f.lease, purpose=f"loaders.grain {split}")  # the one read of the manifest
@@ -224,7 +205,7 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
       read = StreamedBatches(stream, _fill_records(stream, s.example, batch_size, not o.drop_remainder, o.seed))
       source = stream
     else:
-      _check_fits(output, split, f.cache_dir, f.cache_limit_bytes)
+      check_fits(output, split, f.cache_dir, f.cache_limit_bytes)
       source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
       transform = example_transform(source.kind, source.features, s.example)
       read = _ReadBatch(source, transform, batch_size, o.seed, o.shuffle, shard_index, shard_count,
@@ -234,9 +215,8 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
     raise
   positions = read.batches_per_epoch * o.num_epochs
   batches = grain.MapDataset.range(positions).map_with_index(read)
-  order_settings = {"order": o.order, "shuffle": o.shuffle, "seed": o.seed, "window_shards": o.window_shards,
-                    "run_records": o.runs if o.window_shards is not None else None}
-  guard = StateGuard(identity, read.batches_per_epoch, o.on_new_data, positions, order=order_settings)
+  guard = StateGuard(identity, read.batches_per_epoch, o.on_new_data, positions,
+                     order=o.stamp(batch_size, shard_count))
   return PinnedMapDataset(batches, guard, keep=(pin, source), close=(source.close, pin.release))
 
 
@@ -284,15 +264,21 @@ def records(path: str, split: str = "train", *, ordering: Ordering | None = None
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source` (CorruptRecordError also when
       a damaged record is read).
   """
-  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, **fields).only(
-      "loaders.grain.records", "shuffle", "seed", "on_new_data", "drop_remainder", "sharding", "cache_dir",
-      "verify", "cache_limit_bytes", "lease", "example")
+  s = settings("loaders.grain.records", ordering=ordering, sharding=sharding, fetching=fetching, example=example,
+               read=("shuffle", "seed", "on_new_data", "drop_remainder", "sharding", "cache_dir", "verify",
+                     "cache_limit_bytes", "lease", "example"), **fields)
   o, f = s.ordering, s.fetching
   shard_index, shard_count = s.sharding.resolve(0, 1)
-  drop_remainder = getattr(sharding, "drop_remainder", o.drop_remainder)  # grain's ShardOptions says its own
+  drop_remainder = o.drop_remainder
+  if hasattr(sharding, "drop_remainder"):  # grain's ShardOptions says its own
+    given = fields.get("drop_remainder", getattr(ordering, "drop_remainder", None))
+    if given is not None and given != sharding.drop_remainder:
+      raise TypeError(f"drop_remainder={given} disagrees with the ShardOptions' drop_remainder="
+                      f"{sharding.drop_remainder}: give it once")
+    drop_remainder = sharding.drop_remainder
   pin = pin_output(path, lease=f.lease, purpose=f"loaders.grain records {split}")
   try:
-    _check_fits(pin.output, split, f.cache_dir, f.cache_limit_bytes)
+    check_fits(pin.output, split, f.cache_dir, f.cache_limit_bytes)
     source = ShardedRecords(pin.output, split, cache_dir=f.cache_dir, verify=f.verify)
     transform = example_transform(source.kind, source.features, s.example)
   except BaseException:
@@ -345,8 +331,9 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
     TypeError: a name that is no setting, or a setting given twice (loaders.options.settings).
     NotAnOutputError, KeyError, CorruptRecordError: as in `data_source`.
   """
-  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, reading=reading, **fields)
+  s = settings("loaders.grain.dataset", ordering=ordering, sharding=sharding, fetching=fetching, example=example,
+               reading=reading, **fields)
   ds = map_dataset(path, split, batch_size=batch_size, global_batch_size=global_batch_size,
-                   **dataclasses.replace(s, reading=Reading()).groups())
+                   **{k: v for k, v in s.groups().items() if k != "reading"})
   threads = max(1, min(s.reading.num_threads, len(os.sched_getaffinity(0))))
   return ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=s.reading.prefetch_buffer_size))

@@ -150,9 +150,8 @@ def grain_dataset(sampler: Sampler, *, ordering: Ordering | None = None, reading
 
   from loaders._pinned import PinnedMapDataset
 
-  s = settings(ordering=ordering, reading=reading, defaults=GRAPH_DEFAULTS, **fields).only(
-      "loaders.graph.grain_dataset (the sampler holds its seed, order and shard)", "num_epochs", "on_new_data",
-      "reading")
+  s = settings("loaders.graph.grain_dataset (the sampler holds its seed, order and shard)", ordering=ordering,
+               reading=reading, read=("num_epochs", "on_new_data", "reading"), defaults=GRAPH_DEFAULTS, **fields)
   source = grain.MapDataset.source(_EpochSource(sampler, s.ordering.num_epochs))
   guard = StateGuard(sampler_identity(sampler), len(sampler), s.ordering.on_new_data, len(source))
   threads = max(1, min(s.reading.num_threads, len(os.sched_getaffinity(0))))

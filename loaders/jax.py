@@ -244,7 +244,8 @@ def dataset(path: str, split: str = "train", *, mesh: Mesh, partition: Partition
     TypeError: as in loaders.grain.dataset.
     NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.data_source.
   """
-  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, reading=reading, **fields)
+  s = settings("loaders.jax.dataset", ordering=ordering, sharding=sharding, fetching=fetching, example=example,
+               reading=reading, **fields)
   shard_index, shard_count = s.sharding.resolve(jax.process_index(), jax.process_count())
   per_host = per_host_batch_size(batch_size, shard_count, s.ordering.order, global_batch_size)
   _check_rows(mesh, partition, per_host, shard_index, shard_count)

@@ -7,16 +7,18 @@
                                example=loaders.ExampleOptions(image_size=(224, 224)))
     ds = loaders.grain.dataset(path, "train", batch_size=256, seed=3, num_epochs=10, image_size=(224, 224))
 
-Every loader (loaders.grain, loaders.xla, loaders.jax, loaders.tfdata) takes
-these groups, or any field of a group by its own name (the second call above):
+Every loader (loaders.grain, loaders.xla, loaders.jax, loaders.tfdata, and the
+graph feeders of loaders.graph for the fields they read) takes these groups, or
+any field of a group by its own name (the second call above):
 `Ordering` (which records each step holds, in what order, and what a resume
 does), `Sharding` (this host's share), `Fetching` (how shards are proven and
 fetched from gs://), `ExampleOptions` (record → fixed-shape example) and
 `Reading` (host threads). A field given both ways, a name no group has, or a
 setting the loader does not read (set to other than its default) is refused, so
-nothing is silently ignored. grain's own `grain.sharding.ShardOptions` (and its
-subclasses, such as ShardByJaxProcess) is accepted as `sharding`, and
-`grain.ReadOptions` as `reading`.
+nothing is silently ignored. A field whose default is None is the loader's own
+(DEFAULTS, TFDATA_DEFAULTS, GRAPH_DEFAULTS), however it is given. grain's own
+`grain.sharding.ShardOptions` (and its subclasses, such as ShardByJaxProcess) is
+accepted as `sharding`, and `grain.ReadOptions` as `reading`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from loaders._order import ORDERS
 from loaders._pinning import ON_NEW_DATA
 from loaders._transforms import ExampleOptions, Patch
 
-__all__ = ["DEFAULT_RUN_RECORDS", "GRAPH_DEFAULTS", "TFDATA_DEFAULTS", "ExampleOptions", "Fetch", "Fetching",
-           "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings", "Sharding", "settings"]
+__all__ = ["DEFAULTS", "DEFAULT_RUN_RECORDS", "GRAPH_DEFAULTS", "TFDATA_DEFAULTS", "ExampleOptions", "Fetch",
+           "Fetching", "OnNewData", "Order", "Ordering", "Patch", "Reading", "Settings", "Sharding", "settings"]
 
 DEFAULT_RUN_RECORDS = 8  # Ordering.run_records with order="global": a host's batch of B records is B / 8 ranged reads
 
@@ -54,8 +56,8 @@ def _at_least_one(name: str, value, optional: bool = True) -> None:
 class Ordering:
   """Which records each step holds, in what order, and what restoring a state on other data does.
 
-  Every field here changes the batches: a saved state resumes only with the same values (the state
-  names them, and a mismatch raises StateMismatchError).
+  Every field but num_epochs and on_new_data changes which records a position holds: a saved state
+  names them (with the batch size) and resumes only with the same values (StateMismatchError).
 
   Attributes:
     shuffle: shuffle each epoch (seeded; every epoch differently).
@@ -65,14 +67,14 @@ class Ordering:
       order over the whole split and host h its slice, with random draws keyed by the slot in the
       global batch, so a step's batches do not depend on the host count and a state resumes on any
       number of hosts with the same global batch. "host": each host's strided share of the split,
-      shuffled on its own.
+      shuffled on its own. None: the loader's default (DEFAULTS: "global"; TFDATA_DEFAULTS: "host").
     drop_remainder: drop each epoch's last short batch; False pads it and every batch carries
-      `mask`.
+      `mask` (loaders.grain.records: trim the split to a multiple of shard_count). None: True.
     window_shards: read the split in windows of this many shards instead of at random: each epoch a
       seeded permutation of the shards is cut into windows and records are shuffled within their
       window; a gs:// split is then streamed through a bounded cache (`Fetching`). None: random
       access over the whole split (a gs:// split is first copied whole to local disk).
-    run_records: with window_shards, a window's records are shuffled as runs of this many
+    run_records: with window_shards (only), a window's records are shuffled as runs of this many
       consecutive records of a shard (docs/loaders.md: what runs do to randomness). None: 8 with
       order="global" (a host's batch of B records is B / 8 ranged reads), 1 with order="host".
     on_new_data: what restoring a state saved on other data (another generation, manifest or split)
@@ -80,14 +82,15 @@ class Ordering:
       and starts that epoch over, from its first batch, in this data's order.
 
   Raises:
-    ValueError: (on construction) an unknown order or on_new_data, or a count below 1.
+    ValueError: (on construction) an unknown order or on_new_data, a count below 1, a seed that is not
+      an integer, a flag that is not a bool, or run_records without window_shards.
   """
 
   shuffle: bool = True
   seed: int = 0
   num_epochs: int = 1
-  order: Order = "global"
-  drop_remainder: bool = True
+  order: Order | None = None
+  drop_remainder: bool | None = None
   window_shards: int | None = None
   run_records: int | None = None
   on_new_data: OnNewData = "error"
@@ -100,14 +103,38 @@ class Ordering:
       return self.run_records
     return DEFAULT_RUN_RECORDS if self.order == "global" else 1
 
+  def stamp(self, batch_size: int, shard_count: int) -> dict:
+    """What fixes the records of each position, as a saved state records it (loaders._pinning.StateGuard).
+
+    Args:
+      batch_size: the batch on this host.
+      shard_count: the number of hosts.
+    """
+    out = {"order": self.order, "shuffle": bool(self.shuffle), "seed": int(self.seed),
+           "window_shards": self.window_shards, "run_records": self.runs if self.window_shards is not None else None}
+    if self.order == "global":
+      out["batch"] = batch_size * shard_count  # the global step: the same on any number of hosts
+    else:
+      out["batch"], out["hosts"] = batch_size, shard_count
+    out["drop_remainder"] = self.drop_remainder
+    return out
+
   def __post_init__(self) -> None:
-    if self.order not in ORDERS:
+    if self.order is not None and self.order not in ORDERS:
       raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
     if self.on_new_data not in ON_NEW_DATA:
       raise ValueError(f"on_new_data must be one of {ON_NEW_DATA}, got {self.on_new_data!r}")
+    for name, value in (("shuffle", self.shuffle), ("drop_remainder", True if self.drop_remainder is None
+                                                      else self.drop_remainder)):
+      if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+      raise ValueError(f"seed must be an integer, got {self.seed!r}")
     _at_least_one("num_epochs", self.num_epochs, optional=False)
     _at_least_one("window_shards", self.window_shards)
     _at_least_one("run_records", self.run_records)
+    if self.run_records is not None and self.window_shards is None:
+      raise ValueError(f"run_records={self.run_records} shapes windows: it needs window_shards")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +142,10 @@ class Sharding:
   """This host's share of every epoch: shard `shard_index` of `shard_count`.
 
   None takes the framework's own value: jax.process_index() / process_count() in loaders.jax,
-  torch_xla's global_ordinal() / world_size() in loaders.xla, 0 and 1 elsewhere.
+  torch_xla's global_ordinal() / world_size() in loaders.xla, 0 and 1 elsewhere. The batch loaders
+  always give every host the same number of records (collective steps would hang otherwise): the
+  split is trimmed to a multiple of shard_count, so grain's ShardOptions(drop_remainder=False), as
+  ShardByJaxProcess() has it, still trims there; `records` keeps every record with it.
 
   Attributes:
     shard_index: this host's shard.
@@ -131,10 +161,14 @@ class Sharding:
   def __post_init__(self) -> None:
     _at_least_one("shard_count", self.shard_count)
     if self.shard_index is not None:
-      if isinstance(self.shard_index, bool) or not isinstance(self.shard_index, int) or self.shard_index < 0:
+      if (isinstance(self.shard_index, bool) or not isinstance(self.shard_index, (int, np.integer))
+          or self.shard_index < 0):
         raise ValueError(f"shard_index must be an integer >= 0 or None, got {self.shard_index!r}")
-      if self.shard_count is not None and self.shard_index >= self.shard_count:
-        raise ValueError(f"shard_index {self.shard_index} is outside [0, {self.shard_count})")
+    for name in ("shard_index", "shard_count"):  # numpy integers become ints (they are JSON-able in states)
+      if getattr(self, name) is not None:
+        object.__setattr__(self, name, int(getattr(self, name)))
+    if None not in (self.shard_index, self.shard_count) and self.shard_index >= self.shard_count:
+      raise ValueError(f"shard_index {self.shard_index} is outside [0, {self.shard_count})")
 
   @classmethod
   def of(cls, sharding: Sharding | Any) -> Sharding:
@@ -195,18 +229,19 @@ class Reading:
 
   Attributes:
     num_threads: reading threads (capped at the CPUs this process may use: more only adds GIL contention).
-    prefetch_buffer_size: batches read ahead.
+      None: the loader's default (DEFAULTS: 16; GRAPH_DEFAULTS: 4).
+    prefetch_buffer_size: batches read ahead. None: the loader's default (DEFAULTS: 64; GRAPH_DEFAULTS: 8).
 
   Raises:
     ValueError: (on construction) a count below 1.
   """
 
-  num_threads: int = 16
-  prefetch_buffer_size: int = 64
+  num_threads: int | None = None
+  prefetch_buffer_size: int | None = None
 
   def __post_init__(self) -> None:
-    _at_least_one("num_threads", self.num_threads, optional=False)
-    _at_least_one("prefetch_buffer_size", self.prefetch_buffer_size, optional=False)
+    _at_least_one("num_threads", self.num_threads)
+    _at_least_one("prefetch_buffer_size", self.prefetch_buffer_size)
 
   @classmethod
   def of(cls, reading: Reading | Any) -> Reading:
@@ -227,7 +262,7 @@ assert len(_FIELD_GROUP) == sum(len(dataclasses.fields(c)) for c in _GROUPS.valu
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The groups one loader call reads."""
+  """The groups one loader call reads, every None a group leaves to the loader filled in (`settings`)."""
 
   ordering: Ordering = Ordering()
   sharding: Sharding = Sharding()
@@ -239,31 +274,33 @@ class Settings:
     """The groups as keyword arguments of another loader (`loaders.xla` hands them to `loaders.grain`)."""
     return {name: getattr(self, name) for name in _GROUPS}
 
-  def only(self, loader: str, *read: str) -> Settings:
-    """Itself; ValueError naming the first setting other than its default that `loader` does not read.
 
-    Args:
-      loader: the loader's name, for the message.
-      *read: the fields it reads, and the groups it reads whole ("sharding", "example").
-    """
-    for name, cls in _GROUPS.items():
-      group, default = getattr(self, name), cls()
-      for f in dataclasses.fields(cls):
-        if name not in read and f.name not in read and getattr(group, f.name) != getattr(default, f.name):
-          raise ValueError(f"{loader} does not read {f.name} (set to {getattr(group, f.name)!r})")
-    return self
+# What every loader fills into the Nones a call leaves: the global order, the remainder dropped, 16 threads, 64
+# batches ahead.
+DEFAULTS = Settings(ordering=Ordering(order="global", drop_remainder=True),
+                    reading=Reading(num_threads=16, prefetch_buffer_size=64))
+# The graph feeders': a sampled batch with its features can take tens of MB, and sampling saturates few threads.
+GRAPH_DEFAULTS = dataclasses.replace(DEFAULTS, reading=Reading(num_threads=4, prefetch_buffer_size=8))
+# loaders.tfdata's: each host's own share through tf.data's own pipeline (TFRecordDataset, a shuffle buffer);
+# order="global" gives loaders.grain's batches.
+TFDATA_DEFAULTS = dataclasses.replace(DEFAULTS, ordering=Ordering(order="host", drop_remainder=True))
 
 
-def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | None = None,
+def settings(loader: str, *, read: tuple[str, ...] | None = None, defaults: Settings = DEFAULTS,
+             ordering: Ordering | None = None, sharding: Sharding | Any | None = None,
              fetching: Fetching | None = None, example: ExampleOptions | None = None,
-             reading: Reading | Any | None = None, defaults: Settings | None = None, **fields) -> Settings:
-  """The settings of one loader call: the groups given, each field given by name set in its group.
+             reading: Reading | Any | None = None, **fields) -> Settings:
+  """The settings of one loader call: the groups given, each field given by name set in its group, and the
+  Nones left filled from `defaults`.
 
   Args:
+    loader: the loader's name, for messages.
+    read: the fields the loader reads, and the groups it reads whole ("sharding", "example"); any other
+      setting given (other than its group's default) is a ValueError. None: it reads everything.
+    defaults: what fills the fields given as None (or not at all): DEFAULTS, GRAPH_DEFAULTS or
+      TFDATA_DEFAULTS.
     ordering, sharding, fetching, example, reading: the groups (None: the defaults); `sharding` may be
       grain's ShardOptions and `reading` grain's ReadOptions.
-    defaults: the groups a field by name is set in (None: each group's own defaults; the graph feeders
-      pass GRAPH_DEFAULTS, loaders.tfdata TFDATA_DEFAULTS).
     **fields: any field of the groups by its own name.
 
   Returns:
@@ -272,7 +309,7 @@ def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | Non
   Raises:
     TypeError: a name that is no group's field, a field given both by name and in its group, or a
       group of the wrong type.
-    ValueError: a field's value is refused by its group.
+    ValueError: a field's value is refused by its group, or the loader does not read it.
   """
   given = {"ordering": ordering, "sharding": None if sharding is None else Sharding.of(sharding),
            "fetching": fetching, "example": example, "reading": None if reading is None else Reading.of(reading)}
@@ -283,19 +320,20 @@ def settings(*, ordering: Ordering | None = None, sharding: Sharding | Any | Non
   for field, value in fields.items():
     group = _FIELD_GROUP.get(field)
     if group is None:
-      raise TypeError(f"unexpected keyword argument {field!r} (the settings are the fields of Ordering, Sharding, "
-                      f"Fetching, ExampleOptions and Reading: {', '.join(sorted(_FIELD_GROUP))})")
+      raise TypeError(f"{loader}: unexpected keyword argument {field!r} (the settings are the fields of Ordering, "
+                      f"Sharding, Fetching, ExampleOptions and Reading: {', '.join(sorted(_FIELD_GROUP))})")
     if given[group] is not None:
       raise TypeError(f"{field} is given both by name and in {group}=: give it once")
     by_group[group][field] = value
-  defaults = defaults or Settings()
-  return Settings(**{name: given[name] if given[name] is not None
-                     else dataclasses.replace(getattr(defaults, name), **by_group[name]) for name in _GROUPS})
-
-
-# The graph feeders' defaults: a sampled batch with its features can take tens of MB, and sampling
-# saturates few threads.
-GRAPH_DEFAULTS = Settings(reading=Reading(num_threads=4, prefetch_buffer_size=8))
-# loaders.tfdata's defaults: each host's own share through tf.data's own pipeline (TFRecordDataset, a shuffle
-# buffer), as before it had the global order; order="global" gives loaders.grain's batches.
-TFDATA_DEFAULTS = Settings(ordering=Ordering(order="host"))
+  out = {}
+  for name, cls in _GROUPS.items():
+    group = given[name] if given[name] is not None else cls(**by_group[name])
+    unset = cls()
+    for f in dataclasses.fields(cls):
+      value = getattr(group, f.name)
+      if read is not None and name not in read and f.name not in read and value != getattr(unset, f.name):
+        raise ValueError(f"{loader} does not read {f.name} (set to {value!r})")
+    fill = {f.name: getattr(getattr(defaults, name), f.name) for f in dataclasses.fields(cls)
+            if getattr(group, f.name) is None}
+    out[name] = dataclasses.replace(group, **fill) if fill else group
+  return Settings(**out)

@@ -50,7 +50,7 @@ from formats.outputs.integrity import Verify, verify_level
 from formats.outputs.output import Output
 from loaders._order import RecordOrder, per_host_batch_size
 from loaders._pinning import DataIdentity, StateGuard, pin_output
-from loaders._shards import ShardedRecords
+from loaders._shards import ShardedRecords, check_fits
 from loaders._stream import ShardStream, WindowOrder
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
                                 RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
@@ -58,7 +58,9 @@ from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALE
 from loaders._transforms import ExampleOptions, batched_features, volume_label
 from loaders.options import TFDATA_DEFAULTS, Fetching, Ordering, Sharding, settings
 
-__all__ = ["data_state", "dataset"]
+__all__ = ["SHUFFLE_BUFFER", "data_state", "dataset"]
+
+SHUFFLE_BUFFER = 10_000  # records in tf.data's shuffle buffer (its own host pipeline)
 
 
 # The dtypes tf.io.decode_raw reads.
@@ -330,7 +332,8 @@ class _RecordBatches:
                guard: StateGuard):
     self.source, self.order, self.batch_size, self._guard = source, order, batch_size, guard
     self._stamp = json.dumps(guard.stamp({}), sort_keys=True)
-    self.data = tf.Variable(self._stamp, trainable=False, dtype=tf.string, name="tpu_shards_data")
+    with tf.init_scope(), tf.device("/cpu:0"):  # eager and on the host, whatever scope builds the dataset
+      self.data = tf.Variable(self._stamp, trainable=False, dtype=tf.string, name="tpu_shards_data")
     self._checked = self._stamp
 
   def _check_data(self) -> None:
@@ -390,7 +393,7 @@ def _position_batches(read: _RecordBatches, positions: int, convert: _Convert) -
 def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
             global_batch_size: int | None = None, ordering: Ordering | None = None,
             sharding: Sharding | None = None, fetching: Fetching | None = None, example: ExampleOptions | None = None,
-            shuffle_buffer: int = 10_000, **fields) -> tf.data.Dataset:
+            shuffle_buffer: int | None = None, **fields) -> tf.data.Dataset:
   """A tf.data.Dataset of batches (dicts of tensors) from TFRecord shards: images, CT volumes, tensors records.
 
   The batches have loaders.grain's keys, dtypes and values (formats.transforms
@@ -425,7 +428,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
     fetching: as in loaders.grain.dataset; streamed shards are fetched whole (fetch="records" is
       ArrayRecord's).
     example: how records become fixed-shape examples (loaders.ExampleOptions).
-    shuffle_buffer: the shuffle buffer's size (order="host" without window_shards only).
+    shuffle_buffer: the shuffle buffer's size (order="host" without window_shards only; None:
+      SHUFFLE_BUFFER records).
     **fields: any field of those groups by its own name.
 
   Returns:
@@ -439,44 +443,55 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
     KeyError: the output has no such split.
     CorruptRecordError: a shard differs from the manifest (size, digest or record count).
   """
-  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example,
+  s = settings("loaders.tfdata", ordering=ordering, sharding=sharding, fetching=fetching, example=example,
+               read=("shuffle", "seed", "num_epochs", "order", "drop_remainder", "window_shards", "run_records",
+                     "sharding", "cache_dir", "verify", "cache_limit_bytes", "fetch", "lease", "example"),
                defaults=TFDATA_DEFAULTS, **fields)
-  s.only("loaders.tfdata", "shuffle", "seed", "num_epochs", "order", "window_shards", "run_records", "sharding",
-         "cache_dir", "verify", "cache_limit_bytes", "lease", "example")
   if not s.ordering.drop_remainder:
     raise ValueError("loaders.tfdata gives whole batches only: drop_remainder must be True")
   if s.fetching.fetch == "records":
     raise ValueError("loaders.tfdata streams whole TFRecord shards: fetch='records' reads ArrayRecord only")
   o, f = s.ordering, s.fetching
+  host_pipeline = o.order == "host" and o.window_shards is None
+  if shuffle_buffer is not None and not host_pipeline:
+    raise ValueError("shuffle_buffer sizes tf.data's own host pipeline: with order='global' or window_shards "
+                     "the order is grain's permutation")
   shard_index, shard_count = s.sharding.resolve(0, 1)
   batch_size = per_host_batch_size(batch_size, shard_count, o.order, global_batch_size)
   pin = pin_output(path, lease=f.lease, purpose=f"loaders.tfdata {split}")
+  source = None
   try:
     output = pin.output
     _check_tfrecord(output)
     kind = output.kind  # here: a manifest without a kind is reported before bad options or a missing split
-    if o.order == "host" and o.window_shards is None:
+    if o.window_shards is None:
+      check_fits(output, split, f.cache_dir, f.cache_limit_bytes)
+    if host_pipeline:
       ds, read = _host_pipeline(output, split, kind, s.example, batch_size, o.shuffle, o.seed, shard_index,
-                                shard_count, o.num_epochs, f.cache_dir, shuffle_buffer, f.verify), None
+                                shard_count, o.num_epochs, f.cache_dir, shuffle_buffer or SHUFFLE_BUFFER,
+                                f.verify), None
     else:
       if o.window_shards is not None:
         order = WindowOrder.of([s.num_records for s in output.shards(split)], o, batch_size, shard_index,
                                shard_count)
-        source = ShardStream(output, split, order, order.batches_per_epoch * o.num_epochs, cache_dir=f.cache_dir,
-                             cache_limit_bytes=f.cache_limit_bytes, verify=f.verify)
       else:
         num_records = sum(s.num_records for s in output.shards(split))  # a missing split: reported before fetching
         order = RecordOrder(num_records, batch_size, seed=o.seed, shuffle=o.shuffle, shard_index=shard_index,
                             shard_count=shard_count, order=o.order)
+      convert = _converter(kind, output.features, s.example, o.seed, batch_size, order.first_slot)  # before a fetch
+      if o.window_shards is not None:
+        source = ShardStream(output, split, order, order.batches_per_epoch * o.num_epochs, cache_dir=f.cache_dir,
+                             cache_limit_bytes=f.cache_limit_bytes, verify=f.verify)
+      else:
         source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
-      convert = _converter(kind, output.features, s.example, o.seed, batch_size, order.first_slot)
-      settings_stamp = {"order": o.order, "shuffle": o.shuffle, "seed": o.seed, "window_shards": o.window_shards,
-                        "run_records": o.runs if o.window_shards is not None else None}
-      guard = StateGuard(DataIdentity.of(output, split), order.batches_per_epoch, order=settings_stamp)
+      guard = StateGuard(DataIdentity.of(output, split), order.batches_per_epoch,
+                         order=o.stamp(batch_size, shard_count))
       read = _RecordBatches(source, order, batch_size, guard)
       ds = _position_batches(read, order.batches_per_epoch * o.num_epochs, convert)
   except BaseException:
-    pin.release()  # nothing will read it: its lease goes now, not when the traceback is dropped
+    if source is not None:
+      source.close()  # a stream's private folder goes now, not when the traceback is dropped
+    pin.release()  # nothing will read it: its lease goes now too
     raise
   ds._tpu_shards_pin = pin  # lives as long as the dataset and every dataset made from it (they hold their input)
   ds._tpu_shards_read = read  # the readers (a stream's private folder goes with them); None for the host pipeline
@@ -504,8 +519,8 @@ def data_state(ds: tf.data.Dataset) -> tf.Variable:
   """
   read = getattr(ds, "_tpu_shards_read", None)
   if read is None:
-    raise ValueError("data_state needs a loaders.tfdata dataset of order='global' or window_shards (the position "
-                     "pipeline); tf.data's own host pipeline names no position to check")
+    raise ValueError("data_state needs the dataset loaders.tfdata.dataset returned (not one tf.data made from it) "
+                     "with order='global' or window_shards: tf.data's own host pipeline names no position to check")
   return read.data
 
 

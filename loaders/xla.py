@@ -55,11 +55,17 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
   import torch_xla
   import torch_xla.runtime as xr
 
-  s = settings(ordering=ordering, sharding=sharding, fetching=fetching, example=example, reading=reading, **fields)
+  s = settings("loaders.xla.device_loader", ordering=ordering, sharding=sharding, fetching=fetching,
+               example=example, reading=reading, **fields)
   if not s.ordering.drop_remainder:
     raise ValueError("loaders.xla reads whole batches only: drop_remainder must be True")
   index, count = s.sharding.resolve(xr.global_ordinal(), xr.world_size())
   s = dataclasses.replace(s, sharding=Sharding(index, count))
+  device = device or torch_xla.device()
   ds = grain_loader.dataset(path, split, batch_size=batch_size, global_batch_size=global_batch_size, **s.groups())
-  return DeviceLoader(ds, device or torch_xla.device(), state, loader_prefetch_size=loader_prefetch_size,
-                      device_prefetch_size=device_prefetch_size)
+  try:
+    return DeviceLoader(ds, device, state, loader_prefetch_size=loader_prefetch_size,
+                        device_prefetch_size=device_prefetch_size)
+  except BaseException:
+    ds.close()  # a refused state: the lease goes now
+    raise

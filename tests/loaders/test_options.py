@@ -75,10 +75,14 @@ def test_a_setting_given_twice_or_unknown_is_a_type_error(raw):
     grain_loader.dataset(raw, batch_size=4, sharding=(0, 2))
 
 
-def test_a_field_by_name_is_set_in_the_loaders_defaults():
-  assert options.settings(num_threads=2).reading == loaders.Reading(2, 64)
-  assert options.settings(defaults=options.GRAPH_DEFAULTS, num_threads=2).reading == loaders.Reading(2, 8)
-  assert options.settings(defaults=options.GRAPH_DEFAULTS).reading == options.GRAPH_DEFAULTS.reading
+def test_what_a_call_leaves_unset_is_the_loaders_default_however_the_settings_are_given():
+  for given in ({"num_threads": 2}, {"reading": loaders.Reading(num_threads=2)}):
+    assert options.settings("t", **given).reading == loaders.Reading(2, 64)
+    assert options.settings("t", defaults=options.GRAPH_DEFAULTS, **given).reading == loaders.Reading(2, 8)
+  for given in ({"seed": 3}, {"ordering": loaders.Ordering(seed=3)}):
+    assert options.settings("t", **given).ordering.order == "global"
+    assert options.settings("t", defaults=options.TFDATA_DEFAULTS, **given).ordering.order == "host"
+    assert options.settings("t", **given).ordering.drop_remainder is True
 
 
 def test_a_setting_a_loader_does_not_read_is_refused_not_ignored(raw):
@@ -88,6 +92,39 @@ def test_a_setting_a_loader_does_not_read_is_refused_not_ignored(raw):
     grain_loader.map_dataset(raw, batch_size=4, num_threads=2)
   with pytest.raises(ValueError, match="does not read seed"):
     lg.grain_dataset(None, seed=4)  # the sampler holds its seed; refused before the sampler is touched
+  with pytest.raises(ValueError, match="fetch='records' chooses how windows are streamed: it needs window_shards"):
+    grain_loader.dataset(raw, batch_size=4, fetch="records")
+
+
+def test_records_takes_drop_remainder_once(raw):
+  """grain's ShardOptions carries its own drop_remainder: records reads it, and refuses another one."""
+  def count(**kw):
+    ds = grain_loader.records(raw, shuffle=False, **kw)
+    n = len(ds)
+    ds.close()
+    return n
+  assert count(sharding=grain.sharding.ShardOptions(0, 3, drop_remainder=False)) == 14
+  assert count(sharding=grain.sharding.ShardOptions(0, 3, drop_remainder=True)) == 13
+  assert count(shard_index=0, shard_count=3, drop_remainder=False) == 14
+  with pytest.raises(TypeError, match="drop_remainder=True disagrees with the ShardOptions' drop_remainder=False"):
+    grain_loader.records(raw, sharding=grain.sharding.ShardOptions(0, 3, drop_remainder=False), drop_remainder=True)
+  with pytest.raises(TypeError, match="drop_remainder=False disagrees"):
+    grain_loader.records(raw, sharding=grain.sharding.ShardOptions(0, 3, drop_remainder=True),
+                         ordering=loaders.Ordering(drop_remainder=False))
+
+
+def test_a_state_names_the_batch_and_the_remainder_rule(raw):
+  """A position names other records under another batch size or remainder rule: refused on restore."""
+  it = iter(grain_loader.dataset(raw, batch_size=4, seed=1, num_threads=1))
+  next(it)
+  state = it.get_state()
+  for other in ({"batch_size": 8}, {"batch_size": 4, "drop_remainder": False}):
+    with pytest.raises(loaders.StateMismatchError, match="other order settings"):
+      iter(grain_loader.dataset(raw, seed=1, num_threads=1, **other)).set_state(state)
+  old = dict(state, order={k: v for k, v in state["order"].items() if k != "batch"})  # saved before it was stamped
+  resumed = iter(grain_loader.dataset(raw, batch_size=4, seed=1, num_threads=1))
+  resumed.set_state(old)
+  np.testing.assert_array_equal(next(resumed)["record_index"], next(it)["record_index"])
 
 
 @pytest.mark.parametrize("make, message", [
@@ -97,6 +134,9 @@ def test_a_setting_a_loader_does_not_read_is_refused_not_ignored(raw):
     (lambda: loaders.Ordering(on_new_data="ignore"), "on_new_data must be one of"),
     (lambda: loaders.Sharding(2, 2), r"shard_index 2 is outside \[0, 2\)"),
     (lambda: loaders.Sharding(-1), "shard_index must be an integer >= 0"),
+    (lambda: loaders.Ordering(run_records=4), "run_records=4 shapes windows: it needs window_shards"),
+    (lambda: loaders.Ordering(seed=None), "seed must be an integer"),
+    (lambda: loaders.Ordering(shuffle="no"), "shuffle must be True or False"),
     (lambda: loaders.Fetching(fetch="all"), "fetch must be one of"),
     (lambda: loaders.Fetching(verify="md5"), "verify must be one of"),
     (lambda: loaders.Fetching(cache_limit_bytes=0), "cache_limit_bytes must be >= 1"),
@@ -108,10 +148,16 @@ def test_each_group_refuses_a_bad_value_on_construction(make, message):
     make()
 
 
+def test_numpy_integers_shard_as_ints():
+  sharding = loaders.Sharding(np.int64(1), np.int32(2))
+  assert (sharding.shard_index, sharding.shard_count) == (1, 2) and type(sharding.shard_index) is int
+
+
 def test_the_choices_are_typed_as_literals():
   hints = {**typing.get_type_hints(options.Ordering), **typing.get_type_hints(options.Fetching),
            **typing.get_type_hints(options.ExampleOptions)}
-  assert typing.get_args(hints["order"]) == ("global", "host")
+  assert typing.get_args(hints["order"]) == (options.Order, type(None))
+  assert typing.get_args(options.Order) == ("global", "host")
   assert typing.get_args(hints["on_new_data"]) == ("error", "restart_epoch")
   assert typing.get_args(hints["fetch"]) == ("auto", "shards", "records")
   assert typing.get_args(hints["patch"]) == ("random", "center")

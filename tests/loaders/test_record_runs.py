@@ -173,7 +173,8 @@ def test_a_state_saved_with_other_order_settings_is_refused(shards):
   it = iter(make())
   next(it)
   state = json.loads(json.dumps(it.get_state()))
-  assert state["order"] == {"order": "global", "shuffle": True, "seed": 0, "window_shards": 3, "run_records": 8}
+  assert state["order"] == {"order": "global", "shuffle": True, "seed": 0, "window_shards": 3, "run_records": 8,
+                            "batch": 4, "drop_remainder": True}
   again = iter(make())
   again.set_state(state)  # the same settings: resumes
   assert _same(next(again), next(it))

@@ -156,3 +156,25 @@ def test_a_checkpoint_restored_on_other_data_or_settings_is_refused(tmp_path):
     next(it)
   with pytest.raises(ValueError, match="data_state needs"):
     tfdata.data_state(tfdata.dataset(out, batch_size=4))
+
+
+def test_settings_tfdata_does_not_use_are_refused(raw):
+  with pytest.raises(ValueError, match="shuffle_buffer sizes tf.data's own host pipeline"):
+    tfdata.dataset(raw, batch_size=4, order="global", shuffle_buffer=7)
+  with pytest.raises(ValueError, match="fetch='records' reads ArrayRecord only"):
+    tfdata.dataset(raw, batch_size=4, order="global", window_shards=1, fetch="records")
+  with pytest.raises(ValueError, match="whole batches only"):
+    tfdata.dataset(raw, batch_size=4, drop_remainder=False)
+  with pytest.raises(ValueError, match="loaders.tfdata does not read num_threads"):
+    tfdata.dataset(raw, batch_size=4, num_threads=2)
+
+
+def test_a_gcs_split_too_big_for_random_access_is_refused_before_it_is_copied(raw, gcs_emulator, tmp_path):
+  from tests.conftest import upload_tree
+
+  gs = f"gs://{gcs_emulator}/tfdata/raw"
+  upload_tree(raw, gs)
+  for order in ("host", "global"):
+    with pytest.raises(ValueError, match="random access needs all of it on local disk; pass window_shards=N"):
+      tfdata.dataset(gs, batch_size=4, order=order, cache_limit_bytes=100, cache_dir=str(tmp_path / "c"))
+  assert not [p for p in (tmp_path / "c").rglob("*") if p.is_file()]  # nothing was fetched
