@@ -1,10 +1,10 @@
 """Finds half-installed packages in a virtual environment.
 
-pip writes a wheel's files one by one and its ``INSTALLER`` file last. An
-install cut short (a full disk, a killed process) leaves a ``*.dist-info``
-folder that still names the package and version, so the next ``pip install``
-sees the requirement as satisfied and skips it, while the package's modules
-are missing: ``import tensorflow`` then fails with "No module named
+An install cut short (a full disk, a killed process) can leave a
+``*.dist-info`` folder that still names the package and version while the
+package's files are missing (pip writes a wheel's files one by one and its
+``INSTALLER`` file last), so the next install sees the requirement as
+satisfied and skips it: ``import tensorflow`` then fails with "No module named
 'tensorflow.python'". This script finds such packages so that
 ``scripts/_env.sh`` can reinstall them.
 

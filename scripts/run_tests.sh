@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
+# Airflow lives in its own venv (its pins differ from TensorFlow's and torch_xla's needs), installed beside the
+# main one: the two installs overlap.
+airflow_env() {
+  new_venv .venv-airflow 3 && venv_install .venv-airflow/bin/python -c constraints-airflow.txt -e ".[airflow]" pytest
+}
+airflow_env &
+airflow_pid=$!
+trap 'kill "$airflow_pid" 2>/dev/null || true' EXIT
 toolkit_env "pipelines,tf,grain,xla,graph,jax,test"
 # A real DICOM store for the DICOMweb tests (tests/orthanc.py): Debian's Orthanc and its DICOMweb plugin.
 if [ ! -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so ]; then
@@ -13,13 +21,8 @@ if [ ! -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so ]; then
   [ -e /usr/share/orthanc/plugins/libOrthancDicomWeb.so ] || { echo "error: orthanc and orthanc-dicomweb are needed" \
     "(apt-get install orthanc orthanc-dicomweb, as root)" >&2; exit 1; }
 fi
-# Airflow lives in its own venv (its pins differ from TensorFlow's and torch_xla's needs).
-if [ ! -x .venv-airflow/bin/python ]; then
-  warn_low_disk 3
-  "$(ls .venv/bin/python3.11 2>/dev/null || echo python3)" -m venv .venv-airflow
-fi
-.venv-airflow/bin/python -m pip install --quiet --upgrade pip
-pip_install .venv-airflow/bin/python -c constraints-airflow.txt -e ".[airflow]" pytest
+wait "$airflow_pid" || { echo "error: could not set up .venv-airflow" >&2; exit 1; }
+trap - EXIT
 
 # The main suite runs on TEST_WORKERS pytest-xdist workers (default 2: CI's cores), test by test, except that
 # the tests sharing a module's fixture run on one worker (tests/conftest.py groups them); TEST_WORKERS=0 runs it
