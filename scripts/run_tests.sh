@@ -44,11 +44,11 @@ suite() {
 # module's fixture run on one worker (tests/conftest.py groups them); TEST_WORKERS=0 runs it in this process.
 # It ends with its 20 slowest tests.
 airflow_log="$(mktemp)"
-suite .venv-airflow/bin/python -m pytest tests/airflow "$@" >"$airflow_log" 2>&1 & airflow_pid=$!
-trap 'kill "$airflow_pid" 2>/dev/null || true; rm -f "$airflow_log"' EXIT
+suite .venv-airflow/bin/python -m pytest tests/airflow "$@" >"$airflow_log" 2>&1 & airflow_tests_pid=$!
+trap 'kill "$airflow_tests_pid" 2>/dev/null || true; rm -f "$airflow_log"' EXIT
 main_rc=0 airflow_rc=0
 suite .venv/bin/python -m pytest tests -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=20 "$@" || main_rc=$?
-wait "$airflow_pid" || airflow_rc=$?
+wait "$airflow_tests_pid" || airflow_rc=$?
 echo "--- the Airflow suite (tests/airflow, .venv-airflow):"
 cat "$airflow_log"
 [ "$main_rc" -eq 0 ] || exit "$main_rc"

@@ -26,6 +26,7 @@ def test_the_tests_sharing_a_module_fixture_run_on_one_worker():
                       "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=REPO, timeout=300)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   ran = re.findall(r"^\[(gw\d+)\] \[ *\d+%\] PASSED (\S+)", r.stdout, re.M)
-  grouped = {worker for worker, test in ran if test.endswith("@" + GROUP)}
-  assert len([t for _, t in ran if t.endswith("@" + GROUP)]) >= 2, r.stdout[-3000:]
-  assert len(grouped) == 1, f"the group ran on {sorted(grouped)}"
+  grouped = [(worker, test) for worker, test in ran if test.endswith("@" + GROUP)]
+  assert len(grouped) >= 2, r.stdout[-3000:]
+  workers = {worker for worker, _ in grouped}
+  assert len(workers) == 1, f"the group ran on {sorted(workers)}"
