@@ -178,6 +178,28 @@ _WARM_MODULES = ["tests.conftest", "apache_beam", "google.cloud.storage", "PIL.I
                  "highdicom", "scipy.sparse"]
 
 
+@pytest.fixture
+def dataflow_staging(monkeypatch) -> dict[str, str]:
+  """What a Dataflow launch staged for the workers, read before the launcher removes it.
+
+  {"folder": the local staging folder, "requirements": its requirements file's text}; empty if nothing was built.
+  """
+  from pipelines.core import dataflow
+
+  seen: dict[str, str] = {}
+  prepare = dataflow.prepare
+
+  def spy(*args, **kwargs):
+    folder = prepare(*args, **kwargs)
+    if folder is not None:
+      with open(os.path.join(folder, "requirements.txt")) as f:
+        seen.update(folder=folder, requirements=f.read())
+    return folder
+
+  monkeypatch.setattr(dataflow, "prepare", spy)
+  return seen
+
+
 @functools.cache
 def _fork_server() -> multiprocessing.context.BaseContext:
   ctx = multiprocessing.get_context("forkserver")

@@ -2,7 +2,8 @@
 
 A pipeline that runs on the DirectRunner but whose Dataflow workers lack the
 toolkit, pydicom's decoders or array_record fails only after the job started.
-`prepare(options, common, extras)` runs on the launcher before anything is submitted:
+`with staged(options, common, extras):` runs on the launcher around the
+submission (`prepare` is its first half):
 
 - one-line UsageErrors for what Dataflow cannot work with: no --project or
   --region, a --temp_location / --input / --output that is not gs://;
@@ -15,11 +16,14 @@ toolkit, pydicom's decoders or array_record fails only after the job started.
   pinning the worker-side dependencies to the launcher's installed versions
   (--requirements_file, installed by the workers from PyPI at start-up). For
   workers without internet access, or for fast start-up, use the container of
-  the Dockerfile (docs/dataflow.md).
+  the Dockerfile (docs/dataflow.md). The launcher's local copies of the two
+  files are removed when the block ends: the job's submission uploaded them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
 import importlib.metadata
 import logging
 import os
@@ -163,7 +167,22 @@ def worker_requirements(extras: tuple[str, ...] = ("pipelines",)) -> list[str]:
   return sorted(out)
 
 
-def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipelines",)) -> None:
+@contextlib.contextmanager
+def staged(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipelines",)) -> Iterator[None]:
+  """`prepare`, then the block (which submits the job); the local folder `prepare` made goes when it ends.
+
+  Raises:
+    What `prepare` raises, before the block runs.
+  """
+  staging = prepare(options, common, extras)
+  try:
+    yield
+  finally:
+    if staging is not None:
+      shutil.rmtree(staging, ignore_errors=True)
+
+
+def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipelines",)) -> str | None:
   """Checks the Dataflow flags and, unless the user chose otherwise, stages the toolkit.
 
   Args:
@@ -171,12 +190,16 @@ def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipeli
     common: the converter's `flags.CommonConfig` (its input and output must be gs://).
     extras: the pyproject extras the converter's workers need (`Converter.worker_extras`).
 
+  Returns:
+    The local folder holding the wheel and the requirements file, which the caller removes once the job is
+    submitted (`staged`); None when nothing was built.
+
   Raises:
     UsageError: a Dataflow flag is missing or local, or the toolkit cannot be staged.
     RuntimeError: building the toolkit's wheel failed.
   """
   if not is_dataflow(options):
-    return
+    return None
   check(options, common)
   # A shard plan made at launch travels inside the job's graph (ImageNet's: about 13 MB compressed);
   # Dataflow refuses a job request over 10 MB unless the graph is staged to GCS instead.
@@ -184,14 +207,19 @@ def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipeli
   setup = options.view_as(SetupOptions)
   if (setup.setup_file or setup.extra_packages or setup.requirements_file
       or options.view_as(WorkerOptions).sdk_container_image):
-    return
+    return None
   staging = tempfile.mkdtemp(prefix="toolkit-dataflow-")
-  wheel = build_wheel(staging)
-  requirements = os.path.join(staging, "requirements.txt")
-  with open(requirements, "w") as f:
-    f.write("".join(r + "\n" for r in worker_requirements(extras)))
+  try:
+    wheel = build_wheel(staging)
+    requirements = os.path.join(staging, "requirements.txt")
+    with open(requirements, "w") as f:
+      f.write("".join(r + "\n" for r in worker_requirements(extras)))
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
   setup.extra_packages = [wheel]
   setup.requirements_file = requirements
   if setup.requirements_cache is None:
     setup.requirements_cache = "skip"  # workers install from PyPI; nothing is downloaded here
   _log.info("staging %s and %s for the Dataflow workers", os.path.basename(wheel), requirements)
+  return staging

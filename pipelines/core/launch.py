@@ -139,21 +139,23 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
   prog = converter.prog
   # The commit, the leases and the other writes of this process retry for --transient_retry_seconds too.
   retry.set_default(common.read_policy.retry_policy)
-  dataflow.prepare(options, common, converter.worker_extras)
-  # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
-  # of manifest.json against the version read now (formats.outputs.commit, docs/manifest.md).
-  output = common.output
-  common = dataclasses.replace(common, generation=naming.new_generation(), expected=commit.read_version(output))
-  p = beam.Pipeline(options=options)
-  converter.build(p, common, config)  # reads the input's listing; writes nothing
-  commit.repair(output)  # an earlier run killed between its switch and its clean-up
-  commit.claim(output, common.generation, {"pipeline": prog})
-  try:
-    with _Heartbeat(output, common.generation, prog):  # stopped before finish: no beat may re-create the marker
-      result = p.run()
-      result.wait_until_finish()
-  finally:
-    commit.finish(output, common.generation)
+  # The wheel and requirements staged for Dataflow's workers are uploaded by p.run(); their local copies go
+  # when the block ends.
+  with dataflow.staged(options, common, converter.worker_extras):
+    # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
+    # of manifest.json against the version read now (formats.outputs.commit, docs/manifest.md).
+    output = common.output
+    common = dataclasses.replace(common, generation=naming.new_generation(), expected=commit.read_version(output))
+    p = beam.Pipeline(options=options)
+    converter.build(p, common, config)  # reads the input's listing; writes nothing
+    commit.repair(output)  # an earlier run killed between its switch and its clean-up
+    commit.claim(output, common.generation, {"pipeline": prog})
+    try:
+      with _Heartbeat(output, common.generation, prog):  # stopped before finish: no beat may re-create the marker
+        result = p.run()
+        result.wait_until_finish()
+    finally:
+      commit.finish(output, common.generation)
   if is_output(output):
     seconds = time.monotonic() - t0
     counts = stage_counters(result, "toolkit")

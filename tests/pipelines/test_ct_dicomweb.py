@@ -455,9 +455,8 @@ def test_basic_credentials_from_a_file(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_dataflow_job_of_a_store_input_stages_the_client_and_keeps_credentials_out(tmp_path, gcs_emulator):
-  from apache_beam.options.pipeline_options import SetupOptions
-
+def test_the_dataflow_job_of_a_store_input_stages_the_client_and_keeps_credentials_out(tmp_path, gcs_emulator,
+                                                                                       dataflow_staging):
   from pipelines import registry
   from pipelines.core import launch
   from tests.pipelines.test_dataflow import _staged, dataflow_flags
@@ -476,7 +475,7 @@ def test_the_dataflow_job_of_a_store_input_stages_the_client_and_keeps_credentia
       launch.run(registry.converter("ct_volumes"), [*flags, f"--dicomweb_credentials={local_creds}"])
     result = launch.run(registry.converter("ct_volumes"), [*flags, f"--dicomweb_credentials={creds}"])
   job = result.job
-  requirements = open(job.options.view_as(SetupOptions).requirements_file).read().split()
+  requirements = dataflow_staging["requirements"].split()
   assert {"dicomweb-client", "pydicom"} <= {r.split("==")[0] for r in requirements}
   assert any(n.startswith("tpu_shards-") and n.endswith(".whl") for n in _staged(job))
   steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}

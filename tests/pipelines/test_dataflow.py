@@ -52,14 +52,17 @@ def _staged(job) -> set[str]:
 
 
 @pytest.mark.parametrize("pipeline", registry.names())
-def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, gcs_inputs, gcs_emulator):
+def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, gcs_inputs, gcs_emulator, dataflow_staging):
   result = launch.run(registry.converter(pipeline), [*gcs_inputs[pipeline], f"--output=gs://{gcs_emulator}/df/out_{pipeline}",
                                   *dataflow_flags(gcs_emulator)])
   job = result.job
   staged = _staged(job)
   assert any(n.startswith("tpu_shards-") and n.endswith(".whl") for n in staged), staged
   assert "requirements.txt" in staged
-  requirements = open(job.options.view_as(SetupOptions).requirements_file).read().split()
+  setup = job.options.view_as(SetupOptions)
+  assert os.path.dirname(setup.requirements_file) == dataflow_staging["folder"]
+  assert not os.path.exists(dataflow_staging["folder"])  # the launcher's copies go once the job is submitted
+  requirements = dataflow_staging["requirements"].split()
   names = {r.split("==")[0] for r in requirements}
   assert {"array-record", "pydicom", "python-gdcm", "pylibjpeg-openjpeg", "pandas", "scipy", "pillow"} <= names
   assert "apache-beam" not in names
