@@ -2,7 +2,7 @@
 
 A pipeline that runs on the DirectRunner but whose Dataflow workers lack the
 toolkit, pydicom's decoders or array_record fails only after the job started.
-`with staged(options, common, extras):` runs on the launcher around the
+`with staging(options, common, extras):` runs on the launcher around the
 submission (`prepare` is its first half):
 
 - one-line UsageErrors for what Dataflow cannot work with: no --project or
@@ -17,12 +17,12 @@ submission (`prepare` is its first half):
   (--requirements_file, installed by the workers from PyPI at start-up). For
   workers without internet access, or for fast start-up, use the container of
   the Dockerfile (docs/dataflow.md). The launcher's local copies of the two
-  files are removed when the block ends: the job's submission uploaded them.
+  files are removed once the submission has uploaded them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 import contextlib
 import importlib.metadata
 import logging
@@ -168,18 +168,34 @@ def worker_requirements(extras: tuple[str, ...] = ("pipelines",)) -> list[str]:
 
 
 @contextlib.contextmanager
-def staged(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipelines",)) -> Iterator[None]:
-  """`prepare`, then the block (which submits the job); the local folder `prepare` made goes when it ends.
+def staging(options: PipelineOptions, common,
+            extras: tuple[str, ...] = ("pipelines",)) -> Iterator[Callable[[], None]]:
+  """`prepare`, then the block that submits the job; the local folder `prepare` made is removed at the end.
+
+      with dataflow.staging(options, common, extras) as uploaded:
+        result = p.run()   # the submission uploads the wheel and the requirements file
+        uploaded()         # their local copies go now, not when the job (hours later) ends
+        result.wait_until_finish()
+
+  Args:
+    options, common, extras: as in `prepare`.
+
+  Yields:
+    A callable that removes the folder at once (idempotent); the block's end removes it in any case.
 
   Raises:
-    What `prepare` raises, before the block runs.
+    UsageError, RuntimeError: as in `prepare`, before the block runs.
   """
-  staging = prepare(options, common, extras)
+  folder = prepare(options, common, extras)
+
+  def remove() -> None:
+    if folder is not None:
+      shutil.rmtree(folder, ignore_errors=True)
+
   try:
-    yield
+    yield remove
   finally:
-    if staging is not None:
-      shutil.rmtree(staging, ignore_errors=True)
+    remove()
 
 
 def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipelines",)) -> str | None:
@@ -192,7 +208,7 @@ def prepare(options: PipelineOptions, common, extras: tuple[str, ...] = ("pipeli
 
   Returns:
     The local folder holding the wheel and the requirements file, which the caller removes once the job is
-    submitted (`staged`); None when nothing was built.
+    submitted (`staging`); None when nothing was built.
 
   Raises:
     UsageError: a Dataflow flag is missing or local, or the toolkit cannot be staged.

@@ -139,9 +139,9 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
   prog = converter.prog
   # The commit, the leases and the other writes of this process retry for --transient_retry_seconds too.
   retry.set_default(common.read_policy.retry_policy)
-  # The wheel and requirements staged for Dataflow's workers are uploaded by p.run(); their local copies go
-  # when the block ends.
-  with dataflow.staged(options, common, converter.worker_extras):
+  # The wheel and requirements file staged for Dataflow's workers are uploaded by p.run() (the submission);
+  # their local copies go right after it, or when the block ends if it never gets there.
+  with dataflow.staging(options, common, converter.worker_extras) as uploaded:
     # This run's data files go to a fresh generation folder; the switch is a compare-and-swap
     # of manifest.json against the version read now (formats.outputs.commit, docs/manifest.md).
     output = common.output
@@ -153,6 +153,7 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
     try:
       with _Heartbeat(output, common.generation, prog):  # stopped before finish: no beat may re-create the marker
         result = p.run()
+        uploaded()
         result.wait_until_finish()
     finally:
       commit.finish(output, common.generation)

@@ -476,6 +476,7 @@ def test_the_dataflow_job_of_a_store_input_stages_the_client_and_keeps_credentia
     result = launch.run(registry.converter("ct_volumes"), [*flags, f"--dicomweb_credentials={creds}"])
   job = result.job
   requirements = dataflow_staging["requirements"].split()
+  assert not os.path.exists(dataflow_staging["folder"])
   assert {"dicomweb-client", "pydicom"} <= {r.split("==")[0] for r in requirements}
   assert any(n.startswith("tpu_shards-") and n.endswith(".whl") for n in _staged(job))
   steps = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}

@@ -52,7 +52,8 @@ def _staged(job) -> set[str]:
 
 
 @pytest.mark.parametrize("pipeline", registry.names())
-def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, gcs_inputs, gcs_emulator, dataflow_staging):
+def test_dry_run_job_carries_the_toolkit_and_its_worker_dependencies(pipeline, gcs_inputs, gcs_emulator,
+                                                                      dataflow_staging):
   result = launch.run(registry.converter(pipeline), [*gcs_inputs[pipeline], f"--output=gs://{gcs_emulator}/df/out_{pipeline}",
                                   *dataflow_flags(gcs_emulator)])
   job = result.job
