@@ -15,7 +15,8 @@ it through jax.make_array_from_process_local_data. A background thread makes
 the global batches `prefetch` ahead of the training loop, so reading, the
 host-to-device copies and the step overlap. Arrays of strings or objects stay
 on the host, as numpy, in the same dict (this process's rows). jax turns
-64-bit values into 32-bit ones unless `jax_enable_x64` is set.
+64-bit values into 32-bit ones unless `jax_enable_x64` is set; an integer
+that would not fit is refused (ValueError), never wrapped.
 
 `graph_dataset` does the same for the neighbour samplers, one subgraph per
 slice of the mesh. Threads only; never imports TensorFlow or torch.
@@ -54,7 +55,9 @@ class DeviceIterator:
   (what `dataset` and `graph_dataset` arrange), and nothing may write into it
   once it is yielded (the device arrays may share its memory: `_to_global`).
   `get_state()` is the host iterator's state right after the last batch the
-  loop received, not the (further advanced) live one.
+  loop received, not the (further advanced) live one. A batch with an int64
+  or uint64 value that jax would wrap (32 bits without jax_enable_x64) raises
+  ValueError from `next`.
   """
 
   def __init__(self, host_dataset, sharding: NamedSharding, prefetch: int = 2):
@@ -176,8 +179,25 @@ def _to_global(sharding: NamedSharding, batch: dict) -> dict:
   array refers to it.
   """
   local = {k: v for k, v in batch.items() if isinstance(v, np.ndarray) and v.dtype.kind not in "OSU"}
+  for key, value in local.items():
+    _check_fits(key, value)
   arrays = jax.make_array_from_process_local_data(sharding, local)
   return {k: arrays.get(k, v) for k, v in batch.items()}
+
+
+def _check_fits(key: str, value: np.ndarray) -> None:
+  """Refuses integers that jax would wrap: without jax_enable_x64 it stores int64 and uint64 in 32 bits.
+
+  Raises:
+    ValueError: `value` holds an integer outside the 32-bit type jax turns its type into.
+  """
+  stored = jax.dtypes.canonicalize_dtype(value.dtype)
+  if stored == value.dtype or value.dtype.kind not in "iu" or not value.size:
+    return
+  bounds = np.iinfo(stored)
+  if value.min() < bounds.min or value.max() > bounds.max:
+    raise ValueError(f"{key!r} holds {value.dtype} values outside {stored}, the type jax stores them as without "
+                     f"jax_enable_x64, so they would wrap: jax.config.update('jax_enable_x64', True) keeps them")
 
 
 def _first_axes(partition: PartitionSpec) -> tuple[str, ...]:

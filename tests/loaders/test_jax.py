@@ -341,6 +341,54 @@ def test_device_arrays_share_the_host_batches_which_nothing_writes_again(inputs)
   assert found["put_shared"] and found["jax_refers"] and found["released"]
 
 
+# One process, 8 devices: without jax_enable_x64 jax stores int64 and uint64 in 32 bits and wraps what does not
+# fit (2**40 + 5 arrives as 5); DeviceIterator refuses such a batch, lets one that fits through, and with
+# jax_enable_x64 the values arrive whole.
+_WIDE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from loaders import grain as grain_loader, jax as lj
+
+sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+
+def first(extra):  # batch 0 with an array "id" added from its record indices: its dtype and values, or the error
+  host = grain_loader.dataset(sys.argv[2], batch_size=8, seed=5, num_threads=1)
+  it = lj.DeviceIterator(host.map(lambda b: {**b, "id": extra(b["record_index"])}), sharding)
+  try:
+    batch = next(it)
+    return {k: [str(batch[k].dtype), np.asarray(batch[k]).tolist()] for k in ("id", "record_index")}
+  except ValueError as e:
+    return str(e)
+  finally:
+    it.close()
+    host.close()
+
+found = {"above": first(lambda r: r + 2**40), "below": first(lambda r: -r - 2**31 - 1),
+         "unsigned": first(lambda r: r.astype(np.uint64) + 2**32), "fits": first(lambda r: r + 2**31 - 100)}
+jax.config.update("jax_enable_x64", True)
+found["x64"] = first(lambda r: r + 2**40)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow  # a process of its own (jax)
+def test_integers_jax_would_wrap_are_refused_never_wrapped(inputs):
+  r = subprocess.run([sys.executable, "-c", _WIDE, REPO, inputs["records"]], capture_output=True, text=True,
+                     env=_env(8), timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  found = json.loads(r.stdout.strip().splitlines()[-1])
+  for case, dtype in [("above", "int64"), ("below", "int64"), ("unsigned", "uint64")]:
+    assert found[case] == (f"'id' holds {dtype} values outside {dtype[:-2]}32, the type jax stores them as without "
+                           "jax_enable_x64, so they would wrap: jax.config.update('jax_enable_x64', True) keeps them")
+  (id_type, ids), (index_type, indices) = found["fits"]["id"], found["fits"]["record_index"]
+  assert (id_type, index_type) == ("int32", "int32") and ids == [i + 2**31 - 100 for i in indices]
+  (id_type, ids), (_, indices) = found["x64"]["id"], found["x64"]["record_index"]
+  assert id_type == "int64" and ids == [i + 2**40 for i in indices]
+
+
 _PAIR = r"""
 import json, sys
 frameworks = sys.argv[1:]
