@@ -18,7 +18,7 @@ samplers in loaders._sampler (homogeneous) and loaders._hetero
 (heterogeneous), both on the compiled kernel of loaders._kernel and the
 feature gather of loaders._features. The feeders take either sampler. Threads only: `grain_dataset` prefetches with
 grain's thread pool, and `xla_loader` moves its batches to the device with
-loaders.xla's resumable DeviceLoader (torch_xla's MpDeviceLoader). grain and
+loaders.xla's resumable DeviceLoader (torch_xla's ParallelLoader). grain and
 torch_xla are imported only when those are called; this module never imports
 TensorFlow.
 
@@ -169,7 +169,7 @@ def xla_loader(sampler: Sampler, device=None, *, state: dict | None = None, orde
     device: the XLA device (default torch_xla.device()).
     state: a get_state() of an earlier loader over the same sampler and epochs: continue after it.
     ordering, reading, **fields: as in `grain_dataset`.
-    loader_prefetch_size, device_prefetch_size: torch_xla MpDeviceLoader's queues.
+    loader_prefetch_size, device_prefetch_size: torch_xla ParallelLoader's queues.
 
   Returns:
     A DeviceLoader (see loaders.xla): iterate it for batches; get_state() says where to resume.

@@ -1,4 +1,4 @@
-"""Shards → torch_xla's `MpDeviceLoader`: dicts of tensors on the XLA device.
+"""Shards → torch_xla's `ParallelLoader` (what `MpDeviceLoader` wraps): dicts of tensors on the XLA device.
 
     loader = loaders.xla.device_loader("gs://bucket/imagenet", "train", batch_size=128,
                                        image_size=(224, 224))
@@ -42,7 +42,7 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
     state: a DeviceLoader.get_state() of an earlier loader with the same settings: continue after the
       last batch it delivered. A state saved on other data raises StateMismatchError
       (on_new_data="error") or starts its epoch over on this data (on_new_data="restart_epoch").
-    loader_prefetch_size, device_prefetch_size: torch_xla MpDeviceLoader's queues.
+    loader_prefetch_size, device_prefetch_size: torch_xla ParallelLoader's queues.
 
   Returns:
     A DeviceLoader: iterate it for dicts of tensors on the device.

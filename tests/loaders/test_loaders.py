@@ -267,6 +267,66 @@ def test_xla_device_loader_on_cpu(outputs):
   assert got["head"] + got["resumed"] == got["ids"]  # same seed: same order; resume continues exactly
 
 
+# torch_xla's reading thread ends a pass on any error as if the data had run out, and a second `for` over its
+# loader drops what the first pass's thread read ahead; DeviceLoader raises the one and rereads the other.
+_XLA_FAULTS_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch_xla
+from loaders import grain as grain_loader, xla
+
+def ids(batch):
+  return batch["record_index"].cpu().tolist()
+
+calls = []
+def fail_fourth(batch):  # reading the 4th host batch fails
+  calls.append(1)
+  if len(calls) == 4:
+    raise OSError("the 4th batch's shard is gone")
+  return batch
+
+host = grain_loader.dataset(sys.argv[2], batch_size=2, seed=1, num_threads=1).map(fail_fourth)
+loader = xla.DeviceLoader(host, torch_xla.device(), None, loader_prefetch_size=2, device_prefetch_size=1)
+got, error = [], None
+try:
+  for batch in loader:
+    got.append(ids(batch))
+except OSError as e:
+  error = str(e)
+failed = {"got": got, "error": error, "state": loader.get_state()}
+
+every = [ids(b) for b in xla.device_loader(sys.argv[2], batch_size=2, seed=1, num_threads=1)]
+loader = xla.device_loader(sys.argv[2], batch_size=2, seed=1, num_threads=1, loader_prefetch_size=2,
+                           device_prefetch_size=1)
+passes = []
+for stop in (2, 1, None):  # two loops that break early, then one to the end
+  passes.append([])
+  for batch in loader:
+    passes[-1].append(ids(batch))
+    if len(passes[-1]) == stop:
+      break
+state = loader.get_state()
+print(json.dumps({"failed": failed, "every": every, "passes": passes, "state_at_end": state}))
+"""
+
+
+@pytest.mark.slow  # a subprocess (torch_xla)
+def test_xla_device_loader_raises_read_errors_and_a_loop_after_a_break_loses_nothing(outputs):
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_FAULTS_SCRIPT, REPO, outputs["raw"]], capture_output=True,
+                     text=True, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  every = got["every"]
+  assert len(every) == N_IMAGES // 2 >= 5
+  failed = got["failed"]
+  assert failed["error"] == "the 4th batch's shard is gone"  # raised in the loop, not an early end
+  assert failed["got"] == every[:3]
+  assert failed["state"]["next_index"] == 3  # in batches: after the last one received
+  assert sum(got["passes"], []) == every  # each pass goes on after the last batch the one before received
+  assert [len(p) for p in got["passes"]] == [2, 1, len(every) - 3]
+
+
 def _global_steps(make, schedule):
   """host_steps with each step's batches concatenated in host order, key by key."""
   return [{k: np.concatenate([b[k] for b in batches]) for k in batches[0]} for batches in host_steps(make, schedule)]
