@@ -55,9 +55,11 @@ class DeviceIterator:
   (what `dataset` and `graph_dataset` arrange), and nothing may write into it
   once it is yielded (the device arrays may share its memory: `_to_global`).
   `get_state()` is the host iterator's state right after the last batch the
-  loop received, not the (further advanced) live one. A batch with an int64
-  or uint64 value that jax would wrap (32 bits without jax_enable_x64) raises
-  ValueError from `next`.
+  loop received, not the (further advanced) live one. An error making a batch
+  (reading it, or an int64 or uint64 value that jax would wrap: 32 bits
+  without jax_enable_x64, ValueError) is raised from `next`, and the next call
+  tries that batch again; a refused `set_state` and `close` leave the position
+  at the last batch received, so nothing read ahead is lost.
   """
 
   def __init__(self, host_dataset, sharding: NamedSharding, prefetch: int = 2):
@@ -90,19 +92,21 @@ class DeviceIterator:
       self._worker = _Worker(self._iter, self._to_global, self._prefetch)
       self._stop_worker = weakref.finalize(self, self._worker.stop)
     item = self._worker.get()
-    if item is _END or isinstance(item, BaseException):
+    if item is _END:
       self._halt()
       self._done = True
-      if item is _END:
-        raise StopIteration
+      raise StopIteration
+    if isinstance(item, BaseException):
+      self._halt()  # the next call reads again from the batch that failed
       raise item
     batch, self._state = item
     return batch
 
   def _halt(self) -> None:
-    """Stops the worker and drops what it made ahead."""
+    """Stops the worker; what it made ahead is dropped and the host iterator goes back to the last batch received."""
     if self._stop_worker is not None:
       self._stop_worker()
+      self._iter.set_state(self._state)
     self._worker = self._stop_worker = None
 
   @property

@@ -389,6 +389,70 @@ def test_integers_jax_would_wrap_are_refused_never_wrapped(inputs):
   assert id_type == "int64" and ids == [i + 2**40 for i in indices]
 
 
+# One process, 8 devices: what the thread made ahead is never lost when the loop sees an error, a refused
+# set_state or a close; the batch that failed is read again by the next call.
+_NOTHING_LOST = r"""
+import copy, json, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from loaders import grain as grain_loader, jax as lj
+from loaders._pinning import StateMismatchError
+
+sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+ids = lambda batch: np.asarray(batch["record_index"]).tolist()
+make = lambda: grain_loader.dataset(sys.argv[2], batch_size=8, seed=5, num_epochs=2, num_threads=1)
+every = [ids(b) for b in lj.DeviceIterator(make(), sharding)]
+
+calls = []
+def fail_once(batch):  # the 4th host batch fails to read, once
+  calls.append(1)
+  if len(calls) == 4:
+    raise OSError("a 503 past the retry budget")
+  return batch
+
+it, got, errors = lj.DeviceIterator(make().map(fail_once), sharding), [], []
+while True:
+  try:
+    got.append(ids(next(it)))
+  except OSError as e:
+    errors.append(str(e))
+  except StopIteration:
+    break
+
+it, refused = lj.DeviceIterator(make(), sharding), []
+head = [ids(next(it)) for _ in range(3)]
+other = copy.deepcopy(it.get_state())
+other["data"]["manifest_sha256"] = "0" * 64  # a state of other data
+try:
+  it.set_state(other)
+except StateMismatchError:
+  refused.append(1)
+after_refusal = [ids(b) for b in it]
+
+it = lj.DeviceIterator(make(), sharding)
+head_closed = [ids(next(it)) for _ in range(2)]
+it.close()
+after_close = [ids(next(it))]
+print(json.dumps({"every": every, "got": got, "errors": errors, "refused": refused, "head": head,
+                  "after_refusal": after_refusal, "head_closed": head_closed, "after_close": after_close}))
+"""
+
+
+@pytest.mark.slow  # a process of its own (jax)
+def test_an_error_a_refused_state_or_a_close_loses_no_batch_made_ahead(inputs):
+  r = subprocess.run([sys.executable, "-c", _NOTHING_LOST, REPO, inputs["records"]], capture_output=True, text=True,
+                     env=_env(8), timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  found = json.loads(r.stdout.strip().splitlines()[-1])
+  every = found["every"]
+  assert len(every) == 2 * (N_RECORDS // GLOBAL_BATCH)
+  assert found["errors"] == ["a 503 past the retry budget"] and found["got"] == every  # raised, then read again
+  assert found["refused"] == [1] and found["head"] + found["after_refusal"] == every
+  assert found["head_closed"] + found["after_close"] == every[:3]
+
+
 _PAIR = r"""
 import json, sys
 frameworks = sys.argv[1:]
