@@ -158,6 +158,17 @@ class SeedOrder:
     return seeds[start:start + self.batch_size]
 
 
+def check_some_batch(batches_per_epoch: int, num_records: int, what: str, batch: str) -> None:
+  """Refuses an order whose epochs hold no batch although the split holds records (they would all be lost).
+
+  Raises:
+    ValueError: `what` (the records read per epoch) make no whole `batch` ("batch of 8").
+  """
+  if num_records and not batches_per_epoch:
+    raise ValueError(f"{what} make no whole {batch}, so every epoch would be empty: pass a smaller batch size "
+                     f"or fewer hosts")
+
+
 class RecordOrder:
   """The split records of each batch position, at random over the whole split (loaders.grain and loaders.tfdata
   without windows; loaders._stream.WindowOrder is the windowed order, with the same interface).
@@ -185,6 +196,11 @@ class RecordOrder:
     self.num_records, self.per_shard = num_records, num_records // shard_count
     per_epoch, step = (num_records, batch_size * shard_count) if order == "global" else (self.per_shard, batch_size)
     self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
+    check_some_batch(self.batches_per_epoch, num_records, *(
+        (f"the split's {num_records} records", f"global batch of {step} ({batch_size} x {shard_count} hosts)")
+        if order == "global" else
+        (f"the {per_epoch} records each of {shard_count} hosts reads (of the split's {num_records})",
+         f"batch of {step}")))
     self.first_slot = shard_index * batch_size if order == "global" else 0
     self._orders: dict[int, np.ndarray] = {}
     self._lock = threading.Lock()

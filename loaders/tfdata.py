@@ -48,7 +48,7 @@ from formats.errors import CorruptRecordError
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.outputs.integrity import Verify, verify_level
 from formats.outputs.output import Output
-from loaders._order import RecordOrder, per_host_batch_size
+from loaders._order import RecordOrder, check_some_batch, per_host_batch_size
 from loaders._pinning import DataIdentity, StateGuard, pin_output
 from loaders._shards import ShardedRecords, check_fits
 from loaders._stream import ShardStream, WindowOrder
@@ -529,7 +529,11 @@ def _host_pipeline(output: Output, split: str, kind: str, options: ExampleOption
                    shuffle_buffer: int, verify: Verify) -> tf.data.Dataset:
   """order="host" without windows: tf.data's TFRecordDataset, `shard`, a shuffle buffer, map and batch."""
   paths = _checked_shards(output, split, cache_dir, verify)
-  per_shard = sum(s.num_records for s in output.shards(split)) // shard_count
+  num_records = sum(s.num_records for s in output.shards(split))
+  per_shard = num_records // shard_count
+  check_some_batch(per_shard // batch_size, num_records,
+                   f"the {per_shard} records each of {shard_count} hosts reads (of the split's {num_records})",
+                   f"batch of {batch_size}")
   convert = _converter(kind, output.manifest.features, options, seed, batch_size)
   records = _shard_records(paths, per_shard, shard_index, shard_count)
   if shuffle:

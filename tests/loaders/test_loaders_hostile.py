@@ -77,6 +77,23 @@ def _ids(ds) -> list[int]:
   return [int(i) for b in ds.as_numpy_iterator() for i in b["record_index"]]
 
 
+# ---- a split too small for one batch is an error, never an empty epoch ------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda out: grain_loader.dataset(out["array_record"], global_batch_size=32, shard_index=1, shard_count=4),
+    lambda out: grain_loader.dataset(out["array_record"], batch_size=32),
+    lambda out: grain_loader.dataset(out["array_record"], order="host", batch_size=8, shard_count=4),
+    lambda out: tfdata.dataset(out["tfrecord"], batch_size=32),  # tf.data's own host pipeline
+    lambda out: tfdata.dataset(out["tfrecord"], order="global", global_batch_size=32),
+    lambda out: tfdata.dataset(out["tfrecord"], window_shards=1, batch_size=4, shard_index=2, shard_count=4),
+], ids=["grain-global", "grain-one-host", "grain-host-order", "tfdata-host", "tfdata-global", "tfdata-windows"])
+def test_a_split_too_small_for_one_batch_is_refused_not_read_as_empty(outputs, make):
+  """18 records: no global batch of 32, no batch of 8 from the 4 each of 4 hosts reads, and no record at all for
+  hosts 2 and 3 when 2 shards are dealt whole to 4: each would iterate zero times without a word."""
+  with pytest.raises(ValueError, match=r"make no whole (global )?batch of \d+.*so every epoch would be empty"):
+    make(outputs)
+
+
 # ---- tf.data: a damaged record names its shard -------------------------------------------------
 
 
