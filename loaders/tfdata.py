@@ -234,7 +234,7 @@ def _volume_converter(features: Features, spec: dict, o: ExampleOptions, seed: i
   their `label`, when they have one, cut at the same start (formats.transforms)."""
   if o.patch_size is None:
     raise ValueError("CT volumes differ in size: pass patch_size=(D, H, W) for static shapes")
-  vdtype = tf.int16 if features["volume"].dtype == "int16" else tf.float32
+  vdtype = tf.as_dtype(features["volume"].dtype)  # the stored dtype, whatever wrote it (formats.kinds takes any)
   lo, hi, span = hu_window_constants(o.hu_window)
   patch = tf.constant(o.patch_size, tf.int64)
   layout = volume_label(features, o)

@@ -191,17 +191,19 @@ VOLUME_FEATURES = Features({
 
 
 def volumes(rng: np.random.Generator, n: int, depth: tuple[int, int] = (2, 9),
-            side: tuple[int, int] = (6, 20)) -> tuple[Features, list[bytes]]:
-  """`n` CT volume records of random HU values, each of its own shape: depth in [depth[0], depth[1]),
-  rows and columns in [side[0], side[1])."""
+            side: tuple[int, int] = (6, 20), dtype: str = "int16") -> tuple[Features, list[bytes]]:
+  """`n` CT volume records of random HU values (0 and up for an unsigned `dtype`), each of its own shape: depth
+  in [depth[0], depth[1]), rows and columns in [side[0], side[1])."""
+  features = Features({**{k: VOLUME_FEATURES[k] for k in VOLUME_FEATURES}, "volume": Tensor((None, None, None), dtype)})
+  low = 0 if np.dtype(dtype).kind == "u" else -1500
   payloads = []
   for i in range(n):
     shape = (int(rng.integers(*depth)), int(rng.integers(*side)), int(rng.integers(*side)))
-    payloads.append(VOLUME_FEATURES.encode({
-        "volume": rng.integers(-1500, 3500, shape).astype(np.int16), "spacing": rng.random(3).astype(np.float32),
+    payloads.append(features.encode({
+        "volume": rng.integers(low, 3500, shape).astype(dtype), "spacing": rng.random(3).astype(np.float32),
         "origin": rng.random(3).astype(np.float32), "direction": np.eye(3, dtype=np.float32),
         "num_slices": shape[0], "series_id": f"s{i}", "patient_id": "p", "sorted_by": "z"}))
-  return VOLUME_FEATURES, payloads
+  return features, payloads
 
 
 # A labelled volume's foreground voxel holds LABEL_HU_STEP * its code (the class id, or the bitmask of its

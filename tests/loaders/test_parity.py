@@ -67,6 +67,10 @@ def outputs(tmp_path_factory) -> dict[str, str]:
                                                        depth=(4, 12), side=(10, 30))
     out[key] = make_outputs.write(str(base / key), features, {"train": payloads}, kind="volume",
                                   file_format="tfrecord", num_shards=2)
+  for dtype in ("int32", "uint16", "float64"):  # volumes of another producer: formats.kinds takes any dtype
+    features, payloads = make_outputs.volumes(np.random.default_rng(6), 6, depth=(4, 9), side=(10, 20), dtype=dtype)
+    out[f"ct_{dtype}"] = make_outputs.write(str(base / f"ct_{dtype}"), features, {"train": payloads}, kind="volume",
+                                            file_format="tfrecord", num_shards=2)
   return out
 
 
@@ -83,6 +87,8 @@ CASES = {
                              normalize=False)),
     "ct_padded": ("ct", dict(batch_size=2, patch_size=(24, 72, 72), patch="random", seed=9, hu_window=(-500.0, 500.0))),
     "ct16_center": ("ct16", dict(batch_size=2, patch_size=(8, 40, 40), patch="center")),  # int16 volumes
+    **{f"ct_{dtype}_center": (f"ct_{dtype}", dict(batch_size=2, patch_size=(4, 12, 12), patch="center"))
+       for dtype in ("int32", "uint16", "float64")},  # tf.data used to read any of these bytes as float32
     "tensors": ("tensors", dict(batch_size=4)),  # record kind "tensors": Tensors and ClassLabels as stored
     "ct16_random_raw_hu": ("ct16", dict(batch_size=2, patch_size=(24, 72, 72), patch="random", seed=4,
                                         hu_window=(-1024.0, 3071.0), normalize=False)),
