@@ -249,10 +249,11 @@ class StateGuard:
       return
     if saved is None:
       if stamped:  # saved by a release that did not record them (before runs and the global default)
+        hint = ("a state saved with order='host' (the default then) or with windows and one record per run "
+                "(run_records=1) names other records" if "window_shards" in self.order else
+                "a state saved with other settings names other records")
         warnings.warn(f"a state without its order settings (saved by an earlier release): resuming assumes it was "
-                      f"saved with {self.order}; a state saved with order='host' (the default then) or with "
-                      f"windows and one record per run (run_records=1) names other records",
-                      UnverifiedStateWarning, stacklevel=4)
+                      f"saved with {self.order}; {hint}", UnverifiedStateWarning, stacklevel=4)
       return
     if saved != self.order:
       # keys stamped since a release: a state saved without one is compared without it

@@ -109,6 +109,17 @@ def sampler_identity(sampler: Sampler) -> DataIdentity:
   return dataclasses.replace(base, split=sampler.split)
 
 
+def sampler_order(sampler: Sampler) -> dict:
+  """What fixes the seeds of each batch position, as a saved state records it (loaders._pinning.StateGuard):
+  the order, the seed and the step (the global batch; with order="host", the host's batch and the host count)."""
+  out = {"order": sampler.order, "seed": int(sampler.seed)}
+  if sampler.order == "global":
+    out["batch"] = sampler.batch_size * sampler.shard_count  # the same on any number of hosts
+  else:
+    out["batch"], out["hosts"] = sampler.batch_size, sampler.shard_count
+  return out
+
+
 class _EpochSource:
   """grain RandomAccessDataSource over `num_epochs` epochs of a sampler (index → (epoch, batch))."""
 
@@ -153,7 +164,8 @@ def grain_dataset(sampler: Sampler, *, ordering: Ordering | None = None, reading
   s = settings("loaders.graph.grain_dataset (the sampler holds its seed, order and shard)", ordering=ordering,
                reading=reading, read=("num_epochs", "on_new_data", "reading"), defaults=GRAPH_DEFAULTS, **fields)
   source = grain.MapDataset.source(_EpochSource(sampler, s.ordering.num_epochs))
-  guard = StateGuard(sampler_identity(sampler), len(sampler), s.ordering.on_new_data, len(source))
+  guard = StateGuard(sampler_identity(sampler), len(sampler), s.ordering.on_new_data, len(source),
+                     order=sampler_order(sampler))
   threads = max(1, min(s.reading.num_threads, len(os.sched_getaffinity(0))))
   return PinnedMapDataset(source, guard, keep=(sampler,)).to_iter_dataset(
       grain.ReadOptions(num_threads=threads, prefetch_buffer_size=s.reading.prefetch_buffer_size))

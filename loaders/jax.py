@@ -287,7 +287,9 @@ class _Subgraphs:
 
   def __init__(self, samplers: list):
     self._samplers = samplers
-    self.graph, self.split = samplers[0].graph, samplers[0].split  # what loaders.graph.sampler_identity reads
+    first = samplers[0]  # what loaders.graph.sampler_identity and sampler_order read
+    self.graph, self.split, self.order, self.seed = first.graph, first.split, first.order, first.seed
+    self.batch_size, self.shard_count = first.batch_size, first.shard_count
 
   def __len__(self) -> int:
     return len(self._samplers[0])

@@ -161,6 +161,42 @@ def test_grain_dataset_threads_and_resume(graph):
   assert len(rest) == len(resumed)
 
 
+def test_a_state_resumes_only_with_the_order_seed_and_step_it_was_saved_with(graph):
+  """Another global batch, seed, order or host count puts other seeds at the saved position: a resume with
+  them would skip some seeds and repeat others, so it is refused; the same settings on another host count of
+  the global order resume; a state saved before the settings were recorded resumes with a warning."""
+  from loaders._pinning import UnverifiedStateWarning
+  from loaders import StateMismatchError
+
+  def state_after_two(**kw):
+    it = iter(lg.grain_dataset(_sampler(graph, **kw), num_threads=1))
+    next(it), next(it)
+    return json.loads(json.dumps(it.get_state()))
+
+  saved = state_after_two(order="global", global_batch_size=8, seed=0)
+  for other in (dict(order="global", global_batch_size=16, seed=0), dict(order="global", global_batch_size=8, seed=1),
+                dict(order="host", batch_size=8, seed=0)):
+    it = iter(lg.grain_dataset(_sampler(graph, **other), num_threads=1))
+    with pytest.raises(StateMismatchError, match="saved with other order settings"):
+      it.set_state(saved)
+  host = state_after_two(order="host", batch_size=4, shard_count=2, seed=0)
+  with pytest.raises(StateMismatchError, match=r"hosts=2 \(now 4\)"):
+    iter(lg.grain_dataset(_sampler(graph, order="host", batch_size=4, shard_count=4), num_threads=1)).set_state(host)
+
+  def after(state, **kw):
+    it = iter(lg.grain_dataset(_sampler(graph, order="global", seed=0, **kw), num_threads=1))
+    it.set_state(state)
+    return np.concatenate([b["seeds"][b["seed_mask"]] for b in it])
+
+  whole = iter(lg.grain_dataset(_sampler(graph, order="global", global_batch_size=8, seed=0), num_threads=1))
+  want = np.concatenate([b["seeds"][b["seed_mask"]] for b in list(whole)[2:]])
+  halves = [after(saved, global_batch_size=8, shard_index=h, shard_count=2) for h in (0, 1)]
+  assert sorted(np.concatenate(halves).tolist()) == sorted(want.tolist())
+  old = {k: v for k, v in saved.items() if k != "order"}
+  with pytest.warns(UnverifiedStateWarning, match="a state saved with other settings names other records"):
+    np.testing.assert_array_equal(after(old, global_batch_size=8), want)
+
+
 def test_each_live_node_has_one_local_id_and_ids_can_stay_on_device(graph):
   s = _sampler(graph)
   b = s[1]
