@@ -421,9 +421,9 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
     path: the output folder (TFRecord shards), local or gs://.
     split: the split to read.
     batch_size, global_batch_size: as in loaders.grain.dataset (the remainder of each epoch is dropped).
-    ordering: as in loaders.grain.dataset, but fields by name default to order="host"
-      (loaders.options.TFDATA_DEFAULTS: tf.data's own pipeline above; an Ordering given whole has its own
-      default, "global"); on_new_data is not read and drop_remainder must stay True.
+    ordering: as in loaders.grain.dataset, but order=None (given by name or in an Ordering) means "host"
+      (loaders.options.TFDATA_DEFAULTS: tf.data's own pipeline above); pass order="global" for grain's
+      batches. on_new_data is not read and drop_remainder must stay True.
     sharding: this replica's share (loaders.Sharding or grain's ShardOptions).
     fetching: as in loaders.grain.dataset; streamed shards are fetched whole (fetch="records" is
       ArrayRecord's).
