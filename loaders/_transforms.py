@@ -143,10 +143,22 @@ def _decode_image(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
   return np.asarray(im, dtype=np.uint8)
 
 
+def check_raw_image_size(spec, o: ExampleOptions) -> None:
+  """Refuses an image_size that raw pixels (a Tensor image, never resized) are not stored at.
+
+  Raises:
+    ValueError: `o.image_size` differs from the stored [H, W] of raw images.
+  """
+  if isinstance(spec, Tensor) and o.image_size is not None and tuple(o.image_size) != tuple(spec.shape[:2]):
+    raise ValueError(f"image_size={tuple(o.image_size)}: these raw images are stored at {tuple(spec.shape[:2])} and "
+                     f"raw pixels are not resized; leave image_size unset or pass the stored size")
+
+
 def _image_transform(features: Features, o: ExampleOptions) -> Callable:
   spec = features["image"]
   label = "label" if isinstance(features.get("label"), ClassLabel) else None
   size = None  # raw pixels: already uint8 [H, W, 3], possibly a view into the record
+  check_raw_image_size(spec, o)
   if not isinstance(spec, Tensor):
     fixed = None if None in spec.shape[:2] else tuple(spec.shape[:2])
     size = o.image_size or fixed

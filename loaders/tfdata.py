@@ -55,7 +55,7 @@ from loaders._stream import ShardStream, WindowOrder
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
                                 RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
                                 resize_plan, seeded_patch_start)
-from loaders._transforms import ExampleOptions, batched_features, volume_label
+from loaders._transforms import ExampleOptions, batched_features, check_raw_image_size, volume_label
 from loaders.options import TFDATA_DEFAULTS, Fetching, Ordering, Sharding, settings
 
 __all__ = ["SHUFFLE_BUFFER", "data_state", "dataset"]
@@ -185,6 +185,7 @@ def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batc
 def _image_converter(features: Features, spec: dict, o: ExampleOptions) -> _Convert:
   """Images decoded (raw, or JPEG as Pillow does) and centre-cropped/resized to `image_size` or the stored size."""
   image = features["image"]
+  check_raw_image_size(image, o)
   size = o.image_size or (None if None in image.shape[:2] else tuple(image.shape[:2]))
   if size is None:
     raise ValueError("these images have no fixed size: pass image_size=(H, W) for static shapes")

@@ -94,6 +94,22 @@ def test_a_split_too_small_for_one_batch_is_refused_not_read_as_empty(outputs, m
     make(outputs)
 
 
+@pytest.mark.parametrize("loader", ["grain", "grain-records", "tfdata"])
+def test_an_image_size_raw_pixels_are_not_stored_at_is_refused_not_ignored(outputs, tmp_path, loader):
+  """Raw pixels are never resized: an image_size other than the stored 16x16 would have given 16x16 batches."""
+  if loader == "tfdata":
+    raw = make_outputs.write(str(tmp_path / "raw"), *_images(lambda rng, n: make_outputs.raw_images(rng, n, (16, 16))),
+                             kind="image", file_format="tfrecord")
+    first = lambda size: next(tfdata.dataset(raw, batch_size=4, image_size=size).as_numpy_iterator())
+  elif loader == "grain":
+    first = lambda size: next(iter(grain_loader.dataset(outputs["array_record"], batch_size=4, image_size=size)))
+  else:
+    first = lambda size: grain_loader.records(outputs["array_record"], image_size=size)[0]
+  with pytest.raises(ValueError, match=r"^image_size=\(24, 24\): these raw images are stored at \(16, 16\)"):
+    first((24, 24))
+  assert first((16, 16))["image"].shape[-3:] == (16, 16, 3)
+
+
 # ---- tf.data: a damaged record names its shard -------------------------------------------------
 
 
