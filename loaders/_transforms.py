@@ -324,6 +324,22 @@ def _tensors_transform(features: Features, o: ExampleOptions) -> Callable:
 
 _TRANSFORMS = {"image": _image_transform, "volume": _volume_transform, "graph": _graph_transform,
                "tensors": _tensors_transform}
+# the ExampleOptions fields each record kind reads
+_READS = {"image": ("image_size",), "volume": ("patch_size", "patch", "hu_window", "normalize", "pos_fraction"),
+          "graph": ("max_nodes", "max_edges"), "tensors": ()}
+
+
+def check_options_read(kind: str, options: ExampleOptions) -> None:
+  """Refuses an example option set away from its default that records of `kind` never read.
+
+  Raises:
+    ValueError: such an option (patch_size for images, image_size for volumes, ...).
+  """
+  unread = [f"{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)
+            if f.name not in _READS.get(kind, ()) and getattr(options, f.name) != f.default]
+  if unread:
+    read = ", ".join(_READS[kind]) or "none"
+    raise ValueError(f"{', '.join(unread)}: not read for {kind} records (they read {read}); leave it unset")
 
 
 def example_transform(kind: str, features: Features, options: ExampleOptions) -> Callable:
@@ -349,6 +365,7 @@ def example_transform(kind: str, features: Features, options: ExampleOptions) ->
   if kind not in _TRANSFORMS:
     raise ValueError(f"no loader transform for records of kind {kind!r} (the loaders read "
                      f"{sorted(_TRANSFORMS)}; a 'graphbin' output is read with loaders.graph.load)")
+  check_options_read(kind, options)
   inner = _TRANSFORMS[kind](features, options)
 
   def transform(rec, rng=None):

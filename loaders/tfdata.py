@@ -55,7 +55,8 @@ from loaders._stream import ShardStream, WindowOrder
 from formats.transforms import (CT_PADDING_HU, JPEG_DCT_METHOD, JPEG_DRAFT_SCALES, LABEL_PADDING,
                                 RESAMPLE_PRECISION_BITS, hu_window_constants, jpeg_draft_scale, label_patch_dtype,
                                 resize_plan, seeded_patch_start)
-from loaders._transforms import ExampleOptions, batched_features, check_raw_image_size, volume_label
+from loaders._transforms import (ExampleOptions, batched_features, check_options_read, check_raw_image_size,
+                                 volume_label)
 from loaders.options import TFDATA_DEFAULTS, Fetching, Ordering, Sharding, settings
 
 __all__ = ["SHUFFLE_BUFFER", "data_state", "dataset"]
@@ -171,6 +172,8 @@ def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batc
   Random draws are keyed by (seed, batch position, first_slot + slot): `first_slot` is this host's first slot
   in the global batch with order="global", else 0.
   """
+  if kind in ("image", "volume", "tensors"):
+    check_options_read(kind, o)
   spec = _parse_spec(features)
   if kind == "image":
     return _image_converter(features, spec, o)

@@ -110,6 +110,17 @@ def test_an_image_size_raw_pixels_are_not_stored_at_is_refused_not_ignored(outpu
   assert first((16, 16))["image"].shape[-3:] == (16, 16, 3)
 
 
+@pytest.mark.parametrize("make", [
+    lambda out: grain_loader.dataset(out["array_record"], batch_size=4, patch_size=(2, 8, 8)),
+    lambda out: grain_loader.records(out["array_record"], hu_window=(-100.0, 100.0), normalize=False),
+    lambda out: tfdata.dataset(out["tfrecord"], batch_size=4, image_size=(8, 8), patch="center"),
+], ids=["grain", "grain-records", "tfdata"])
+def test_a_volume_option_on_images_is_refused_not_ignored(outputs, make):
+  with pytest.raises(ValueError, match=r"^(patch_size|hu_window|patch)=.*: not read for image records \(they read "
+                                       r"image_size\); leave it unset$"):
+    make(outputs)
+
+
 # ---- tf.data: a damaged record names its shard -------------------------------------------------
 
 
