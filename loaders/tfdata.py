@@ -456,10 +456,14 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
   if s.fetching.fetch == "records":
     raise ValueError("loaders.tfdata streams whole TFRecord shards: fetch='records' reads ArrayRecord only")
   o, f = s.ordering, s.fetching
+  if f.fetch != "auto" and o.window_shards is None:  # as loaders.grain
+    raise ValueError(f"fetch={f.fetch!r} chooses how windows are streamed: it needs window_shards")
   host_pipeline = o.order == "host" and o.window_shards is None
   if shuffle_buffer is not None and not host_pipeline:
     raise ValueError("shuffle_buffer sizes tf.data's own host pipeline: with order='global' or window_shards "
                      "the order is grain's permutation")
+  if shuffle_buffer is not None and not o.shuffle:
+    raise ValueError("shuffle_buffer sizes the shuffle: with shuffle=False there is none")
   shard_index, shard_count = s.sharding.resolve(0, 1)
   batch_size = per_host_batch_size(batch_size, shard_count, o.order, global_batch_size)
   pin = pin_output(path, lease=f.lease, purpose=f"loaders.tfdata {split}")

@@ -121,6 +121,15 @@ def test_a_volume_option_on_images_is_refused_not_ignored(outputs, make):
     make(outputs)
 
 
+@pytest.mark.parametrize("options,error", [
+    (dict(shuffle=False, shuffle_buffer=5), "with shuffle=False there is none"),
+    (dict(fetch="shards"), "fetch='shards' chooses how windows are streamed: it needs window_shards"),
+])
+def test_tfdata_refuses_settings_it_would_not_read(outputs, options, error):
+  with pytest.raises(ValueError, match=re.escape(error)):
+    tfdata.dataset(outputs["tfrecord"], batch_size=4, image_size=(8, 8), **options)
+
+
 # ---- tf.data: a damaged record names its shard -------------------------------------------------
 
 
