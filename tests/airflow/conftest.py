@@ -1,12 +1,15 @@
 """Airflow tests run in their own virtual environment (.venv-airflow, set up by
 scripts/run_tests.sh) with a throw-away Airflow home and SQLite database."""
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 _HOME = tempfile.mkdtemp(prefix="airflow-home-")
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)  # after the session, whatever its end
 os.environ.update({
     "AIRFLOW_HOME": _HOME,
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
