@@ -85,6 +85,14 @@ def _env(devices: int) -> dict[str, str]:
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
+def _found(script: str, *args: str) -> dict:
+  """What `script` prints last (JSON), run in a process of its own with 8 CPU devices."""
+  r = subprocess.run([sys.executable, "-c", script, REPO, *args], capture_output=True, text=True, env=_env(8),
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _pod(inputs, tmp_path, name: str, processes: int, states: dict | None = None) -> tuple[dict, dict]:
   """Runs _POD on `processes` processes of DEVICES // processes devices each: (process 0's findings, its arrays)."""
   out = str(tmp_path / name)
@@ -258,10 +266,7 @@ print(json.dumps(found))
 
 @pytest.mark.slow  # a process of its own (jax)
 def test_prefetch_text_on_the_host_set_state_a_dropped_iterator_and_refused_meshes(inputs):
-  r = subprocess.run([sys.executable, "-c", _HOST, REPO, inputs["records"], inputs["graph"]], capture_output=True,
-                     text=True, env=_env(8), timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  found = json.loads(r.stdout.strip().splitlines()[-1])
+  found = _found(_HOST, inputs["records"], inputs["graph"])
   assert found["pulled"] == 4  # while the loop held batch 0: 1 and 2 waiting on the devices, 3 made, then a wait
   assert found["types"] == {"image": "ArrayImpl", "label": "ArrayImpl", "record_index": "ArrayImpl",
                             "name": "ndarray"}
@@ -331,10 +336,7 @@ def test_device_arrays_share_the_host_batches_which_nothing_writes_again(inputs)
   """Batch 0's device arrays equal loaders.grain's batch 0, and still do once 20 more batches are made while
   they are held; the pixels are the host batch's own memory, not a copy (so the check is not vacuous); a device array
   sharing a numpy buffer holds a reference to it (what a reference-counting pool relies on)."""
-  r = subprocess.run([sys.executable, "-c", _SHARED, REPO, inputs["records"]], capture_output=True, text=True,
-                     env=_env(8), timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  found = json.loads(r.stdout.strip().splitlines()[-1])
+  found = _found(_SHARED, inputs["records"])
   assert found["shared"]
   assert found["later"] >= 20
   assert found["at_once"] == found["after"] == ["image", "label", "record_index"]
@@ -376,10 +378,7 @@ print(json.dumps(found))
 
 @pytest.mark.slow  # a process of its own (jax)
 def test_integers_jax_would_wrap_are_refused_never_wrapped(inputs):
-  r = subprocess.run([sys.executable, "-c", _WIDE, REPO, inputs["records"]], capture_output=True, text=True,
-                     env=_env(8), timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  found = json.loads(r.stdout.strip().splitlines()[-1])
+  found = _found(_WIDE, inputs["records"])
   for case, dtype in [("above", "int64"), ("below", "int64"), ("unsigned", "uint64")]:
     assert found[case] == (f"'id' holds {dtype} values outside {dtype[:-2]}32, the type jax stores them as without "
                            "jax_enable_x64, so they would wrap: jax.config.update('jax_enable_x64', True) keeps them")
@@ -442,10 +441,7 @@ print(json.dumps({"every": every, "got": got, "errors": errors, "refused": refus
 
 @pytest.mark.slow  # a process of its own (jax)
 def test_an_error_a_refused_state_or_a_close_loses_no_batch_made_ahead(inputs):
-  r = subprocess.run([sys.executable, "-c", _NOTHING_LOST, REPO, inputs["records"]], capture_output=True, text=True,
-                     env=_env(8), timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  found = json.loads(r.stdout.strip().splitlines()[-1])
+  found = _found(_NOTHING_LOST, inputs["records"])
   every = found["every"]
   assert len(every) == 2 * (N_RECORDS // GLOBAL_BATCH)
   assert found["errors"] == ["a 503 past the retry budget"] and found["got"] == every  # raised, then read again
