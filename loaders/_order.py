@@ -158,15 +158,27 @@ class SeedOrder:
     return seeds[start:start + self.batch_size]
 
 
-def check_some_batch(batches_per_epoch: int, num_records: int, what: str, batch: str) -> None:
+def check_some_batch(batches_per_epoch: int, num_records: int, per_epoch: int, batch_size: int, shard_count: int,
+                     global_order: bool, share: str = "") -> None:
   """Refuses an order whose epochs hold no batch although the split holds records (they would all be lost).
 
+  Args:
+    batches_per_epoch, num_records: the order's batches per epoch and the split's records.
+    per_epoch, batch_size, shard_count, global_order: what the order reads per epoch, and how.
+    share: how a host's records are chosen under the host order (default: each host's strided share).
+
   Raises:
-    ValueError: `what` (the records read per epoch) make no whole `batch` ("batch of 8").
+    ValueError: the records read per epoch make no whole batch.
   """
-  if num_records and not batches_per_epoch:
-    raise ValueError(f"{what} make no whole {batch}, so every epoch would be empty: pass a smaller batch size "
-                     f"or fewer hosts")
+  if not num_records or batches_per_epoch:
+    return
+  if global_order:
+    what = f"the split's {num_records} records make no whole global batch of {batch_size * shard_count} " \
+           f"({batch_size} x {shard_count} hosts)"
+  else:
+    share = share or f"each of {shard_count} hosts reads"
+    what = f"the {per_epoch} records {share} (of the split's {num_records}) make no whole batch of {batch_size}"
+  raise ValueError(f"{what}, so every epoch would be empty: pass a smaller batch size or fewer hosts")
 
 
 class RecordOrder:
@@ -196,11 +208,7 @@ class RecordOrder:
     self.num_records, self.per_shard = num_records, num_records // shard_count
     per_epoch, step = (num_records, batch_size * shard_count) if order == "global" else (self.per_shard, batch_size)
     self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
-    check_some_batch(self.batches_per_epoch, num_records, *(
-        (f"the split's {num_records} records", f"global batch of {step} ({batch_size} x {shard_count} hosts)")
-        if order == "global" else
-        (f"the {per_epoch} records each of {shard_count} hosts reads (of the split's {num_records})",
-         f"batch of {step}")))
+    check_some_batch(self.batches_per_epoch, num_records, per_epoch, batch_size, shard_count, order == "global")
     self.first_slot = shard_index * batch_size if order == "global" else 0
     self._orders: dict[int, np.ndarray] = {}
     self._lock = threading.Lock()

@@ -153,12 +153,9 @@ class WindowOrder:
       shares = [int(self.counts[h::shard_count].sum()) for h in range(shard_count)]
       per_epoch, step = (min(shares) if drop_remainder else max(shares)), batch_size
     self.batches_per_epoch = per_epoch // step if drop_remainder else -(-per_epoch // step)
-    total = int(self.counts.sum())
-    check_some_batch(self.batches_per_epoch, total, *(
-        (f"the split's {total} records", f"global batch of {step} ({batch_size} x {shard_count} hosts)")
-        if self.global_order else
-        (f"the smallest host's share, the {per_epoch} records of {len(self.counts)} shards dealt whole to "
-         f"{shard_count} hosts (of the split's {total}),", f"batch of {step}")))
+    check_some_batch(self.batches_per_epoch, int(self.counts.sum()), per_epoch, batch_size, shard_count,
+                     self.global_order, f"in the smallest share of {len(self.counts)} shards dealt whole to "
+                                        f"{shard_count} hosts")
     self.first_slot = shard_index * batch_size if self.global_order else 0
     self.num_shards = len(self._mine)
     self._epochs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

@@ -539,9 +539,7 @@ def _host_pipeline(output: Output, split: str, kind: str, options: ExampleOption
   paths = _checked_shards(output, split, cache_dir, verify)
   num_records = sum(s.num_records for s in output.shards(split))
   per_shard = num_records // shard_count
-  check_some_batch(per_shard // batch_size, num_records,
-                   f"the {per_shard} records each of {shard_count} hosts reads (of the split's {num_records})",
-                   f"batch of {batch_size}")
+  check_some_batch(per_shard // batch_size, num_records, per_shard, batch_size, shard_count, global_order=False)
   convert = _converter(kind, output.manifest.features, options, seed, batch_size)
   records = _shard_records(paths, per_shard, shard_index, shard_count)
   if shuffle:
