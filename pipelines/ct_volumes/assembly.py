@@ -7,13 +7,22 @@ HU array. The rules (see docs/ct_volumes.md):
 
 - stacks: a series whose positions repeat is split by acquisition / temporal
   position (contrast phases) when that separates the repeats;
+- geometries: the slices of one series are grouped by geometry (frame of reference,
+  orientation, size, spacing: `SliceHeader.series_key`); when two groups make volumes,
+  each volume's stack label starts with `geometry=<k>` (k in key order), so no two
+  volumes of a series share a record key;
 - order: by position along the slice normal, normal = row × column cosines,
   position = normal · ImagePositionPatient; InstanceNumber only when no slice
-  has a position (and SpacingBetweenSlices gives the spacing), flagged;
+  has a position (and SpacingBetweenSlices gives the spacing), flagged: the
+  InstanceNumbers must then be consecutive, and the origin and slice direction
+  are NaN (nothing says which way the stack runs);
 - z spacing from the sorted positions, never SliceThickness; gaps that differ
   from the mean by more than `tolerance` reject the series (missing slice or
-  irregular spacing), so does a stack that is not along its normal (gantry tilt);
-- duplicates (same position): identical pixels → dropped; different → rejected;
+  irregular spacing), so does a stack that is not along its normal (gantry tilt)
+  and one whose slice positions leave the line through the first and last of them
+  by more than MAX_SHIFT_PIXELS of a pixel (a slice shifted in plane);
+- duplicates (same position): identical HU (stored values, rescale and padding
+  together) → dropped; different → rejected;
 - HU = stored × slope + intercept per slice, stored values masked to BitsStored,
   PixelPaddingValue (range) on stored values → CT_PADDING_HU (-1024); big-endian
   stored values are byte-swapped to native order first;
@@ -40,6 +49,7 @@ from pipelines.ct_volumes.headers import (
 
 DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
 MAX_TILT_DEGREES = 0.1
+MAX_SHIFT_PIXELS = 0.25  # a slice this far (in pixels) off the stack's line is shifted in plane
 DEFAULT_TOLERANCE = 0.01
 # Largest volume, in voxels: 512 Mi voxels are 1 GiB as int16 and 2 GiB as float32, which
 # still fits one record (a protobuf message is at most 2 GiB); a 512 x 512 x 2000 CT
@@ -156,6 +166,14 @@ def _plan_stack(slices: list[SliceHeader], stack: str, tolerance: float) -> Volu
   if tilt > MAX_TILT_DEGREES:
     raise SeriesRejected(f"gantry tilt: the stack runs {tilt:.2f} degrees off the slice normal")
   sy, sx = first.pixel_spacing
+  w = np.array([slices[i].position for i in kept], float) - p0
+  u = v / np.linalg.norm(v)
+  off = np.linalg.norm(w - np.outer(w @ u, u), axis=1)
+  if off.max() > MAX_SHIFT_PIXELS * min(sy, sx):
+    at = int(np.argmax(off))
+    raise SeriesRejected(
+        f"in-plane shift: the slice at position {z[at]:.3f} mm lies {off[at]:.3f} mm off the line through the "
+        f"first and last slice positions")
   direction = np.stack([row, col, normal], axis=1)
   return VolumePlan(
       series_id=first.series_id, patient_id=first.patient_id, stack=stack,
@@ -172,13 +190,20 @@ def _plan_by_instance_number(slices, stack, row, col, normal) -> VolumePlan:
   if len(spacing) != 1 or None in spacing or not spacing.pop():
     raise SeriesRejected("missing mandatory tag ImagePositionPatient (and no SpacingBetweenSlices)")
   ordered = sorted(slices, key=lambda s: s.instance_number)
+  missing = ordered[-1].instance_number - ordered[0].instance_number + 1 - len(ordered)
+  if missing:
+    raise SeriesRejected(f"missing slice(s): {missing} missing, the {tag_name('InstanceNumber')}s of a series "
+                         f"without {tag_name('ImagePositionPatient')} are not consecutive")
+  if len(ordered) < 2:
+    raise SeriesRejected("single slice: 1 file without a position, not a volume")
   dz = abs(ordered[0].spacing_between_slices)
   sy, sx = ordered[0].pixel_spacing
+  # Which way the stack runs along the normal is unknown without positions: NaN, not a guess.
+  direction = np.stack([row, col, np.full(3, math.nan)], axis=1)
   return VolumePlan(
       series_id=ordered[0].series_id, patient_id=ordered[0].patient_id, stack=stack,
       slices=tuple(ordered), duplicates=(), spacing=(dz, sy, sx), origin=(math.nan,) * 3,
-      direction=tuple(float(x) for x in np.stack([row, col, normal], axis=1).ravel()),
-      sorted_by="instance_number")
+      direction=tuple(float(x) for x in direction.ravel()), sorted_by="instance_number")
 
 
 def frames_per_file(slices: Sequence[SliceHeader]) -> dict[str, int]:
@@ -211,24 +236,52 @@ def stack_count(slices: Sequence[SliceHeader]) -> int:
   Returns:
     The number of stacks.
   """
-  with_pos = [s for s in slices if s.position is not None]
-  return len(_stacks(with_pos if with_pos and len(with_pos) < len(slices) else slices))
+  count = 0
+  for members in _geometries(slices).values():
+    with_pos = [s for s in members if s.position is not None]
+    count += len(_stacks(with_pos if with_pos and len(with_pos) < len(members) else members))
+  return count
+
+
+def _geometries(slices: Sequence[SliceHeader]) -> dict[str, list[SliceHeader]]:
+  """{series_key: its slices}, in key order: the groups of one series that differ in geometry."""
+  groups: dict[str, list[SliceHeader]] = collections.defaultdict(list)
+  for s in slices:
+    groups[s.series_key].append(s)
+  return dict(sorted(groups.items()))
 
 
 def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE,
                  max_volume_voxels: int = MAX_VOLUME_VOXELS
                  ) -> tuple[list[VolumePlan], list[tuple[str, str, int]]]:
-  """Volume plans of one candidate series, and (path, reason, frames) for what is left out.
+  """Volume plans of one series, and (path, reason, frames) for what is left out.
 
   Args:
-    slices: the slice headers of one candidate series.
+    slices: the slice headers of one series (one `series_id`), of one or more geometries.
     tolerance: the largest deviation of a slice gap from the mean gap, as a fraction of it.
     max_volume_voxels: a volume with more voxels is left out (see MAX_VOLUME_VOXELS).
 
   Returns:
     (volume plans, (path, reason, frames) of every file left out); a series that
-    cannot be a volume is all in the second list, never raised.
+    cannot be a volume is all in the second list, never raised. Plans of different
+    geometries have the stack label `geometry=<k>[/<stack>]`.
   """
+  plans, rejected = [], []
+  by_geometry = []
+  for k, members in enumerate(_geometries(slices).values(), 1):
+    group_plans, group_rejected = _plan_geometry(members, tolerance, max_volume_voxels)
+    by_geometry.append((k, group_plans))
+    rejected += group_rejected
+  several = sum(bool(group_plans) for _, group_plans in by_geometry) > 1
+  for k, group_plans in by_geometry:
+    plans += [dataclasses.replace(p, stack="/".join(x for x in (f"geometry={k}", p.stack) if x)) if several else p
+              for p in group_plans]
+  return plans, rejected
+
+
+def _plan_geometry(slices: Sequence[SliceHeader], tolerance: float, max_volume_voxels: int
+                   ) -> tuple[list[VolumePlan], list[tuple[str, str, int]]]:
+  """`plan_volumes` of the slices of one geometry (one series_key)."""
   plans, rejected = [], []
   with_pos = [s for s in slices if s.position is not None]
   if with_pos and len(with_pos) < len(slices):
@@ -419,16 +472,12 @@ def read_volume(plan: VolumePlan, open_file: Callable[[str], BinaryIO], dtype: s
   decoded = _Decoded(open_file)
   # Visit slices grouped by file so a multi-frame file is decoded once.
   order = sorted(range(len(plan.slices)), key=lambda i: (plan.slices[i].path, plan.slices[i].frame or 0))
-  reference: dict[int, np.ndarray] = {}
   for i in order:
-    stored = decoded.get(plan.slices[i])
-    slice_hu(stored, plan.slices[i], out[i])
-    if i in dups:
-      reference[i] = stored
+    slice_hu(decoded.get(plan.slices[i]), plan.slices[i], out[i])
   dropped = []
   for i, copies in sorted(dups.items()):
-    for copy in copies:
-      if not np.array_equal(decoded.get(copy), reference[i]):
+    for copy in copies:  # a copy is the same slice when its HU are: stored values, rescale and padding
+      if not np.array_equal(slice_hu(decoded.get(copy), copy, np.empty_like(out[i])), out[i]):
         z = float(np.asarray(copy.position) @ np.asarray(plan.direction).reshape(3, 3)[:, 2])
         raise SeriesRejected(f"conflicting duplicate slices: different pixels at position {z:.3f} mm")
       dropped.append((copy.path, "identical duplicate of another slice (dropped)"))

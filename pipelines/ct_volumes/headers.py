@@ -318,6 +318,20 @@ def floats_tag(value, n: int, keyword: str, invalid: Callable[..., Exception] | 
   return out
 
 
+def _spacing(pixel_spacing: tuple[float, ...]) -> tuple[float, ...]:
+  """PixelSpacing, which must be positive (a zero or negative one would give a volume no geometry)."""
+  if min(pixel_spacing) <= 0:
+    raise _invalid("PixelSpacing", "expected positive numbers")
+  return pixel_spacing
+
+
+def _slope(slope: float) -> float:
+  """RescaleSlope, which must not be 0 (every voxel would be the intercept)."""
+  if slope == 0:
+    raise _invalid("RescaleSlope", "0 maps every stored value to one HU")
+  return slope
+
+
 def _uid(ds, keyword: str) -> UID | None:
   value = _element(ds, keyword)
   if value is None:
@@ -638,10 +652,10 @@ def _classic_slice(f: _FileFacts) -> SliceHeader:
   if f.number_of_frames != 1:
     raise SliceRejected(f"multi-frame image without functional groups ({tag_name('NumberOfFrames')} > 1)")
   orientation = floats_tag(_require(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
-  pixel_spacing = floats_tag(_require(ds, "PixelSpacing"), 2, "PixelSpacing")
+  pixel_spacing = _spacing(floats_tag(_require(ds, "PixelSpacing"), 2, "PixelSpacing"))
   position = _element(ds, "ImagePositionPatient")
   position = floats_tag(position, 3, "ImagePositionPatient") if position else None
-  slope = _float(ds, "RescaleSlope", required=True)
+  slope = _slope(_float(ds, "RescaleSlope", required=True))
   intercept = _float(ds, "RescaleIntercept", required=True)
   acq = _int(ds, "AcquisitionNumber")
   temporal = _int(ds, "TemporalPositionIndex")
@@ -682,13 +696,13 @@ def _enhanced_slices(f: _FileFacts) -> list[SliceHeader]:
     if plane_ori is None or measures is None:
       raise SliceRejected(f"missing mandatory tag PlaneOrientationSequence/PixelMeasuresSequence (frame {i})")
     orientation = floats_tag(_require(plane_ori, "ImageOrientationPatient"), 6, "ImageOrientationPatient")
-    pixel_spacing = floats_tag(_require(measures, "PixelSpacing"), 2, "PixelSpacing")
+    pixel_spacing = _spacing(floats_tag(_require(measures, "PixelSpacing"), 2, "PixelSpacing"))
     position = None
     if plane_pos is not None and _element(plane_pos, "ImagePositionPatient"):
       position = floats_tag(plane_pos.ImagePositionPatient, 3, "ImagePositionPatient")
     transform = group(item, "PixelValueTransformationSequence")
     source = ds if transform is None else transform
-    slope = _float(source, "RescaleSlope", required=True)
+    slope = _slope(_float(source, "RescaleSlope", required=True))
     intercept = _float(source, "RescaleIntercept", required=True)
     content = group(item, "FrameContentSequence")
     temporal = _int(content, "TemporalPositionIndex") if content is not None else None

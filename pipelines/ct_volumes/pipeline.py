@@ -123,7 +123,7 @@ def parse_splits(text: str) -> tuple[tuple[str, float], ...]:
   """
   out = []
   for part in text.split(","):
-    m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*([0-9.]+)\s*", part)
+    m = re.fullmatch(r"\s*([A-Za-z0-9_]+)\s*=\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*", part)
     if not m:
       raise UsageError(f"--splits must look like train=0.8,validation=0.1,test=0.1, got {text!r}")
     out.append((m[1], float(m[2])))
@@ -280,7 +280,7 @@ class _ReadHeadersFn(beam.DoFn):
       return
     self._count.frames_found.inc(len(slices))
     for s in slices:
-      yield s.series_key, s
+      yield s.series_id, s  # every geometry of a series in one group: plan_volumes keeps their keys apart
 
 
 class _ReadSeriesHeadersFn(_ReadHeadersFn):
@@ -412,7 +412,7 @@ class _SearchSeriesFn(beam.DoFn):
 
 
 class _PlanFn(beam.DoFn):
-  """(series key, headers) → VolumePlans; files left out → Rejects; and (tagged) the candidate series'
+  """(series id, headers) → VolumePlans; files left out → Rejects; and (tagged) the candidate series'
   salted SeriesInstanceUID, folders and stack count, which label matching needs. No pixels read."""
 
   REJECTS = "rejects"

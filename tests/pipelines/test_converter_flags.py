@@ -63,6 +63,8 @@ def test_image_folder_flag_messages_are_unchanged(folder, tmp_path, args, messag
     ([], "--id_salt is required"),
     (["--id_salt=x", "--splits=train=0.5"], "sum to 1"),
     (["--id_salt=x", "--splits=bogus"], "--splits must look like"),
+    (["--id_salt=x", "--splits=train=1..0"], "--splits must look like"),  # no traceback from float()
+    (["--id_salt=x", "--splits=train=."], "--splits must look like"),
     (["--id_salt=x", "--splits=train=0.5,train=0.5"], "--splits names a split twice"),
     (["--id_salt=x", "--volume_dtype=uint8"], "--volume_dtype must be auto, int16 or float32"),
     (["--id_salt=x", "--slice_tolerance=0.7"], "--slice_tolerance must be a fraction in"),

@@ -120,9 +120,51 @@ def test_instance_number_fallback_says_so():
   assert plan.spacing[0] == 2.5
   assert [x.instance_number for x in plan.slices] == [1, 2, 3]
   assert all(math.isnan(v) for v in plan.origin)
+  direction = np.reshape(plan.direction, (3, 3))
+  np.testing.assert_array_equal(direction[:, :2], np.eye(3)[:, :2])
+  assert np.isnan(direction[:, 2]).all()  # which way the stack runs is unknown: not a guessed +normal
   plans, rejected = plan_volumes([dataclasses.replace(x, spacing_between_slices=None) for x in s])
   assert not plans
   assert "SpacingBetweenSlices" in rejected[0][1]
+
+
+def test_instance_number_fallback_rejects_a_gap_in_the_numbers():
+  s = [dataclasses.replace(x, position=None, spacing_between_slices=2.5, instance_number=n)
+       for x, n in zip(_slices([0, 1, 2, 3, 4]), [1, 2, 4, 5, 6])]
+  plans, rejected = plan_volumes(s)
+  assert not plans
+  assert len(rejected) == 5
+  assert all(r.startswith("series rejected, missing slice(s): 1 missing, the InstanceNumber") for _, r, _ in rejected)
+  plans, rejected = plan_volumes(s[:1])
+  assert not plans and "single slice" in rejected[0][1]
+
+
+def test_a_slice_shifted_in_plane_is_rejected():
+  s = _slices([0, 1, 2, 3, 4])
+  p = np.asarray(s[2].position)
+  s[2] = dataclasses.replace(s[2], position=tuple(p + [0.5, 0, 0]))  # 0.5 mm: most of a 0.7 mm pixel
+  plans, rejected = plan_volumes(s)
+  assert not plans
+  assert all("in-plane shift: the slice at position 2.000 mm lies 0.500 mm off" in r for _, r, _ in rejected)
+  s[2] = dataclasses.replace(s[2], position=tuple(p + [0.1, 0, 0]))  # under a quarter of a pixel: kept
+  assert len(_plan(s).slices) == 5
+
+
+def test_geometries_of_one_series_become_volumes_with_their_own_keys():
+  axial = _slices([0, 1, 2])
+  coronal = [dataclasses.replace(x, series_key="k2", path="c" + x.path)
+             for x in _slices([0, 1, 2], orientation=(1.0, 0.0, 0.0, 0.0, 0.0, -1.0))]
+  plans, rejected = plan_volumes(coronal + axial)
+  assert not rejected
+  assert [(p.key, p.slices[0].path) for p in plans] == [("s/geometry=1", "f000"), ("s/geometry=2", "cf000")]
+  phases = [dataclasses.replace(x, acquisition=f"acq={1 + i // 3}", path=f"p{i}")
+            for i, x in enumerate(_slices([0, 1, 2]) * 2)]
+  plans, _ = plan_volumes(coronal + phases)
+  assert sorted(p.key for p in plans) == ["s/geometry=1/acq=1", "s/geometry=1/acq=2", "s/geometry=2"]
+  # one geometry that makes no volume leaves the other its plain key (as a series of one geometry)
+  plans, rejected = plan_volumes(coronal[:1] + axial)
+  assert [p.key for p in plans] == ["s"]
+  assert [(p, r.split(":")[0]) for p, r, _ in rejected] == [("cf000", "series rejected, single slice")]
 
 
 def test_several_patients_in_one_series_are_rejected():
@@ -193,6 +235,15 @@ def test_read_volume_drops_identical_and_rejects_conflicting_duplicates(monkeypa
   plan = _plan(s + [dataclasses.replace(s[1], path="bad")])
   with pytest.raises(SeriesRejected, match="conflicting duplicate"):
     read_volume(plan, _Opened, "int16")
+  # the same stored values under another rescale or padding are other HU: a conflict, not a copy to drop
+  for other in (dict(intercept=-24.0), dict(slope=2.0), dict(padding=(1001, 1001))):
+    plan = _plan(s + [dataclasses.replace(s[1], path="copy", **other)])
+    with pytest.raises(SeriesRejected, match="conflicting duplicate"):
+      read_volume(plan, _Opened, "int16")
+  # other stored values that give the same HU are the same slice
+  plan = _plan(s + [dataclasses.replace(s[1], path="bad", intercept=-1025.0)])
+  vol, dropped = read_volume(plan, _Opened, "int16")
+  assert vol[1, 0, 0] == 1001 - 1024 and dropped == [("f001", "identical duplicate of another slice (dropped)")]
 
 
 def test_salted_hash_depends_on_salt():

@@ -171,9 +171,15 @@ def test_an_undeflatable_deflated_data_set(classic, tmp_path):
      r"^invalid ImageOrientationPatient \(0020,0037\): expected 6 finite numbers$"),
     (lambda ds: setattr(ds, "PixelSpacing", [0.5, "inf"]),
      r"^invalid PixelSpacing \(0028,0030\): expected 2 finite numbers$"),
+    (lambda ds: setattr(ds, "PixelSpacing", [0.5, 0]),
+     r"^invalid PixelSpacing \(0028,0030\): expected positive numbers$"),
+    (lambda ds: setattr(ds, "PixelSpacing", [-0.5, 0.5]),
+     r"^invalid PixelSpacing \(0028,0030\): expected positive numbers$"),
+    (lambda ds: setattr(ds, "RescaleSlope", 0),
+     r"^invalid RescaleSlope \(0028,1053\): 0 maps every stored value to one HU$"),
     (lambda ds: setattr(ds, "BitsStored", 17), r"^invalid BitsStored \(0028,0101\)$"),
 ], ids=["no_pixels", "localizer", "rgb", "bits_allocated", "frames", "study", "slope", "representation", "iop",
-        "spacing", "bits_stored"])
+        "spacing", "zero_spacing", "negative_spacing", "zero_slope", "bits_stored"])
 def test_a_classic_slice_turned_down(classic, tmp_path, change, reason):
   path = _rewrite(classic.files[0], str(tmp_path / "bad.dcm"), change)
   with pytest.raises(SliceRejected, match=reason):
@@ -208,7 +214,11 @@ def test_explicit_big_endian_over_16_bits_is_turned_down(classic, tmp_path):
                             ds.PerFrameFunctionalGroupsSequence[2].CTImageFrameTypeSequence[0], "FrameType",
                             ["ORIGINAL", "PRIMARY", "LOCALIZER", "NONE"]),
      r"^localizer \(scout\) image$"),
-], ids=["frames", "measures", "rescale", "localizer_frame"])
+    (lambda ds: setattr(ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0], "PixelSpacing", [0, 0.5]),
+     r"^invalid PixelSpacing \(0028,0030\): expected positive numbers$"),
+    (lambda ds: setattr(ds.SharedFunctionalGroupsSequence[0].PixelValueTransformationSequence[0], "RescaleSlope",
+                        0), r"^invalid RescaleSlope \(0028,1053\): 0 maps"),
+], ids=["frames", "measures", "rescale", "localizer_frame", "zero_spacing", "zero_slope"])
 def test_an_enhanced_file_turned_down(enhanced, tmp_path, change, reason):
   path = _rewrite(enhanced.files[0], str(tmp_path / "bad.dcm"), change)
   with pytest.raises(SliceRejected, match=reason):

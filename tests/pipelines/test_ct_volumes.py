@@ -343,3 +343,19 @@ def sample_input(base: str) -> tuple[str, list[str]]:
   root = os.path.join(base, "dicom")
   ct.make_mixed_tree(root, seed=1)
   return root, [f"--id_salt={SALT}"]
+
+
+def test_a_series_of_two_geometries_gives_two_volumes(tmp_path):
+  """One SeriesInstanceUID holding an axial and a coronal stack (one frame of reference): two volumes with
+  keys of their own, each its true volume, not a job that stops on a repeated record key."""
+  src, out = str(tmp_path / "in"), str(tmp_path / "out")
+  rng = np.random.default_rng(5)
+  study, series, frame = (pydicom.uid.generate_uid() for _ in range(3))
+  truths = [ct.write_series(src, patient_id="P1", rng=rng, study_uid=study, series_uid=series, frame_uid=frame,
+                            orientation=orientation, subdir=name, num_slices=6, rows=16, cols=16)
+            for name, orientation in (("axial", ct.AXIAL), ("coronal", ct.CORONAL))]
+  m = convert(src, out, "--splits=train=1.0")
+  rows = records(out, m)
+  assert m.num_records == 2 and m.rejected.count == 0
+  for t in truths:
+    assert len(_match(t, rows)) == 1, t.name
