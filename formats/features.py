@@ -165,6 +165,8 @@ class Tensor(_Spec):
       self._check_shape(arr)
       if np.dtype(self.dtype).kind == "f":
         return {name: example_lib.float_feature(arr)}
+      if arr.dtype.kind not in "biu":  # a fraction into an integer feature would be cut silently
+        raise ValueError(f"Tensor expects dtype {self.dtype}, got {arr.dtype}")
       return {name: example_lib.int64_feature(arr.astype(np.int64))}
     if isinstance(value, (bytes, bytearray)):
       if self.dynamic:

@@ -166,7 +166,7 @@ class OgbGraphs(Converter, name=NAME, kind="graphbin", options=OgbGraphsOptions,
 
   def unit_converter(self, common: CommonConfig, config: OgbGraphsConfig, plan: OutputPlan) -> UnitConverter:
     """See Converter.unit_converter (graph-property sets): a graph index → its record."""
-    return GraphUnits(plan.state, config.feature_dtype)
+    return GraphUnits(plan.state, config.feature_dtype, plan.features)
 
   def expand_files(self, p: beam.Pipeline, common: CommonConfig, config: OgbGraphsConfig,
                    plan: OutputPlan) -> Files | None:

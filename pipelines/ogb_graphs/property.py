@@ -164,10 +164,11 @@ def graph_units(plan: GraphPlan, features: Features) -> list[PlanUnit]:
 
 
 class GraphUnits(UnitConverter):
-  """A graph index → its record. The data set's files are read once per worker, at its first graph."""
+  """A graph index → its record, in the schema set at launch. The data set's files are read once per worker,
+  at its first graph."""
 
-  def __init__(self, plan: GraphPlan, feature_dtype: str):
-    self._plan, self._feature_dtype = plan, feature_dtype
+  def __init__(self, plan: GraphPlan, feature_dtype: str, features: Features):
+    self._plan, self._feature_dtype, self._features = plan, feature_dtype, features
     self._read = None
 
   def __getstate__(self):
@@ -184,13 +185,35 @@ class GraphUnits(UnitConverter):
       g: the graph's index.
 
     Raises:
-      OgbFormatError: as `read_graph_property` (the whole data set fails, no rejects).
+      OgbFormatError: as `read_graph_property`, or the whole files disagree with the schema the launcher read
+        from their first rows (the whole data set fails, no rejects).
     """
     if self._read is None:
       features, graphs, split_of = read_graph_property(self._plan, self._feature_dtype)
-      self._read = features, dict(graphs), split_of
-    features, graphs, split_of = self._read
-    yield Record(split_of.get(g, UNASSIGNED), f"{g:012d}", features.encode(graphs[g]))
+      check_schema(self._features, features, self._plan)
+      self._read = dict(graphs), split_of
+    graphs, split_of = self._read
+    yield Record(split_of.get(g, UNASSIGNED), f"{g:012d}", self._features.encode(graphs[g]))
+
+
+def check_schema(planned: Features, found: Features, plan: GraphPlan) -> None:
+  """Refuses files whose whole contents give another schema than their first rows gave the launcher (a column
+  of integers that holds a fraction further down): the manifest would describe other bytes than the records.
+
+  Raises:
+    OgbFormatError: naming each file that disagrees and how.
+  """
+  files = {"node_feat": "node-feat.csv.gz", "edge_feat": "edge-feat.csv.gz", "label": "graph-label.csv.gz"}
+  for name, file in files.items():
+    a, b = (planned[name] if name in list(planned) else None), (found[name] if name in list(found) else None)
+    if a != b:
+      raise OgbFormatError(
+          f"{csv_path(csv_path(plan.root, 'raw'), file)}: its rows past the first {SCHEMA_ROWS} change the "
+          f"column type or width ({a.dtype if a else None} {a.shape if a else ''} from the first rows, "
+          f"{b.dtype if b else None} {b.shape if b else ''} from the whole file)")
+
+
+SCHEMA_ROWS = 1000  # the launcher types the columns from this many first rows; workers check the rest
 
 
 def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
@@ -213,7 +236,8 @@ def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
     if name not in raw_files:
       return None
     with open_input(csv_path(raw, name)) as f:
-      chunk = next(read_csv_chunks(f, csv_path(raw, name), "auto", None, 1000, nonfinite=plan.nonfinite(section)), None)
+      chunk = next(read_csv_chunks(f, csv_path(raw, name), "auto", None, SCHEMA_ROWS,
+                                   nonfinite=plan.nonfinite(section)), None)
     if chunk is None:
       check_rows(csv_path(raw, name), 0, expected, what, csv_path(raw, source))
       return np.zeros((0, 1))

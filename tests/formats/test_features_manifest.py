@@ -96,6 +96,10 @@ def test_tensor_kinds_round_trip():
   assert Features.from_json(feats.to_json()) == feats
   with pytest.raises(ValueError, match="dtype"):
     feats["volume"].encode_into("volume", vol.astype(np.float32))
+  with pytest.raises(ValueError, match="Tensor expects dtype int64, got float64"):  # not cut to 2
+    feats.encode({"volume": vol, "spacing": [1, 1, 1], "direction": np.eye(3), "num_slices": 2.5})
+  assert feats.decode(feats.encode({"volume": vol, "spacing": [1, 1, 1], "direction": np.eye(3),
+                                    "num_slices": np.uint8(2)}))["num_slices"] == 2
 
 
 def test_tensor_tfds_json():

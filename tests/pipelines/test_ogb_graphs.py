@@ -197,6 +197,26 @@ def test_node_id_out_of_range_names_the_line(data, tmp_path):
   assert not os.path.exists(tmp_path / "out" / "manifest.json")
 
 
+def test_a_column_typed_from_its_first_rows_that_changes_later_is_refused(data, tmp_path):
+  """The launcher types node-feat.csv.gz from its first 1000 rows (integers); a fraction further down makes the
+  whole column float, as OGB's reader would: the records must not be float bytes under an int64 schema."""
+  import gzip
+
+  folder = str(tmp_path / "ogbg_molhiv")
+  shutil.copytree(data["ogbg-molhiv"].folder, folder)
+  path = os.path.join(folder, "raw", "node-feat.csv.gz")
+  with gzip.open(path, "rt") as f:
+    lines = f.read().splitlines()
+  assert len(lines) > 1500 and "." not in "".join(lines)
+  lines[1500] = ",".join(["0.5"] + lines[1500].split(",")[1:])
+  with gzip.open(path, "wt") as f:
+    f.write("\n".join(lines) + "\n")
+  with pytest.raises(OgbFormatError, match=r"node-feat.csv.gz: its rows past the first 1000 change the column type "
+                                           r"or width \(int64 \(None, 9\) from the first rows, float32 \(None, 9\)"):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
 def test_pickled_code_in_a_split_is_refused_and_not_run(data, tmp_path):
   folder = str(tmp_path / "ogbl_collab")
   shutil.copytree(data["ogbl-collab"].folder, folder)
