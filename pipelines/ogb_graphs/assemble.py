@@ -7,6 +7,8 @@ splits and the section table, in the run's generation folder.
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Iterator
 import dataclasses
 import hashlib
@@ -101,12 +103,27 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error", 
       member = NpzMember(f, source.path, "edge_index")
       srcs = member.chunks(a, b, NPZ_EDGE_CHUNK, row=first)
       dsts = member.chunks(a, b, NPZ_EDGE_CHUNK, row=second)
-      for k, (src, dst) in enumerate(zip(srcs, dsts)):
-        at = a + k * NPZ_EDGE_CHUNK
-        src, dst = src.astype(np.int64), dst.astype(np.int64)
-        check_ids(src, source.num_rows, f"{source.path}:edge_index[{first}]", at, unit="element")
-        check_ids(dst, source.num_cols, f"{source.path}:edge_index[{second}]", at, unit="element")
-        yield at, src, dst, {}
+      # The edge-aligned members (edge_feat, edge_*: rows [E, ...], shapes checked at launch), each from its
+      # own handle, cut at the same rows.
+      with contextlib.ExitStack() as stack:
+        extras = [(section, path.split("#", 1)[1], NpzMember(stack.enter_context(opener(source.path)),
+                                                            source.path, path.split("#", 1)[1]))
+                  for section, path in source.extras]
+        extra_chunks = [m.chunks(a, b, NPZ_EDGE_CHUNK) for _, _, m in extras]
+        for k, (src, dst) in enumerate(zip(srcs, dsts)):
+          at = a + k * NPZ_EDGE_CHUNK
+          src, dst = src.astype(np.int64), dst.astype(np.int64)
+          check_ids(src, source.num_rows, f"{source.path}:edge_index[{first}]", at, unit="element")
+          check_ids(dst, source.num_cols, f"{source.path}:edge_index[{second}]", at, unit="element")
+          rows = {}
+          for (section, key, _), it in zip(extras, extra_chunks):
+            arr = next(it)
+            bad = first_nonfinite(arr, nonfinite)
+            if bad is not None:
+              raise OgbFormatError(f"{source.path}:{key}: row {at + bad}: non-finite value "
+                                   "(--allow_nonfinite=true keeps NaN/inf)")
+            rows[section] = arr
+          yield at, src, dst, rows
     return
   handles = [opener(source.path)] + [opener(p) for _, p in source.extras]
   try:
@@ -158,7 +175,8 @@ class _ReadEdgesFn(beam.DoFn):
       self._edges.inc(len(src))
       inputs.report()
       # As the section stores them (docs/graphbin.md): `edge/feat` as features, other edge files as OGB types them.
-      extras = {k: cast_like_ogb(v, "float" if k == "edge/feat" else "auto", self._feature_dtype) for k, v in extras.items()}
+      extras = {k: cast_like_ogb(v, "float" if k == "edge/feat" else "auto", self._feature_dtype,
+                                 dict(source.extras).get(k, source.path)) for k, v in extras.items()}
       pos = np.arange(first, first + len(src), dtype=np.int64)
       if self._plan.add_inverse:
         src, dst = interleave_inverse(src, dst)
@@ -315,7 +333,7 @@ def _node_array_chunks(unit: NodeUnit, feature_dtype: str, nonfinite: str, count
           raise OgbFormatError(f"{member.name}: row {a + bad}: non-finite value "
                                "(--allow_nonfinite=true keeps NaN/inf)")
         a += len(arr)
-        yield cast_like_ogb(arr, kind, feature_dtype)
+        yield cast_like_ogb(arr, kind, feature_dtype, member.name)
     return
   rows = 0
   with opener(path) as f:
@@ -323,7 +341,7 @@ def _node_array_chunks(unit: NodeUnit, feature_dtype: str, nonfinite: str, count
       rows += len(arr)
       if rows > n:
         check_rows(path, rows, n, "nodes", count_file)
-      yield cast_like_ogb(arr, kind, feature_dtype)
+      yield cast_like_ogb(arr, kind, feature_dtype, path)
   check_rows(path, rows, n, "nodes", count_file)
 
 

@@ -257,7 +257,11 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
     npz = csv_path(raw, "data.npz")
     with open_input(npz) as f:
       edge_index = NpzMember(f, npz, "edge_index")
-      n = _npz_count(NpzMember(f, npz, "num_nodes_list"))
+      num_nodes_list = NpzMember(f, npz, "num_nodes_list")
+      if num_nodes_list.shape != (1,):  # as the CSV layout: a node or link data set is one graph
+        raise OgbFormatError(f"{num_nodes_list.name}: shape {num_nodes_list.shape}: one graph expected in a "
+                             f"{task} data set")
+      n = _npz_count(num_nodes_list)
       num_edges_list = NpzMember(f, npz, "num_edges_list")
       if len(edge_index.shape) != 2 or edge_index.shape[0] != 2 or edge_index.dtype.kind not in "iu":
         raise OgbFormatError(f"{edge_index.name}: shape {edge_index.shape} of {edge_index.dtype}, "
@@ -268,11 +272,18 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
       deflated = edge_index.compressed
     # A stored edge_index is read in parallel ranges; a deflated one cannot be entered mid-way: one
     # source streams it, inflating it once (each range reader would inflate everything before its range).
-    chunk = max(e, 1) if deflated else NPZ_EDGE_RANGE
-    sources = tuple(EdgeSource("", csv_path(raw, "data.npz"), n, n, npz_range=(a, min(e, a + chunk)))
-                    for a in range(0, e, chunk))
-    with open_input(csv_path(raw, "data.npz")) as f:
+    with open_input(npz) as f:
       members = sorted(n[:-4] for n in zipfile.ZipFile(f).namelist())
+      # edge_feat and edge_* hold one row per edge, stored beside the edges as the CSV layout's edge files
+      edge_members = [k for k in members if k.startswith("edge_") and k != "edge_index"]
+      for k in edge_members:
+        m = NpzMember(f, npz, k)
+        deflated = deflated or m.compressed
+        if not m.shape or m.shape[0] != e:
+          raise OgbFormatError(f"{m.name}: shape {m.shape} for {e} edges (edge_index)")
+    extras = tuple((f"edge/{k[5:]}", f"{npz}#{k}") for k in edge_members)
+    chunk = max(e, 1) if deflated else NPZ_EDGE_RANGE
+    sources = tuple(EdgeSource("", npz, n, n, extras, npz_range=(a, min(e, a + chunk))) for a in range(0, e, chunk))
     node_files = [("node/feat", csv_path(raw, "data.npz") + "#node_feat", "float")] if "node_feat" in members else []
     node_files += [(f"node/{k[5:]}", csv_path(raw, "data.npz") + f"#{k}", "auto")
                    for k in members if k.startswith("node_") and k != "node_feat"]
@@ -338,6 +349,10 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
   num_nodes = {t: int(c) for t, c in sorted(zip(table[0], counts))}
   triplet_path = csv_path(raw, "triplet-type-list.csv.gz")
   triplets = [tuple(row) for row in read_small(triplet_path, "str", 3)]
+  if len(set(triplets)) != len(triplets):  # its edges would be stored twice
+    seen = set()
+    line = next(i for i, t in enumerate(triplets) if t in seen or seen.add(t))
+    raise OgbFormatError(f"{triplet_path}: line {line + 1}: repeated relation")
   sources, num_edges, part_size = [], {}, {}
   for h, r, t in sorted(triplets):
     rel = f"{h}___{r}___{t}"
@@ -371,7 +386,7 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
 
 
 
-def cast_like_ogb(arr: np.ndarray, kind: str, feature_dtype: str) -> np.ndarray:
+def cast_like_ogb(arr: np.ndarray, kind: str, feature_dtype: str, where: str) -> np.ndarray:
   """As OGB's readers type them: integer files int64, float files float32 (features:
   `feature_dtype`).
 
@@ -379,16 +394,28 @@ def cast_like_ogb(arr: np.ndarray, kind: str, feature_dtype: str) -> np.ndarray:
     arr: the values read; a 1-D array becomes one column.
     kind: the file's dtype kind, "float" for feature files (else "int" or "auto").
     feature_dtype: the dtype of float features (--feature_dtype).
+    where: the file the values come from, for the error.
 
   Returns:
     A 2-D int64, float32 or `feature_dtype` array.
+
+  Raises:
+    OgbFormatError: a finite value too large for the float dtype (it would be stored as inf).
   """
   arr = np.asarray(arr)
   if arr.ndim == 1:
     arr = arr[:, None]
-  if arr.dtype.kind == "f":
-    return arr.astype(feature_dtype if kind == "float" else np.float32)
-  return arr.astype(np.int64)
+  if arr.dtype.kind != "f":
+    return arr.astype(np.int64)
+  dtype = np.dtype(feature_dtype if kind == "float" else np.float32)
+  with np.errstate(over="ignore"):
+    out = arr.astype(dtype)
+  if arr.dtype != dtype and not np.isfinite(out).all():
+    overflow = np.flatnonzero((np.isfinite(arr) & ~np.isfinite(out)).any(axis=1))
+    if overflow.size:
+      raise OgbFormatError(f"{where}: a finite value too large for {dtype} (it would be stored as inf)"
+                           + (" (--feature_dtype=float32 holds larger ones)" if dtype == np.float16 else ""))
+  return out
 
 
 

@@ -78,9 +78,11 @@ def read_graph_property(plan: GraphPlan, feature_dtype: str):
   node_feat = read("node-feat.csv.gz", "auto", None, n_total, "nodes", node_list, "node/feat", optional=True)
   edge_feat = read("edge-feat.csv.gz", "auto", None, e_total, "edges", edge_list, "edge/feat", optional=True)
   label = read("graph-label.csv.gz", "auto", None, len(num_nodes), "graphs", node_list, "graph/label")
-  node_feat = None if node_feat is None else cast_like_ogb(node_feat, "float", feature_dtype)
-  edge_feat = None if edge_feat is None else cast_like_ogb(edge_feat, "float", feature_dtype)
-  label = cast_like_ogb(label, "auto", "float32")
+  node_feat = None if node_feat is None else cast_like_ogb(node_feat, "float", feature_dtype,
+                                                           csv_path(raw, "node-feat.csv.gz"))
+  edge_feat = None if edge_feat is None else cast_like_ogb(edge_feat, "float", feature_dtype,
+                                                           csv_path(raw, "edge-feat.csv.gz"))
+  label = cast_like_ogb(label, "auto", "float32", csv_path(raw, "graph-label.csv.gz"))
   split_of = split_of_graphs(plan, len(num_nodes))
   features = graph_features(node_feat, edge_feat, label)
   graphs = []
@@ -249,7 +251,9 @@ def graph_features_from_plan(plan: GraphPlan, feature_dtype: str) -> Features:
   label = first("graph-label.csv.gz", "graph/label", num_graphs, "graphs", "num-node-list.csv.gz")
   if label is None:
     raise OgbMissingFileError(f"{csv_path(raw, 'graph-label.csv.gz')}: missing file")
-  return graph_features(None if nf is None else cast_like_ogb(nf, "float", feature_dtype),
-                        None if ef is None else cast_like_ogb(ef, "float", feature_dtype), cast_like_ogb(label, "auto", "float32"))
+  return graph_features(
+      None if nf is None else cast_like_ogb(nf, "float", feature_dtype, csv_path(raw, "node-feat.csv.gz")),
+      None if ef is None else cast_like_ogb(ef, "float", feature_dtype, csv_path(raw, "edge-feat.csv.gz")),
+      cast_like_ogb(label, "auto", "float32", csv_path(raw, "graph-label.csv.gz")))
 
 

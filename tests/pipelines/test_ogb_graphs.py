@@ -131,6 +131,46 @@ def test_binary_matches_ogb_reader(data, outputs):
   np.testing.assert_array_equal(g.labels, t.node_label)  # NaN where unlabelled
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_binary_edge_members_are_stored_as_ogb_reads_them(data, tmp_path, compressed):
+  """data.npz's edge_feat and edge_* members (OGB's read_binary_graph_raw reads them) are edge sections, in CSR
+  order, never dropped; a member of another length is refused."""
+  folder = str(tmp_path / "ogbn_papers100M")
+  shutil.copytree(data["ogbn-papers100M"].folder, folder)
+  npz = os.path.join(folder, "raw", "data.npz")
+  arrays = dict(np.load(npz))
+  e = arrays["edge_index"].shape[1]
+  rng = np.random.default_rng(0)
+  arrays["edge_feat"] = rng.standard_normal((e, 3)).astype(np.float32)
+  arrays["edge_weight"] = rng.integers(0, 9, (e, 1))
+  (np.savez_compressed if compressed else np.savez)(npz, **arrays)
+  out = str(tmp_path / "out")
+  convert(folder, out, "--edges_per_partition=700")
+  g = lg.load(out)
+  ref = read_graph_raw.read_binary_graph_raw(os.path.join(folder, "raw"), False)[0]
+  _, _, order = _expected_csr(ref["edge_index"][0], ref["edge_index"][1], ref["num_nodes"])
+  np.testing.assert_array_equal(g.bin["edge/feat"], ref["edge_feat"][order])
+  np.testing.assert_array_equal(g.bin["edge/weight"], ref["edge_weight"][order])
+  arrays["edge_weight"] = arrays["edge_weight"][:-1]
+  np.savez(npz, **arrays)
+  with pytest.raises(OgbFormatError, match=rf"edge_weight: shape \({e - 1}, 1\) for {e} edges \(edge_index\)"):
+    convert(folder, str(tmp_path / "short"))
+
+
+def test_a_binary_node_data_set_of_several_graphs_is_refused(data, tmp_path):
+  folder = str(tmp_path / "ogbn_papers100M")
+  shutil.copytree(data["ogbn-papers100M"].folder, folder)
+  npz = os.path.join(folder, "raw", "data.npz")
+  arrays = dict(np.load(npz))
+  n, e = int(arrays["num_nodes_list"][0]), int(arrays["num_edges_list"][0])
+  arrays["num_nodes_list"] = np.array([n - 5, 5])
+  arrays["num_edges_list"] = np.array([e - 1, 1])
+  np.savez(npz, **arrays)
+  with pytest.raises(OgbFormatError, match=r"num_nodes_list: shape \(2,\): one graph expected in a node data set"):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
 @pytest.mark.parametrize("name", ["ogbg-molhiv", "ogbg-molpcba"])
 def test_graph_property_records_match_ogb_reader(data, outputs, name):
   t = data[name]
@@ -215,6 +255,38 @@ def test_a_column_typed_from_its_first_rows_that_changes_later_is_refused(data, 
                                            r"or width \(int64 \(None, 9\) from the first rows, float32 \(None, 9\)"):
     convert(folder, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def _edit_gz(path: str, edit) -> None:
+  import gzip
+
+  with gzip.open(path, "rt") as f:
+    lines = f.read().splitlines()
+  with gzip.open(path, "wt") as f:
+    f.write("\n".join(edit(lines)) + "\n")
+
+
+def test_a_repeated_relation_is_refused_not_stored_twice(data, tmp_path):
+  folder = str(tmp_path / "ogbn_mag")
+  shutil.copytree(data["ogbn-mag"].folder, folder)
+  _edit_gz(os.path.join(folder, "raw", "triplet-type-list.csv.gz"), lambda lines: lines + lines[:1])
+  with pytest.raises(OgbFormatError, match=r"triplet-type-list.csv.gz: line \d+: repeated relation$"):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_a_finite_feature_too_large_for_the_feature_dtype_is_refused(data, tmp_path):
+  """70000 is finite in the file and inf in float16: a value the file never held."""
+  folder = str(tmp_path / "ogbn_arxiv")
+  shutil.copytree(data["ogbn-arxiv"].folder, folder)
+  _edit_gz(os.path.join(folder, "raw", "node-feat.csv.gz"),
+           lambda lines: lines[:4] + [",".join(["70000.5"] + lines[4].split(",")[1:])] + lines[5:])
+  with pytest.raises(OgbFormatError, match=r"node-feat.csv.gz: a finite value too large for float16 \(it would be "
+                                           r"stored as inf\) \(--feature_dtype=float32 holds larger ones\)"):
+    convert(folder, str(tmp_path / "out"), "--feature_dtype=float16")
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+  convert(folder, str(tmp_path / "out32"))  # float32 holds it: the job runs
+  assert os.path.exists(tmp_path / "out32" / "manifest.json")
 
 
 def test_pickled_code_in_a_split_is_refused_and_not_run(data, tmp_path):
