@@ -33,7 +33,8 @@ from pipelines.ogb_graphs.pieces import Piece, PieceWriter, SectionParts, glue_a
 from pipelines.ogb_graphs.plan import (
     PIPELINE, EdgeSource, GraphPlan, cast_like_ogb, open_input, read_small, relation_types)
 from pipelines.ogb_graphs.read import (
-    NpzMember, OgbFormatError, check_ids, check_rows, first_nonfinite, load_pt_split, read_csv_chunks)
+    LINK_ID_ENTRIES, NpzMember, OgbFormatError, check_ids, check_rows, first_nonfinite, load_pt_split,
+    read_csv_chunks)
 from pipelines.ogb_graphs.reverse import reverse_relations
 
 PARTS_DIR = "_parts"
@@ -564,14 +565,18 @@ class _AssembleFn(beam.DoFn):
         arrays = load_pt_split(f, path)
       out = []
       for key, arr in sorted(arrays.items()):
-        arr = np.asarray(arr)
-        if arr.dtype.kind not in "iufb":
-          raise TypeError(f"section {prefix}/{key!r}: dtype {arr.dtype} is not numeric")
+        if key in LINK_ID_ENTRIES and self._plan.layout != "heterogeneous":  # ids of the one node type
+          check_ids(arr.reshape(len(arr), -1) if arr.ndim else arr.reshape(1), self._plan.num_nodes[""],
+                    f"{path}: entry {key!r}", 0, unit="row")
         data = glue_array(arr)
         dtype = np.dtype(arr.dtype).newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
         out.append(SectionParts(f"{prefix}/{key}", dtype.str, arr.shape, (data,)))
       return out
-    t = prefix.split("/")[2] if self._plan.layout == "heterogeneous" else ""
+    parts = prefix.split("/")  # split/<name>/[<node type>/]<part>
+    t = parts[2] if len(parts) == 4 else ""
+    if self._plan.task == "node" and t not in self._plan.num_nodes:
+      raise OgbFormatError(f"{path}: a node split of a heterogeneous data set is per node type "
+                           f"(split/{parts[1]}/<node type>/{parts[-1]}.csv.gz)")
     ids = read_small(path, "int", 1)[:, 0]
     check_ids(ids, self._plan.num_nodes[t] if self._plan.task == "node" else 2**62, path, 1)
     ids = ids.astype(np.int64)

@@ -196,18 +196,26 @@ def list_dir(path: str) -> tuple[list[str], list[str]]:
     return [], []
 
 
-def _splits(root: str, task: str, type_dirs: Sequence[str] = ("",)) -> list[tuple[str, str]]:
-  out = []
+def _splits(root: str, type_dirs: Sequence[str] = ()) -> list[tuple[str, str]]:
+  """(section prefix, file) of each split file: split/<name>/[<node type>/]{train,valid,test}.{csv.gz,pt}.
+
+  Raises:
+    OgbFormatError: two files of one split part (train.csv.gz beside train.pt): one section, two sources.
+  """
+  out = {}
   split_root = csv_path(root, "split")
   for split_name in list_dir(split_root)[0]:
-    for t in type_dirs:
+    for t in ("", *type_dirs):  # a heterogeneous link split (ogbl-biokg) holds its files in split/<name>/
       folder = fs.join(split_root, split_name, t) if t else fs.join(split_root, split_name)
       for f in list_dir(folder)[1]:
         stem = f.split(".")[0]
         if stem in ("train", "valid", "test") and (f.endswith(".csv.gz") or f.endswith(".pt")):
           prefix = "/".join(x for x in ("split", split_name, t, stem) if x)
-          out.append((prefix, fs.join(folder, f)))
-  return sorted(out)
+          if prefix in out:
+            raise OgbFormatError(f"{fs.join(folder, f)}: a second file for {prefix} (beside "
+                                 f"{out[prefix].rsplit('/', 1)[-1]})")
+          out[prefix] = fs.join(folder, f)
+  return sorted(out.items())
 
 
 def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int,
@@ -290,11 +298,11 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
     if "node-label.npz" in raw_files:
       node_files += [("node/label", csv_path(raw, "node-label.npz") + "#node_label", "auto")]
     return GraphPlan(root, name, "binary", task, add_inverse, {"": n}, {"": e}, tuple(node_files),
-                     tuple(_splits(root, task)), sources, {"": parts(n, e)}, f"{npz}:num_nodes_list")
+                     tuple(_splits(root)), sources, {"": parts(n, e)}, f"{npz}:num_nodes_list")
   node_list, edge_list, num_nodes, num_edges = read_graph_counts(raw)
   if task == "graph":
     return GraphPlan(root, name, "graphs", task, add_inverse, {"": int(num_nodes.sum())},
-                     {"": int(num_edges.sum())}, (), tuple(_splits(root, task)), (), {}, node_list)
+                     {"": int(num_edges.sum())}, (), tuple(_splits(root)), (), {}, node_list)
   if len(num_nodes) != 1:
     raise OgbFormatError(f"{node_list}: line 2: {len(num_nodes)} graphs in a {task} data set (one row expected)")
   n, e = int(num_nodes[0]), int(num_edges[0])
@@ -307,7 +315,7 @@ def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition
                  if f.startswith("node_") and f.endswith(".csv.gz")]
   source = EdgeSource("", csv_path(raw, "edge.csv.gz"), n, n, tuple(extras), num_edges=e, count_file=edge_list)
   return GraphPlan(root, name, "homogeneous", task, add_inverse, {"": n}, {"": e}, tuple(node_files),
-                   tuple(_splits(root, task)), (source,), {"": parts(n, e)}, node_list)
+                   tuple(_splits(root)), (source,), {"": parts(n, e)}, node_list)
 
 
 def nodes_per_partition(num_rows: int, num_edges: int, edges_per_partition: int) -> int:
@@ -381,7 +389,7 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
     if fs.exists(label):
       node_files.append((f"node/{t}/label", label, "auto"))
   return GraphPlan(root, name, "heterogeneous", task, add_inverse, num_nodes, num_edges, tuple(node_files),
-                   tuple(_splits(root, task, sorted(num_nodes))), tuple(sources), part_size, dict_path)
+                   tuple(_splits(root, sorted(num_nodes))), tuple(sources), part_size, dict_path)
 
 
 

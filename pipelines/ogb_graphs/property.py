@@ -122,7 +122,7 @@ def split_of_graphs(plan: GraphPlan, num_graphs: int) -> dict[int, str]:
     The split of each named graph.
 
   Raises:
-    OgbFormatError: a graph id out of range.
+    OgbFormatError: a graph id out of range, or named twice (in one split file or two).
   """
   split_of = {}
   for prefix, path in plan.split_files:
@@ -130,8 +130,11 @@ def split_of_graphs(plan: GraphPlan, num_graphs: int) -> dict[int, str]:
     bad = np.flatnonzero((ids < 0) | (ids >= num_graphs))
     if bad.size:
       raise OgbFormatError(f"{path}: line {int(bad[0]) + 1}: graph id outside [0, {num_graphs})")
-    for g in ids:
-      split_of[int(g)] = prefix.rsplit("/", 1)[1]
+    name = prefix.rsplit("/", 1)[1]
+    for line, g in enumerate(ids.tolist(), 1):
+      if g in split_of:  # a graph in two splits (or twice in one) would be one record of one of them
+        raise OgbFormatError(f"{path}: line {line}: graph {g} is already in split {split_of[g]!r}")
+      split_of[g] = name
   return split_of
 
 

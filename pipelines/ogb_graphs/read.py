@@ -598,9 +598,21 @@ def load_pt_split(fileobj: BinaryIO, name: str) -> dict[str, np.ndarray]:
   out = {}
   for key, value in obj.items():
     if isinstance(value, torch.Tensor):
-      out[str(key)] = value.numpy()
+      try:
+        arr = value.numpy()
+      except (TypeError, RuntimeError):  # bfloat16, a quantized or sparse tensor: nothing numpy holds
+        raise OgbFormatError(f"{name}: entry {key!r} is a {value.dtype} tensor, which numpy does not hold") from None
     elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
-      out[str(key)] = np.asarray(value)
+      arr = np.asarray(value)
     else:
       raise OgbFormatError(f"{name}: entry {key!r} is a {type(value).__name__}, not a tensor")
+    if arr.ndim > 2 or arr.dtype.kind not in "iufb":  # OGB's split entries are id lists and [E, k] id tables
+      raise OgbFormatError(f"{name}: entry {key!r}: {arr.ndim}-D {arr.dtype}, expected 1-D or 2-D numbers")
+    out[str(key)] = arr
   return out
+
+
+# Entries of a link split that hold node ids (ogbl-collab, -ddi, -ppa: edge, edge_neg; -citation2: source_node,
+# target_node, target_node_neg; -wikikg2 and -biokg: head, tail, head_neg, tail_neg).
+LINK_ID_ENTRIES = frozenset({"edge", "edge_neg", "source_node", "target_node", "target_node_neg", "head", "tail",
+                             "head_neg", "tail_neg"})

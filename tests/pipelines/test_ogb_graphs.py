@@ -289,6 +289,77 @@ def test_a_finite_feature_too_large_for_the_feature_dtype_is_refused(data, tmp_p
   assert os.path.exists(tmp_path / "out32" / "manifest.json")
 
 
+def _broken_split(kind: str, arrays: dict) -> dict:
+  import torch
+
+  if kind == "edge_id":
+    edge = arrays["edge"].clone()
+    edge[3, 1] = 10**6
+    return {**arrays, "edge": edge}
+  if kind == "negative_id":
+    return {**arrays, "edge_neg": arrays["edge_neg"] - 10**6}
+  if kind == "bfloat16":
+    return {**arrays, "weight": arrays["weight"].to(torch.bfloat16)}
+  return {**arrays, "edge": arrays["edge"].reshape(-1, 1, 2)}
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("edge_id", r"valid.pt: entry 'edge': row 3: node id outside \[0, 500\)"),
+    ("negative_id", r"valid.pt: entry 'edge_neg': row 0: node id outside"),
+    ("bfloat16", r"valid.pt: entry 'weight' is a torch.bfloat16 tensor, which numpy does not hold"),
+    ("3d", r"valid.pt: entry 'edge': 3-D int64, expected 1-D or 2-D numbers"),
+])
+def test_a_link_split_that_cannot_be_loaded_is_refused(data, tmp_path, kind, message):
+  """Node ids of a link split are checked at conversion: an output whose split names nodes the graph lacks
+  would pass every checksum and fail in training."""
+  import torch
+
+  folder = str(tmp_path / "ogbl_collab")
+  shutil.copytree(data["ogbl-collab"].folder, folder)
+  pt = os.path.join(folder, "split", "time", "valid.pt")
+  torch.save(_broken_split(kind, torch.load(pt, weights_only=True)), pt)
+  with pytest.raises(OgbFormatError, match=message):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_two_files_of_one_split_part_are_refused(data, tmp_path):
+  folder = str(tmp_path / "ogbn_arxiv")
+  shutil.copytree(data["ogbn-arxiv"].folder, folder)
+  import torch
+
+  split = os.path.join(folder, "split", "time")
+  torch.save({"edge": torch.zeros((2, 2), dtype=torch.int64)}, os.path.join(split, "train.pt"))  # loadable
+  with pytest.raises(OgbFormatError, match=r"split/time/train.pt: a second file for split/time/train \(beside "
+                                           r"train.csv.gz\)"):
+    convert(folder, str(tmp_path / "out"))
+
+
+def test_a_split_file_outside_a_node_type_folder_is_not_dropped(data, tmp_path):
+  """ogbn-mag's node splits are per node type (split/time/paper/); one in split/time/ itself is refused, as
+  the biokg layout of link splits there is read, not skipped."""
+  folder = str(tmp_path / "ogbn_mag")
+  shutil.copytree(data["ogbn-mag"].folder, folder)
+  split = os.path.join(folder, "split", "time")
+  shutil.copy(os.path.join(split, "paper", "train.csv.gz"), os.path.join(split, "train.csv.gz"))
+  with pytest.raises(OgbFormatError, match=r"split/time/train.csv.gz: a node split of a heterogeneous data set is "
+                                           r"per node type"):
+    convert(folder, str(tmp_path / "out"))
+
+
+def test_a_graph_in_two_splits_is_refused(data, tmp_path):
+  folder = str(tmp_path / "ogbg_molhiv")
+  shutil.copytree(data["ogbg-molhiv"].folder, folder)
+  split = os.path.join(folder, "split", "scaffold")
+  import gzip
+  with gzip.open(os.path.join(split, "train.csv.gz"), "rt") as f:
+    first = f.read().splitlines()[0]
+  _edit_gz(os.path.join(split, "valid.csv.gz"), lambda lines: lines + [first])
+  with pytest.raises(OgbFormatError, match=rf"valid.csv.gz: line \d+: graph {first} is already in split 'test'|"
+                                           rf"valid.csv.gz: line \d+: graph {first} is already in split 'train'"):
+    convert(folder, str(tmp_path / "out"))
+
+
 def test_pickled_code_in_a_split_is_refused_and_not_run(data, tmp_path):
   folder = str(tmp_path / "ogbl_collab")
   shutil.copytree(data["ogbl-collab"].folder, folder)
