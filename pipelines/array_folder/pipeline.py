@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -76,21 +77,26 @@ def load_array(data: bytes, config: ArrayFolderConfig) -> np.ndarray:
   """
   if not data.startswith(b"\x93NUMPY"):  # np.load would take other bytes for a pickle
     raise ValueError("not a .npy array")
+  # The header first, checked against the config before any array is made: a damaged header makes np.load
+  # raise what it likes (TokenError, TypeError), and one claiming terabytes would be allocated.
+  f = io.BytesIO(data)
   try:
-    arr = np.load(io.BytesIO(data), allow_pickle=False)
-  except ValueError as e:
-    if "allow_pickle" in str(e):
-      raise ValueError("holds Python objects (not allowed)") from None
-    raise ValueError("not a .npy array") from None
-  except (OSError, EOFError):
-    raise ValueError("not a .npy array") from None
-  if not isinstance(arr, np.ndarray):
-    raise ValueError("not a .npy array")
-  if arr.dtype != np.dtype(config.dtype):
-    raise ValueError(f"dtype {arr.dtype} is not --dtype {config.dtype}")
-  if arr.shape != config.shape:
-    raise ValueError(f"shape {arr.shape} is not --shape {config.shape}")
-  return arr
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+    shape, fortran, dtype = read(f)
+  except Exception:  # noqa: BLE001 (whatever the damaged header makes the parser raise)
+    raise ValueError("not a .npy array (malformed header)") from None
+  if dtype.hasobject:
+    raise ValueError("holds Python objects (not allowed)")
+  if dtype != np.dtype(config.dtype):
+    raise ValueError(f"dtype {dtype} is not --dtype {config.dtype}")
+  if tuple(shape) != config.shape:
+    raise ValueError(f"shape {tuple(shape)} is not --shape {config.shape}")
+  nbytes = math.prod(shape) * dtype.itemsize
+  if len(data) - f.tell() < nbytes:
+    raise ValueError("not a .npy array (truncated: fewer bytes than its header says)")
+  arr = np.frombuffer(data, dtype, count=math.prod(shape), offset=f.tell())
+  return np.array(arr.reshape(shape, order="F" if fortran else "C"), order="C")
 
 
 class _ArrayUnits(FileUnits):

@@ -123,7 +123,17 @@ def test_load_array_names_the_problem_not_the_values():
   assert load_array(_npy(np.array([7, 8], np.int32)), config).tolist() == [7, 8]
   for data, reason in [(b"", "not a .npy array"), (_npy(np.array([1.5, 2.5])), "dtype float64"),
                        (_npy(np.array([1, 2, 3], np.int32)), "shape (3,)"),
-                       (hashlib.sha256(b"x").digest(), "not a .npy array")]:
+                       (hashlib.sha256(b"x").digest(), "not a .npy array"),
+                       # a damaged header: np.load raised TokenError or TypeError, which stopped the job
+                       (_npy(np.array([7, 8], np.int32)).replace(b"'descr'", b"'des(r'"), "malformed header"),
+                       (_npy(np.array([7, 8], np.int32)).replace(b"(2,)", b"(2,,"), "malformed header"),
+                       (_npy(np.array([7, 8], np.int32)).replace(b"'<i4'", b"[1, 2]"), "malformed header"),
+                       # a header claiming 36 TiB is refused from the header, never allocated
+                       (_npy(np.array([7, 8], np.int32)).replace(b"(2,)", b"(9999999999999,)"),
+                        "shape (9999999999999,)"),
+                       (_npy(np.array([7, 8], np.int32))[:-1], "truncated")]:
     with pytest.raises(ValueError, match=re.escape(reason)) as e:
       load_array(data, config)
     assert "7" not in str(e.value)
+  fortran = np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3))
+  np.testing.assert_array_equal(load_array(_npy(fortran), ArrayFolderConfig(shape=(2, 3), dtype="int32")), fortran)
