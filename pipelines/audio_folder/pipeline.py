@@ -84,7 +84,7 @@ def read_clip(data: bytes, config: AudioFolderConfig) -> tuple[np.ndarray, int]:
     with wave.open(io.BytesIO(data)) as w:
       rate, channels, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
       frames = w.readframes(n)
-  except (wave.Error, EOFError) as e:
+  except (wave.Error, EOFError, RuntimeError) as e:  # RuntimeError: a chunk whose size runs past the file
     reason = str(e)
     raise ValueError("not a PCM WAV file" + (" (compressed or extensible format)" if "unknown format" in reason else "")
                      ) from None

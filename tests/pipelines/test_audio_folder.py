@@ -82,9 +82,16 @@ def test_float32_scales_every_pcm_width_to_minus_one_one(width, scale):
   np.testing.assert_allclose(samples[:, 0], values / scale)
 
 
+def _lying_fmt_size(data: bytes) -> bytes:
+  """The WAV with its fmt chunk claiming 16 MiB: Python's wave raises RuntimeError, not wave.Error."""
+  i = data.index(b"fmt ")
+  return data[:i + 4] + (0xFFFFFF).to_bytes(4, "little") + data[i + 8:]
+
+
 @pytest.mark.parametrize("data,config,reason", [
     (b"RIFF....WAVEjunk", CLIP, "not a PCM WAV file"),
     (b"not audio at all", CLIP, "not a PCM WAV file"),
+    (_lying_fmt_size(wav(np.zeros(800, np.int64))), CLIP, "not a PCM WAV file"),  # was a RuntimeError
     (wav(np.zeros(800, np.int64), rate=16000), CLIP, "sample rate 16000 Hz is not --sample_rate 8000"),
     (wav(np.zeros((800, 2), np.int64)), CLIP, "2 channels, not --channels 1"),
     (wav(np.zeros(800, np.int64), width=3), CLIP, "24-bit samples: --audio_dtype=int16 keeps 16-bit clips only"),
