@@ -92,10 +92,10 @@ def load_array(data: bytes, config: ArrayFolderConfig) -> np.ndarray:
     raise ValueError(f"dtype {dtype} is not --dtype {config.dtype}")
   if tuple(shape) != config.shape:
     raise ValueError(f"shape {tuple(shape)} is not --shape {config.shape}")
-  nbytes = math.prod(shape) * dtype.itemsize
-  if len(data) - f.tell() < nbytes:
+  count = math.prod(shape)
+  if len(data) - f.tell() < count * dtype.itemsize:
     raise ValueError("not a .npy array (truncated: fewer bytes than its header says)")
-  arr = np.frombuffer(data, dtype, count=math.prod(shape), offset=f.tell())
+  arr = np.frombuffer(data, dtype, count=count, offset=f.tell())
   return np.array(arr.reshape(shape, order="F" if fortran else "C"), order="C")
 
 

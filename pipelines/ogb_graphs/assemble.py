@@ -7,9 +7,8 @@ splits and the section table, in the run's generation folder.
 
 from __future__ import annotations
 
-import contextlib
-
 from collections.abc import Iterator
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -107,21 +106,20 @@ def _edge_chunks(source: EdgeSource, chunk_rows: int, nonfinite: str = "error", 
       # The edge-aligned members (edge_feat, edge_*: rows [E, ...], shapes checked at launch), each from its
       # own handle, cut at the same rows.
       with contextlib.ExitStack() as stack:
-        extras = [(section, path.split("#", 1)[1], NpzMember(stack.enter_context(opener(source.path)),
-                                                            source.path, path.split("#", 1)[1]))
+        extras = [(section, NpzMember(stack.enter_context(opener(source.path)), source.path, path.split("#", 1)[1]))
                   for section, path in source.extras]
-        extra_chunks = [m.chunks(a, b, NPZ_EDGE_CHUNK) for _, _, m in extras]
+        extra_chunks = [m.chunks(a, b, NPZ_EDGE_CHUNK) for _, m in extras]
         for k, (src, dst) in enumerate(zip(srcs, dsts)):
           at = a + k * NPZ_EDGE_CHUNK
           src, dst = src.astype(np.int64), dst.astype(np.int64)
           check_ids(src, source.num_rows, f"{source.path}:edge_index[{first}]", at, unit="element")
           check_ids(dst, source.num_cols, f"{source.path}:edge_index[{second}]", at, unit="element")
           rows = {}
-          for (section, key, _), it in zip(extras, extra_chunks):
+          for (section, m), it in zip(extras, extra_chunks):
             arr = next(it)
             bad = first_nonfinite(arr, nonfinite)
             if bad is not None:
-              raise OgbFormatError(f"{source.path}:{key}: row {at + bad}: non-finite value "
+              raise OgbFormatError(f"{m.name}: row {at + bad}: non-finite value "
                                    "(--allow_nonfinite=true keeps NaN/inf)")
             rows[section] = arr
           yield at, src, dst, rows

@@ -358,8 +358,7 @@ def _plan_hetero(root, name, task, add_inverse, info, parts) -> GraphPlan:
   triplet_path = csv_path(raw, "triplet-type-list.csv.gz")
   triplets = [tuple(row) for row in read_small(triplet_path, "str", 3)]
   if len(set(triplets)) != len(triplets):  # its edges would be stored twice
-    seen = set()
-    line = next(i for i, t in enumerate(triplets) if t in seen or seen.add(t))
+    line = next(i for i, t in enumerate(triplets) if t in triplets[:i])
     raise OgbFormatError(f"{triplet_path}: line {line + 1}: repeated relation")
   sources, num_edges, part_size = [], {}, {}
   for h, r, t in sorted(triplets):
@@ -418,11 +417,9 @@ def cast_like_ogb(arr: np.ndarray, kind: str, feature_dtype: str, where: str) ->
   dtype = np.dtype(feature_dtype if kind == "float" else np.float32)
   with np.errstate(over="ignore"):
     out = arr.astype(dtype)
-  if arr.dtype != dtype and not np.isfinite(out).all():
-    overflow = np.flatnonzero((np.isfinite(arr) & ~np.isfinite(out)).any(axis=1))
-    if overflow.size:
-      raise OgbFormatError(f"{where}: a finite value too large for {dtype} (it would be stored as inf)"
-                           + (" (--feature_dtype=float32 holds larger ones)" if dtype == np.float16 else ""))
+  if arr.dtype != dtype and (np.isfinite(arr) & ~np.isfinite(out)).any():
+    raise OgbFormatError(f"{where}: a finite value too large for {dtype} (it would be stored as inf)"
+                         + (" (--feature_dtype=float32 holds larger ones)" if dtype == np.float16 else ""))
   return out
 
 

@@ -206,7 +206,7 @@ def check_schema(planned: Features, found: Features, plan: GraphPlan) -> None:
   of integers that holds a fraction further down): the manifest would describe other bytes than the records.
 
   Raises:
-    OgbFormatError: naming each file that disagrees and how.
+    OgbFormatError: naming the first file that disagrees, and how.
   """
   files = {"node_feat": "node-feat.csv.gz", "edge_feat": "edge-feat.csv.gz", "label": "graph-label.csv.gz"}
   for name, file in files.items():
