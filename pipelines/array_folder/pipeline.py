@@ -137,8 +137,12 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
     Raises:
       UsageError: the input holds no split folders, or a split folder's name is not a valid split name.
     """
-    dirs, files = fs.list_dir(common.input)
-    splits = tuple(inputs.split_folder(d) for d in sorted(dirs) if inputs.printable(d) == d)
+    try:
+      dirs, files, others = inputs.scan_level(common.input, common.input, [])
+    except OSError as e:
+      raise UsageError(f"--input {inputs.printable(common.input)!r} cannot be listed "
+                       f"({inputs.unreadable_folder(e)})") from None
+    splits = tuple(inputs.split_folder(d) for d in dirs if inputs.printable(d) == d)
     if not splits:
       raise UsageError(f"--input {common.input!r} holds no split folders")
     strays = [*files, *(d for d in dirs if d not in splits)]
@@ -148,8 +152,9 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
         description=f"Arrays from {inputs.printable(common.input)}, converted by {PIPELINE}.",
         source={"pipeline": PIPELINE, "input": inputs.printable(common.input), "shape": list(config.shape),
                 "dtype": config.dtype, "seed": common.seed, "num_shards": common.num_shards},
-        launcher_rejects=tuple(Reject(inputs.printable(fs.join(common.input, n)), "not inside a split folder")
-                               for n in sorted(strays)))
+        launcher_rejects=(*(Reject(inputs.printable(fs.join(common.input, n)), "not inside a split folder")
+                            for n in sorted(strays)),
+                          *(Reject(inputs.printable(fs.join(common.input, n)), reason) for n, reason in others)))
 
   def sources(self, common: CommonConfig, config: ArrayFolderConfig, plan: OutputPlan) -> Sources:
     """See Converter.sources: every split folder, keyed by its split; each `.npy` file is a unit."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import wave
 
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -172,14 +173,26 @@ class AudioFolder(Converter, name=NAME, kind="tensors", options=AudioFolderOptio
     Raises:
       UsageError: no split folder holds a class folder, or a split folder's name is not a valid split name.
     """
-    dirs, files = fs.list_dir(common.input)
-    strays = [fs.join(common.input, n) for n in [*files, *(d for d in dirs if inputs.printable(d) != d)]]
+    root = common.input
+    try:
+      dirs, files, others = inputs.scan_level(root, root, [])
+    except OSError as e:
+      raise UsageError(f"--input {inputs.printable(root)!r} cannot be listed ({inputs.unreadable_folder(e)})") from None
+    strays = [fs.join(root, n) for n in [*files, *(d for d in dirs if inputs.printable(d) != d)]]
+    odd = [(fs.join(root, n), reason) for n, reason in others]
     classes = {}
-    for split in sorted(d for d in dirs if inputs.printable(d) == d):
+    splits = [d for d in dirs if inputs.printable(d) == d]
+    for split in splits:
       inputs.split_folder(split)
-      sub_dirs, sub_files = fs.list_dir(fs.join(common.input, split))
-      strays += [fs.join(common.input, split, n) for n in sub_files]
-      classes[split] = sorted(sub_dirs)
+      try:  # no two class folders of the whole input may overlap
+        sub_dirs, sub_files, sub_others = inputs.scan_level(
+            fs.join(root, split), root, [os.path.realpath(fs.join(root, d)) for d in dirs if d != split])
+      except OSError as e:
+        odd.append((fs.join(root, split), inputs.unreadable_folder(e)))
+        continue
+      strays += [fs.join(root, split, n) for n in sub_files]
+      odd += [(fs.join(root, split, n), reason) for n, reason in sub_others]
+      classes[split] = sub_dirs
     names = tuple(sorted({inputs.printable(c) for cs in classes.values() for c in cs}))
     if not names:
       raise UsageError(f"--input {common.input!r} holds no <split>/<class> folders")
@@ -193,7 +206,8 @@ class AudioFolder(Converter, name=NAME, kind="tensors", options=AudioFolderOptio
         source={"pipeline": PIPELINE, "input": inputs.printable(common.input), "sample_rate": config.sample_rate,
                 "clip_samples": config.clip_samples, "channels": config.channels, "dtype": config.dtype,
                 "fit": config.fit, "seed": common.seed, "num_shards": common.num_shards},
-        launcher_rejects=tuple(Reject(inputs.printable(s), "not inside a class folder") for s in sorted(strays)),
+        launcher_rejects=(*(Reject(inputs.printable(s), "not inside a class folder") for s in sorted(strays)),
+                          *(Reject(inputs.printable(p), reason) for p, reason in sorted(odd))),
         state=_Layout(classes, names))
 
   def sources(self, common: CommonConfig, config: AudioFolderConfig, plan: OutputPlan) -> Sources:

@@ -299,6 +299,53 @@ def _inside(path: str, folder: str) -> bool:
   return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def unreadable_folder(e: OSError) -> str:
+  """The reject reason of a folder that cannot be listed."""
+  return f"unreadable folder: {_os_reason(e)}"
+
+
+LINE_BREAK_NAME = "folder name holds a line break (names are one line in labels.txt)"
+
+
+def scan_level(folder: str, root: str, taken: list[str]) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+  """(folder names, file names, (name, reason) of other entries) directly in `folder`, one level of an input
+  whose folders become splits or classes, each sorted.
+
+  Locally a sub-folder is judged by where it leads: back to `folder`, `root`
+  or above either is a link loop; into a folder already `taken` (real paths of
+  the layout's folders so far, extended here: real folders before links) or
+  one that holds it, it lists files twice (under another label). Both are odd
+  entries, as are names whose escaped form collides and folder names with a
+  line break. On gs:// there are no links and every name is UTF-8.
+
+  Raises:
+    OSError: `folder` itself cannot be listed.
+  """
+  if is_gcs(folder):
+    dirs, files = fs.list_dir(folder)
+    return dirs, files, []
+  dirs, files, others = scan_dir(folder)
+  clashes = colliding([*dirs, *files])
+  others += [(n, COLLIDING_NAME) for n in sorted(clashes)]
+  files = [f for f in files if f not in clashes]
+  above = (os.path.realpath(folder), os.path.realpath(root))
+  kept = set()
+  for d in sorted(dirs, key=lambda d: os.path.islink(os.path.join(folder, d))):  # real folders first
+    real = os.path.realpath(os.path.join(folder, d))
+    if d in clashes:
+      continue
+    if "\n" in d:
+      others.append((d, LINE_BREAK_NAME))
+    elif any(_inside(a, real) for a in above):
+      others.append((d, "symbolic link loop"))
+    elif any(_inside(real, t) or _inside(t, real) for t in taken):
+      others.append((d, OTHER_PART_OF_INPUT))
+    else:
+      taken.append(real)
+      kept.add(d)
+  return [d for d in dirs if d in kept], files, sorted(others)
+
+
 def _list_local(root: str, input_root: str | None = None, max_files: int | None = None) -> Listing:
   """`input_root`: the whole input `root` is one part of; a link from `root` to a folder
   elsewhere in the input would list those files twice (under another label): a reject."""
@@ -315,7 +362,7 @@ def _list_local(root: str, input_root: str | None = None, max_files: int | None 
       with os.scandir(folder) as it:
         entries = sorted(it, key=lambda e: e.name)
     except OSError as e:
-      rejects.append((InputFile.of(folder), f"unreadable folder: {_os_reason(e)}"))
+      rejects.append((InputFile.of(folder), unreadable_folder(e)))
       continue
     below = []
     clashes = colliding([e.name for e in entries])

@@ -6,39 +6,10 @@ import os
 
 from formats.storage import files as fs
 from pipelines.core import inputs
+from pipelines.core.errors import UsageError
 from pipelines.core.records import Reject
 
 DEFAULT_SPLIT = "train"
-
-
-def _scan(folder: str, root: str, taken: list[str]) -> tuple[list[str], list[str], list[tuple[str, str]]]:
-  """(folder names, file names, (name, reason) of other entries) directly in `folder`.
-
-  Locally a sub-folder is judged by where it leads: back to `root` or above it
-  is a link loop; into a folder already `taken` (real paths of the layout's
-  folders so far, extended here) or one that holds it lists files twice (under
-  another label): both are odd entries, as are names whose escaped form collides.
-  """
-  if fs.is_gcs(folder):
-    dirs, files = fs.list_dir(folder)
-    return dirs, files, []
-  dirs, files, others = inputs.scan_dir(folder)
-  clashes = inputs.colliding([*dirs, *files])
-  others += [(n, inputs.COLLIDING_NAME) for n in sorted(clashes)]
-  files = [f for f in files if f not in clashes]
-  real_root, kept = os.path.realpath(root), []
-  for d in dirs:
-    if d in clashes:
-      continue
-    real = os.path.realpath(os.path.join(folder, d))
-    if real == real_root or real_root.startswith(real.rstrip(os.sep) + os.sep):
-      others.append((d, "symbolic link loop"))
-    elif any(real == t or real.startswith(t + os.sep) or t.startswith(real + os.sep) for t in taken):
-      others.append((d, inputs.OTHER_PART_OF_INPUT))
-    else:
-      taken.append(real)
-      kept.append(d)
-  return kept, files, sorted(others)
 
 
 class InputLayout:
@@ -50,12 +21,19 @@ class InputLayout:
 
   def __init__(self, root: str, layout: str):
     self.root = root
-    dirs, root_files, root_others = _scan(root, root, [])
-    below = {}
+    try:
+      dirs, root_files, root_others = inputs.scan_level(root, root, [])
+    except OSError as e:
+      raise UsageError(f"--input {inputs.printable(root)!r} cannot be listed ({inputs.unreadable_folder(e)})") from None
+    below, unreadable = {}, {}
     for d in dirs:  # each split's class folders: no two of the whole input may overlap
-      below[d] = _scan(fs.join(root, d), root, [os.path.realpath(fs.join(root, e)) for e in dirs if e != d])
+      try:
+        below[d] = inputs.scan_level(fs.join(root, d), root,
+                                     [os.path.realpath(fs.join(root, e)) for e in dirs if e != d])
+      except OSError as e:  # a class folder (its own listing rejects it) or an odd entry
+        unreadable[d] = inputs.unreadable_folder(e)
     if layout == "auto":
-      layout = "splits" if dirs and all(below[d][0] for d in dirs) else "classes"
+      layout = "splits" if below and all(classes for classes, _, _ in below.values()) else "classes"
     self.layout = layout
     self.class_dirs: dict[str, list[str]] = {}  # split -> class folder names
     self.stray_files = [fs.join(root, f) for f in root_files]
@@ -63,7 +41,8 @@ class InputLayout:
     if layout == "classes":
       self.class_dirs[DEFAULT_SPLIT] = dirs
     else:
-      for split in dirs:
+      self.odd_entries += [(fs.join(root, d), reason) for d, reason in unreadable.items()]
+      for split in below:
         classes, files, others = below[split]
         self.class_dirs[split] = classes
         self.stray_files += [fs.join(root, split, f) for f in files]
