@@ -20,6 +20,7 @@ from PIL import Image, ImageOps, TiffImagePlugin
 
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSING = range(2, 9)  # the orientations ImageOps.exif_transpose turns; 1 and unknown values need nothing
+_SWAPS_AXES = range(5, 9)  # transpose, rotate 90 and 270, transverse: the displayed image is the stored one on its side
 # Decompression bombs: images above this many pixels are refused from their header,
 # before any decoding (`ImageOptions.max_pixels`, the `--max_image_pixels` flag).
 MAX_IMAGE_SIDE = 16384  # --image_size sides: a 16384x16384 RGB record is already 805 MB
@@ -218,13 +219,16 @@ def convert_image(data: bytes, options: ImageOptions) -> Converted:
       if options.size is not None and fmt == "JPEG":
         # Let libjpeg decode at a reduced scale (never below 2x the target).
         h, w = options.size
+        if orientation in _SWAPS_AXES:  # the size is the displayed one, the draft scales the stored pixels
+          h, w = w, h
         im.draft("RGB", (2 * w, 2 * h))
       im.load()
   except BadImage:
     raise
   except Image.UnidentifiedImageError:
     raise BadImage(_unopenable_reason(data)) from None
-  except (OSError, SyntaxError, ValueError, EOFError, Warning) as e:
+  except Exception as e:  # noqa: BLE001 - Pillow's readers raise anything on damaged bytes (a TIFF's later
+    # page directory: TypeError, KeyError): the file is the problem, never a reason to stop the job
     raise BadImage(f"corrupt or truncated image: {type(e).__name__}") from None
   try:
     if im.getexif().get(_EXIF_ORIENTATION, 1) in _TRANSPOSING:  # else exif_transpose only copies the pixels

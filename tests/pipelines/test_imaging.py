@@ -46,6 +46,25 @@ def test_exif_orientation_is_applied():
   assert _decode(convert(data, ImageOptions())).shape == (40, 30, 3)
 
 
+@pytest.mark.parametrize("orientation,turn", [(6, Image.Transpose.ROTATE_90), (8, Image.Transpose.ROTATE_270),
+                                              (5, Image.Transpose.TRANSPOSE)])
+def test_a_turned_jpeg_is_decoded_at_its_displayed_size(orientation, turn):
+  """libjpeg's reduced decode was asked for the displayed size in the stored orientation: a tall stored image
+  shown wide, cut to a tall target, was decoded at 1/4 and upscaled 2x (a blurred image, no error)."""
+  rng = np.random.default_rng(0)
+  shown = Image.fromarray(rng.integers(0, 256, (400, 1600, 3), np.uint8))  # 1600 wide, 400 tall as displayed
+  exif = Image.Exif()
+  exif[0x0112] = orientation
+  stored = _encode(shown.transpose(turn), "JPEG", quality=95, exif=exif)
+  options = ImageOptions(size=(200, 50), encoding="raw")
+  reference = Image.open(io.BytesIO(stored))
+  reference = reference.transpose({6: Image.Transpose.ROTATE_270, 8: Image.Transpose.ROTATE_90,
+                                   5: Image.Transpose.TRANSPOSE}[orientation])  # displayed, decoded in full
+  expected = np.frombuffer(convert(_encode(reference, "PNG"), options), np.uint8).astype(int)
+  got = np.frombuffer(convert(stored, options), np.uint8).astype(int)
+  assert np.abs(got - expected).mean() < 4  # decoded in full, as the reference: 0 (at 1/4, upscaled: about 12)
+
+
 def test_resize_keeps_aspect_and_center_crops():
   im = Image.new("RGB", (300, 100), "red")
   im.paste(Image.new("RGB", (100, 100), "blue"), (100, 0))  # blue center third
@@ -153,6 +172,21 @@ def test_multi_frame_files_keep_the_first_frame_and_say_so(fmt, kw):
   single = convert_image(_pages(1, fmt), ImageOptions(size=(8, 10), encoding="raw"))
   assert single.num_frames == 1
   assert not single.multi_frame
+
+
+def test_a_damaged_later_page_is_a_reject_not_a_crash():
+  """Counting the frames of a TIFF reads every page directory: a second page without a width raised TypeError
+  ("Missing dimensions"), which stopped the whole job instead of rejecting the file."""
+  import struct
+
+  b = bytearray(_pages(2, "TIFF"))
+  first = struct.unpack_from("<I", b, 4)[0]
+  second = struct.unpack_from("<I", b, first + 2 + 12 * struct.unpack_from("<H", b, first)[0])[0]  # next IFD
+  for i in range(struct.unpack_from("<H", b, second)[0]):
+    if struct.unpack_from("<H", b, second + 2 + 12 * i)[0] == 256:  # ImageWidth -> a private tag
+      struct.pack_into("<H", b, second + 2 + 12 * i, 65000)
+  with pytest.raises(BadImage, match="^corrupt or truncated image: TypeError$"):
+    convert_image(bytes(b), ImageOptions())
 
 
 @pytest.mark.parametrize("tag,value,reason", [
