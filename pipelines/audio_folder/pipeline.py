@@ -52,7 +52,7 @@ class AudioFolderOptions(PipelineOptions):
     parser.add_argument("--channels", type=flags.integer(minimum=1, maximum=64), default=1,
                         help="Channels every clip must have.")
     parser.add_argument("--audio_dtype", choices=DTYPES, default="int16",
-                        help="int16 (16-bit PCM kept as is) or float32 (any PCM width, scaled to [-1, 1)).")
+                        help="int16 (16-bit PCM kept as is) or float32 (any PCM width, scaled to [-1, 1]).")
     parser.add_argument("--fit", choices=FITS, default="pad_or_crop",
                         help="pad_or_crop: zero-pad short clips, cut long ones; exact: reject clips of another length.")
 

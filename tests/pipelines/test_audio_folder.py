@@ -80,6 +80,7 @@ def test_float32_scales_every_pcm_width_to_minus_one_one(width, scale):
   values = np.array([-scale, -scale // 2, 0, scale // 2, scale - 1])
   samples, _ = read_clip(wav(values, width=width), AudioFolderConfig(RATE, 5, dtype="float32"))
   np.testing.assert_allclose(samples[:, 0], values / scale)
+  assert samples.min() == -1.0 and samples.max() == (1.0 if width == 4 else 1 - 1 / scale)  # 32-bit: [-1, 1]
 
 
 def _lying_fmt_size(data: bytes) -> bytes:
