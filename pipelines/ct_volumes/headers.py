@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import io
 import logging
+import re
 import struct
 import threading
 from typing import Any, BinaryIO
@@ -669,6 +670,13 @@ def _classic_slice(f: _FileFacts) -> SliceHeader:
       **f.common)
 
 
+def _stack_label(salt: str, stack_id) -> str:
+  """A StackID as the record key shows it: a number as it is ("1"), free text (a short string, which may hold
+  anything) as a salted hash, never in clear."""
+  text = str(stack_id).strip()
+  return text if re.fullmatch(r"[0-9]{1,9}", text) else "h" + salted_hash(salt, "stack", text)[:12]
+
+
 def _enhanced_slices(f: _FileFacts) -> list[SliceHeader]:
   """Enhanced / legacy-converted enhanced CT: geometry and rescale per frame, from the
   per-frame functional groups, else the shared ones."""
@@ -708,7 +716,7 @@ def _enhanced_slices(f: _FileFacts) -> list[SliceHeader]:
     temporal = _int(content, "TemporalPositionIndex") if content is not None else None
     stack = _element(content, "StackID") if content is not None else None
     acquisition = "/".join(x for x in (
-        f"stack={stack}" if stack is not None else "",
+        f"stack={_stack_label(f.salt, stack)}" if stack is not None else "",
         f"temporal={temporal}" if temporal is not None else "") if x)
     out.append(SliceHeader(
         path=f.path, frame=i, series_key=f.series_key(orientation, pixel_spacing), acquisition=acquisition,

@@ -78,6 +78,15 @@ class GraphPlan:
   allow_nonfinite: bool = False  # --allow_nonfinite
   edges_per_partition: int = 0  # --edges_per_partition (0: plans made without it size by `part_size` only)
 
+  def __post_init__(self):
+    """Refuses two files of one section (node-feat.csv.gz beside node_feat.csv.gz: both are node/feat)."""
+    for files in ([(f[0], f[1]) for f in self.node_files], *(list(s.extras) for s in self.edge_files)):
+      seen: dict[str, str] = {}
+      for section, path in files:
+        if section in seen:
+          raise OgbFormatError(f"{path}: a second file for {section} (beside {seen[section].rsplit('/', 1)[-1]})")
+        seen[section] = path
+
   def rows_per_partition(self, key: str) -> int:
     """Rows of one sort partition of the CSR `key` ("<relation>", or "csc:<relation>" for its CSC).
 

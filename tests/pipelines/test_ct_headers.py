@@ -5,6 +5,7 @@ test_ct_syntaxes.py do not already name). Files come from scripts/make_sample_ct
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pydicom
@@ -36,6 +37,23 @@ def enhanced(tmp_path_factory) -> ct.SeriesTruth:
   return ct.write_enhanced_series(str(tmp_path_factory.mktemp("enhanced")), patient_id=PATIENT, seed=2, rows=16,
                                   cols=12, num_frames=NUM, pixel_spacing=(0.6, 0.8), slice_spacing=1.5, slope=2.0,
                                   intercept=-1024.0, frame_order="shuffled")
+
+
+def test_a_stack_id_of_free_text_never_reaches_the_key_in_clear(enhanced, tmp_path):
+  """StackID is a short string: a number stays as it is ("stack=1"), text (here a name) is a salted hash,
+  the same for every frame that shares it."""
+  (path,) = enhanced.files
+  ds = pydicom.dcmread(path)
+  for i, item in enumerate(ds.PerFrameFunctionalGroupsSequence):
+    item.FrameContentSequence[0].StackID = "SMITH^JOHN" if i % 2 else "2"
+  edited = str(tmp_path / "edited.dcm")
+  ds.save_as(edited)
+  labels = [s.acquisition for s in _read(edited)]
+  text = {a for i, a in enumerate(labels) if i % 2}
+  assert {a for i, a in enumerate(labels) if not i % 2} == {"stack=2"} and len(text) == 1
+  (label,) = text
+  assert re.fullmatch(r"stack=h[0-9a-f]{12}", label) and "SMITH" not in label
+  assert {s.acquisition for s in _read(edited, salt="another salt")} - {"stack=2"} != text  # keyed by the salt
 
 
 def _expected_positions(t: ct.SeriesTruth, spacing: float) -> list[np.ndarray]:

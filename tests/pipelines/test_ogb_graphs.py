@@ -335,6 +335,21 @@ def test_two_files_of_one_split_part_are_refused(data, tmp_path):
     convert(folder, str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("dataset,spelled,as_written", [
+    ("ogbn-arxiv", "node-feat.csv.gz", "node_feat.csv.gz"),  # both are node/feat
+    ("ogbn-arxiv", "node-label.csv.gz", "node_label.csv.gz"),  # both are node/label
+])
+def test_two_files_of_one_section_are_refused(data, tmp_path, dataset, spelled, as_written):
+  """node_feat.csv.gz beside node-feat.csv.gz: two files for one section stopped the job with a
+  FileNotFoundError (one piece path written twice)."""
+  folder = str(tmp_path / dataset.replace("-", "_"))
+  shutil.copytree(data[dataset].folder, folder)
+  shutil.copy(os.path.join(folder, "raw", spelled), os.path.join(folder, "raw", as_written))
+  with pytest.raises(OgbFormatError, match=rf"raw/{as_written}: a second file for node/\w+ \(beside {spelled}\)"):
+    convert(folder, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
 def test_a_split_file_outside_a_node_type_folder_is_not_dropped(data, tmp_path):
   """ogbn-mag's node splits are per node type (split/time/paper/); one in split/time/ itself is refused, as
   the biokg layout of link splits there is read, not skipped."""
