@@ -19,7 +19,7 @@ import numpy as np
 from formats.storage import files as fs
 from pipelines.core.errors import UsageError
 from pipelines.ogb_graphs.read import (
-    NpzMember, OgbFormatError, OgbMissingFileError, check_rows, dataset_info, read_csv_all, to_int64)
+    NpzMember, OgbFormatError, OgbMissingFileError, check_ids, check_rows, dataset_info, read_csv_all, to_int64)
 
 PIPELINE = "pipelines.ogb_graphs"
 NPZ_EDGE_RANGE = 1 << 22  # edges per EdgeSource of a stored data.npz edge_index
@@ -247,7 +247,38 @@ def plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition:
     OgbFormatError: a count file or `.npz` header is malformed or inconsistent.
   """
   plan = _plan_graph(root, name, add_inverse_flag, edges_per_partition)
+  if plan.task == "node":
+    check_node_splits(plan)
   return dataclasses.replace(plan, allow_nonfinite=allow_nonfinite, edges_per_partition=edges_per_partition)
+
+
+def check_node_splits(plan: GraphPlan) -> None:
+  """Reads a node-property set's split files at launch (not at the end of the job) and refuses an id out of
+  range or a node named twice among the parts of one split (train, valid, test): in two parts a test node is
+  trained on, twice in one it is read twice an epoch. OGB's node splits are disjoint.
+
+  Raises:
+    OgbFormatError: the file and line of the bad id, or of a node's second mention and the part of its first.
+  """
+  by_split: dict[tuple[str, str], list[tuple[str, np.ndarray]]] = {}
+  for prefix, path in plan.split_files:
+    parts = prefix.split("/")  # split/<name>/[<node type>/]<part>
+    t = parts[2] if len(parts) == 4 else ""
+    if path.endswith(".csv.gz") and t in plan.num_nodes:  # else refused when the job reads it
+      ids = read_small(path, "int", 1)[:, 0]
+      check_ids(ids, plan.num_nodes[t], path, 1)
+      by_split.setdefault((parts[1], t), []).append((path, ids))
+  for files in by_split.values():
+    ids = np.concatenate([i for _, i in files])
+    starts = np.cumsum([0] + [len(i) for _, i in files])
+    order = np.argsort(ids, kind="stable")  # a repeated id: its mentions in file, then line order
+    repeats = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if repeats.size:
+      first, again = int(order[repeats[0]]), int(order[repeats[0] + 1])
+      (f, a) = (int(np.searchsorted(starts, k, "right")) - 1 for k in (first, again))
+      held = "earlier in this file" if f == a else f"in {files[f][0].rsplit('/', 1)[-1]}"
+      raise OgbFormatError(f"{files[a][0]}: line {again - starts[a] + 1}: node {int(ids[again])} is already "
+                           f"{held} (node splits must be disjoint)")
 
 
 def _plan_graph(root: str, name: str, add_inverse_flag: str, edges_per_partition: int) -> GraphPlan:

@@ -350,6 +350,30 @@ def test_two_files_of_one_section_are_refused(data, tmp_path, dataset, spelled, 
   assert not os.path.exists(tmp_path / "out" / "manifest.json")
 
 
+@pytest.mark.parametrize("dataset,folder,edit,message", [
+    ("ogbn-arxiv", "split/time", lambda train, test: (train, test + train[2:3]),
+     r"split/time/train.csv.gz: line 3: node \d+ is already in test.csv.gz"),  # a test node trained on
+    ("ogbn-arxiv", "split/time", lambda train, test: (train + train[:1], test),
+     r"split/time/train.csv.gz: line \d+: node \d+ is already earlier in this file"),
+    ("ogbn-mag", "split/time/paper", lambda train, test: (train, test + train[:1]),
+     r"split/time/paper/train.csv.gz: line 1: node \d+ is already in test.csv.gz"),
+])
+def test_a_node_in_two_parts_of_a_node_split_is_refused(data, tmp_path, dataset, folder, edit, message):
+  """OGB's node splits are disjoint: a node in train and test (or twice in train) was stored as it came. The
+  files are read in name order (test before train) and refused at launch, not at the end of the job."""
+  import gzip
+
+  root = str(tmp_path / dataset.replace("-", "_"))
+  shutil.copytree(data[dataset].folder, root)
+  split = os.path.join(root, *folder.split("/"))
+  train, test = (gzip.open(os.path.join(split, f"{p}.csv.gz"), "rt").read().splitlines() for p in ("train", "test"))
+  for part, lines in zip(("train", "test"), edit(train, test)):
+    _edit_gz(os.path.join(split, f"{part}.csv.gz"), lambda _, lines=lines: lines)
+  with pytest.raises(OgbFormatError, match=message + r" \(node splits must be disjoint\)$"):
+    convert(root, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "manifest.json")
+
+
 def test_a_split_file_outside_a_node_type_folder_is_not_dropped(data, tmp_path):
   """ogbn-mag's node splits are per node type (split/time/paper/); one in split/time/ itself is refused, as
   the biokg layout of link splits there is read, not skipped."""
