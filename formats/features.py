@@ -75,6 +75,24 @@ class _OneKey(_Spec):
     return (name,)
 
 
+def _one_bytes(value, what: str):
+  """The single bytes value of a decoded BytesList entry.
+
+  Raises:
+    ValueError: the entry is not a BytesList of exactly one value (a record that contradicts its schema).
+  """
+  if not isinstance(value, list) or len(value) != 1:
+    raise ValueError(f"{what}: {_form(value)}, expected one bytes value")
+  return value[0]
+
+
+def _form(value) -> str:
+  """How a decoded Example entry is stored, for a message (never its values)."""
+  if isinstance(value, list):
+    return f"{len(value)} bytes values"
+  return f"{np.size(value)} {'int64' if np.asarray(value).dtype.kind in 'iu' else 'float'} values"
+
+
 @dataclasses.dataclass(frozen=True)
 class Image(_OneKey):
   """An encoded image (JPEG/PNG bytes), TFDS `Image`. Shape entries may be None."""
@@ -94,8 +112,12 @@ class Image(_OneKey):
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> bytes:
-    """The encoded image bytes from their decoded Example entry `value`."""
-    return value[0]
+    """The encoded image bytes from their decoded Example entry `value`.
+
+    Raises:
+      ValueError: the entry is not one bytes value.
+    """
+    return _one_bytes(value, "Image")
 
   def to_json(self) -> dict:
     """See _Spec.to_json."""
@@ -183,14 +205,38 @@ class Tensor(_Spec):
     return {name: example_lib.bytes_feature(data)}
 
   def decode_from(self, name: str, raw) -> np.ndarray:
-    """See _Spec.decode_from: the array (a read-only view of the record's bytes for encoding="bytes")."""
+    """See _Spec.decode_from: the array (a read-only view of the record's bytes for encoding="bytes").
+
+    Raises:
+      ValueError: the stored entries contradict the spec: another list kind or count, a stored shape of
+        another rank or other fixed sides, or an integer the dtype cannot hold.
+    """
     if self.encoding == "none":
-      return np.asarray(raw[name]).astype(self.dtype).reshape(self.shape)
+      return self._decode_values(name, raw[name])
     if self.dynamic:
-      shape = tuple(int(d) for d in raw[f"{name}/shape"])
-      return np.frombuffer(raw[f"{name}/value"][0], dtype=self._le_dtype).reshape(shape)
+      stored = raw[f"{name}/shape"]
+      if isinstance(stored, list) or np.asarray(stored).dtype != np.int64 or len(stored) != len(self.shape):
+        raise ValueError(f"Tensor {name!r}: a stored shape of {_form(stored)}, expected {len(self.shape)} int64")
+      shape = tuple(int(d) for d in stored)
+      if any(a < 0 or (d is not None and d != a) for d, a in zip(self.shape, shape)):
+        raise ValueError(f"Tensor {name!r}: stored shape {shape}, expected {self.shape}")
+      return np.frombuffer(_one_bytes(raw[f"{name}/value"], f"Tensor {name!r}"), self._le_dtype).reshape(shape)
     shape = tuple(-1 if d is None else d for d in self.shape)
-    return np.frombuffer(raw[name][0], dtype=self._le_dtype).reshape(shape)
+    return np.frombuffer(_one_bytes(raw[name], f"Tensor {name!r}"), dtype=self._le_dtype).reshape(shape)
+
+  def _decode_values(self, name: str, value) -> np.ndarray:
+    """encoding="none": an int64 list for an integer dtype (each value in its range), a float list for a float."""
+    dt = np.dtype(self.dtype)
+    want = np.int64 if dt.kind in "iu" else np.float32
+    if isinstance(value, list) or np.asarray(value).dtype != want:
+      raise ValueError(f"Tensor {name!r}: {_form(value)}, expected {'int64' if want is np.int64 else 'float'} "
+                       f"values")
+    value = np.asarray(value)
+    if dt.kind in "iu" and value.size:
+      info = np.iinfo(dt)
+      if int(value.min()) < info.min or int(value.max()) > info.max:  # astype would wrap it
+        raise ValueError(f"Tensor {name!r}: a value outside {dt.name}'s range")
+    return value.astype(dt).reshape(self.shape)
 
   def keys(self, name: str) -> tuple[str, ...]:
     """See _Spec.keys: (name,), or (name/shape, name/value) for a dynamic shape."""
@@ -240,8 +286,17 @@ class ClassLabel(_OneKey):
     return example_lib.int64_feature([int(value)])
 
   def decode(self, value) -> int:
-    """The class id from its decoded Example entry `value`."""
-    return int(value[0])
+    """The class id from its decoded Example entry `value`.
+
+    Raises:
+      ValueError: the entry is not one int64 value, or the id is outside [0, num_classes).
+    """
+    if isinstance(value, list) or np.asarray(value).dtype != np.int64 or np.size(value) != 1:
+      raise ValueError(f"ClassLabel: {_form(value)}, expected one int64 value")
+    label = int(value[0])
+    if not 0 <= label < self.num_classes:
+      raise ValueError(f"label {label} is outside [0, {self.num_classes})")
+    return label
 
   def to_json(self) -> dict:
     """See _Spec.to_json."""
@@ -266,8 +321,12 @@ class Text(_OneKey):
     return example_lib.bytes_feature(value)
 
   def decode(self, value) -> str:
-    """The string from its decoded Example entry `value`."""
-    return bytes(value[0]).decode("utf-8")
+    """The string from its decoded Example entry `value`.
+
+    Raises:
+      ValueError: the entry is not one bytes value, or not UTF-8 (UnicodeDecodeError).
+    """
+    return bytes(_one_bytes(value, "Text")).decode("utf-8")
 
   def to_json(self) -> dict:
     """See _Spec.to_json."""

@@ -149,12 +149,14 @@ def _reader(name: str, spec, slots: dict[str, int], raw: bool = False) -> Reader
     except Exception as e:  # noqa: BLE001 - whatever decode_from raises, the record is bad
       raise _BadFeature(f"feature {name!r}: {_why(e)}") from None
 
-  # Shortcuts for the forms the pipelines write: the first value of a non-empty list of the kind they
-  # use, as decode_from would take it; any other form (a label in a FloatList, an empty list, ...) goes
-  # through decode_from itself. One closure for all four forms: no call per value beyond the reader's.
-  dtype, count, nbytes = None, 0, 0
+  # Shortcuts for the forms the pipelines write: the one value of a list of the kind they use, as
+  # decode_from would take it; any other form (a label in a FloatList, an empty list, two values, a label
+  # out of range, ...) goes through decode_from itself, which refuses it. One closure for all four forms: no
+  # call per value beyond the reader's.
+  dtype, count, nbytes, num_classes = None, 0, 0, 0
   if isinstance(spec, ClassLabel):
     want, form = INT64_LIST, "int"  # int(np.int64 array[0]), without the array
+    num_classes = spec.num_classes
   elif isinstance(spec, Image):
     want, form = BYTES_LIST, "view"  # the encoded image, a view of the record
   elif isinstance(spec, Text):
@@ -169,9 +171,9 @@ def _reader(name: str, spec, slots: dict[str, int], raw: bool = False) -> Reader
 
   def shortcut(data, found):
     kind, values = found[i]
-    if kind == want and values:
+    if kind == want and len(values) == 1:
       if form == "int":
-        return values[0]
+        return values[0] if 0 <= values[0] < num_classes else generic(data, found)  # generic says why
       a, b = values[0]
       if form == "view":
         return memoryview(data)[a:b]

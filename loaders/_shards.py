@@ -21,6 +21,7 @@ checked by array_record's reader (docs/loaders.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 import os
 import threading
 
@@ -179,6 +180,12 @@ class ShardedRecords:
 
   def __getitem__(self, index: int) -> dict:
     return self.get(index)
+
+  def __iter__(self) -> Iterator[dict]:
+    """Every record in order (an error reading one is raised, never taken for the end, as the sequence
+    protocol would take an IndexError)."""
+    for index in range(len(self)):
+      yield self.get(index)
 
   def get(self, index: int, copy: bool = True) -> dict:
     """Record `index` decoded, plus its `record_index`.

@@ -278,34 +278,59 @@ def test_an_image_that_does_not_decode_is_named(tmp_path):
     _fill_all(source, image_size=(8, 8))
 
 
-def test_odd_but_readable_forms_read_as_before(tmp_path):
-  """A label in a FloatList, an image with two values: Features.decode reads them; so does the filler."""
+@pytest.mark.parametrize("entries,why", [
+    ({"label": example.float_feature([2.0])}, r"feature 'label': ValueError: ClassLabel: 1 float values, expected "
+                                              r"one int64 value"),
+    ({"label": example.int64_feature([2, 1])}, r"feature 'label': .*2 int64 values"),
+    ({"label": example.int64_feature([3])}, r"feature 'label': ValueError: label 3 is outside \[0, 3\)"),
+    ({"label": example.int64_feature([-1])}, r"feature 'label': ValueError: label -1 is outside \[0, 3\)"),
+    ({"image": example.bytes_feature([b"\x00" * 360, b"second"])}, r"feature 'image': .*2 bytes values"),
+    ({"image": example.bytes_feature([])}, r"feature 'image': .*0 bytes values"),
+    ({"file_name": example.bytes_feature([])}, r"feature 'file_name': .*0 bytes values"),
+])
+def test_a_record_that_contradicts_its_schema_is_refused(tmp_path, entries, why):
+  """A label in a FloatList, two labels, a label past the class names, an image of two values or none: each
+  came back as data (the first value, a cut float, an id no class names; an empty list stopped a plain `for`
+  over the records as if the split had ended). TFDS's parser refuses them as well."""
   features, good = make_outputs.raw_images(np.random.default_rng(0), 8)
-  pixels = np.arange(360, dtype=np.uint8).tobytes()
-  odd = example.encode_example({"image": example.bytes_feature([pixels, b"second"]),
-                                "label": example.float_feature([2.0]), "file_name": example.bytes_feature("x")})
-  payloads = list(good)
-  payloads[3] = odd
-  payloads[5] = example.encode_example({"image": example.bytes_feature(pixels), "label": example.int64_feature([2, 1]),
-                                        "file_name": example.bytes_feature("y")})
-  source = ShardedRecords(write_output(str(tmp_path / "odd"), features, payloads, "image"))
-  options = ExampleOptions()
-  assert_same_batch(_fill_all(source), old_path(source, options, np.arange(len(source)), len(source), False))
-  assert _fill_all(source)["label"][3] == 2
-  assert _fill_all(source)["label"][5] == 2  # the first of two labels
+  fields = {"image": example.bytes_feature(b"\x00" * 360), "label": example.int64_feature([1]),
+            "file_name": example.bytes_feature("x"), **entries}
+  source, where = _one_bad_record(tmp_path, features, good, example.encode_example(fields))
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: {why}"):
+    _fill_all(source)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: "):  # the old path refuses it too
+    source.get(3)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: "):  # iterating raises, never ends early
+    list(source)
 
 
-def test_a_tensor_in_another_list_reads_as_before(tmp_path):
-  """A bytes Tensor written as an Int64List: decode_from views the int64's bytes; so does the filler."""
-  features = Features({"v": Tensor((), "int64"), "w": Tensor((2,), "uint8"), "label": ClassLabel(CLASSES)})
-  payloads = [features.encode({"v": np.int64(i), "w": np.array([i, 2 * i], np.uint8), "label": i % 3})
-              for i in range(6)]
-  payloads[4] = example.encode_example({"v": example.int64_feature([-7]), "w": example.bytes_feature(b"\x01\x02"),
-                                        "label": example.int64_feature([1])})
-  source = ShardedRecords(write_output(str(tmp_path / "t"), features, payloads, "tensors"))
-  got = _fill_all(source)
-  assert_same_batch(got, old_path(source, ExampleOptions(), np.arange(6), 6, False))
-  assert got["v"].tolist() == [0, 1, 2, 3, -7, 5]
+_FIXED = Features({"v": Tensor((), "int64"), "s": Tensor((), "uint8", encoding="none"), "label": ClassLabel(CLASSES)})
+_DYNAMIC = Features({"d": Tensor((None, None, 3), "uint8"), "label": ClassLabel(CLASSES)})
+
+
+@pytest.mark.parametrize("features,entries,why", [
+    (_FIXED, {"v": example.int64_feature([-7])}, r"feature 'v': .*1 int64 values, expected one bytes value"),
+    (_FIXED, {"s": example.int64_feature([300])}, r"feature 's': .*a value outside uint8's range"),  # was 44
+    (_FIXED, {"s": example.float_feature([3.0])}, r"feature 's': .*1 float values, expected int64 values"),
+    (_DYNAMIC, {"d/shape": example.int64_feature([4, 2])}, r"feature 'd': .*2 int64 values, expected 3 int64"),
+    (_DYNAMIC, {"d/shape": example.int64_feature([2, 2, 1])}, r"feature 'd': .*stored shape \(2, 2, 1\), "
+                                                              r"expected \(None, None, 3\)"),
+])
+def test_a_tensor_that_contradicts_its_spec_is_refused(tmp_path, features, entries, why):
+  """A bytes Tensor in an Int64List (its int64's bytes were viewed as the array), an integer the dtype cannot
+  hold (wrapped), a stored shape of another rank or other fixed sides (returned as stored)."""
+  good = {"v": np.int64(1), "s": np.uint8(1), "d": np.zeros((1, 2, 3), np.uint8), "label": 1}
+  payloads = [features.encode({k: good[k] for k in features}) for _ in range(8)]
+  fields = {"v": example.bytes_feature(np.int64(3).tobytes()), "s": example.int64_feature([3]),
+            "d/shape": example.int64_feature([1, 2, 3]), "d/value": example.bytes_feature(bytes(6)),
+            "label": example.int64_feature([1]), **entries}
+  bad = example.encode_example({k: v for k, v in fields.items() if k.split("/")[0] in features})
+  source, where = _one_bad_record(tmp_path, features, payloads, bad, kind="tensors")
+  if features is _FIXED:  # a dynamic shape is not batched: records one at a time
+    with pytest.raises(CorruptRecordError, match=rf"^{where}: {why}"):
+      _fill_all(source)
+  with pytest.raises(CorruptRecordError, match=rf"^{where}: .*{why.split(': ', 1)[1]}"):
+    source.get(3)
 
 
 def test_a_graph_over_its_budget_raises_the_transforms_error(tmp_path):
