@@ -537,6 +537,18 @@ _LINK_ID_KEYS = ("edge", "edge_neg")  # link-prediction split arrays that hold n
 _SCAN_ROWS = 1 << 22  # rows compared at a time by the monotonicity scan (bounds its temporary memory)
 
 
+def check_listed(gb: GraphBin, listed: Mapping[str, int] | None) -> None:
+  """Refuses a file whose node counts are not the ones its manifest's `graph` entry states (when it states them).
+
+  Raises:
+    GraphBinError: meta's num_nodes differ from `listed`.
+  """
+  found = gb.meta.get("num_nodes", {})
+  if listed is not None and dict(listed) != found:
+    raise GraphBinError(f"{gb.path}: section 'meta': num_nodes: expected {dict(listed)} (the manifest's graph), "
+                        f"found {found}")
+
+
 def check_graph(gb: GraphBin, values: bool = True) -> None:
   """Checks every shape and value range that `meta` and the sections imply (docs/graphbin.md's table).
 

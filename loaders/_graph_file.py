@@ -15,7 +15,7 @@ import numpy as np
 
 from formats.storage import files, gcs_download
 from formats.errors import CorruptRecordError, GraphBinError
-from formats.graphbin import HEADER, GraphBin, check_graph, parse_header, parse_table
+from formats.graphbin import HEADER, GraphBin, check_graph, check_listed, parse_header, parse_table
 from formats.outputs.integrity import Verify, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest
 from formats.outputs.output import DEFAULT_CACHE_ROOT, is_output, open_output
@@ -180,12 +180,8 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
 
 
 def _as_listed(graph: Graph, manifest: Manifest) -> Graph:
-  """`graph`, once its node counts are the ones the manifest's `graph` entry states (when it states them)."""
-  listed = (manifest.graph or {}).get("num_nodes")
-  found = graph.meta.get("num_nodes", {})
-  if listed is not None and listed != found:
-    raise GraphBinError(f"{graph.path}: section 'meta': num_nodes: expected {listed} (the manifest's graph), "
-                        f"found {found}")
+  """`graph`, once its node counts are the ones the manifest's `graph` entry states (check_listed)."""
+  check_listed(graph.bin, (manifest.graph or {}).get("num_nodes"))
   return graph
 
 

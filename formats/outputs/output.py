@@ -26,6 +26,7 @@ import collections
 from collections.abc import Callable, Iterator, Mapping
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import os
 import resource
@@ -38,7 +39,7 @@ from formats import adapters, kinds, naming
 from formats.storage import files, gcs_download
 from formats.errors import CorruptRecordError, NotAnOutputError
 from formats.features import Features
-from formats.graphbin import GraphBin
+from formats.graphbin import GraphBin, check_graph, check_listed
 from formats.outputs.integrity import Verify, check_local_file, remember_verified, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, ShardInfo, SplitInfo, sha256_file
 
@@ -589,16 +590,20 @@ def verify_shard(output: str, shard: ShardInfo, file_format: str, features: Feat
   return _verify_entry(output, shard, lambda local: _record_problems(local, shard, file_format, features))
 
 
-def verify_file(output: str, info: FileInfo) -> list[str]:
-  """Problems of a non-shard data file (a .graphbin): presence, size, SHA-256, section checksums.
+def verify_file(output: str, info: FileInfo, manifest: Manifest | None = None) -> list[str]:
+  """Problems of a non-shard data file (a .graphbin): presence, size, SHA-256, section checksums, and what the
+  loaders refuse (formats.graphbin.check_graph, and the node counts `manifest`'s graph entry states).
 
   Args:
     info: the file's manifest entry.
+    manifest: the output's manifest (None: the node counts are not compared).
 
   Returns:
     One line per problem; empty when the file matches the manifest.
   """
-  return _verify_entry(output, info, _graphbin_problems if info.kind == "graphbin" else None)
+  listed = ((manifest.graph if manifest is not None else None) or {}).get("num_nodes")
+  check = functools.partial(_graphbin_problems, listed=listed)
+  return _verify_entry(output, info, check if info.kind == "graphbin" else None)
 
 
 def _verify_entry(
@@ -642,10 +647,13 @@ def _record_problems(local: str, shard: ShardInfo, file_format: str, features: F
   return problems
 
 
-def _graphbin_problems(local: str) -> list[str]:
-  """Problems of a local .graphbin file: its header and section checksums."""
+def _graphbin_problems(local: str, listed: Mapping[str, int] | None) -> list[str]:
+  """Problems of a local .graphbin file: its header and section checksums, then the checks a loader makes
+  (a file whose CRCs are right can still contradict itself: an index past the node count)."""
   try:
-    GraphBin(local, verify=True)
+    gb = GraphBin(local, verify=True)
+    check_graph(gb)
+    check_listed(gb, listed)
   except ValueError as e:
     return [str(e)]
   return []
@@ -673,7 +681,7 @@ def verify(output: str, manifest: Manifest, out: TextIO | None = None) -> int:
         bad += 1
         print(f"BAD {shard.path}: {'; '.join(problems)}", file=out)
   for info in manifest.files:
-    problems = verify_file(output, info)
+    problems = verify_file(output, info, manifest)
     if problems:
       bad += 1
       print(f"BAD {info.path}: {'; '.join(problems)}", file=out)

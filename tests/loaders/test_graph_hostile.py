@@ -7,6 +7,7 @@ section and both numbers, before a sampler, the compiled kernel or a feature gat
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 from formats.errors import GraphBinError
 from formats.graphbin import GraphBinWriter
 from formats.manifest import MANIFEST_FILENAME
+from formats.outputs import inspect, output as output_lib
 from loaders import graph as lg
 from loaders import load_graph
 from pipelines import ogb_graphs
@@ -304,6 +306,25 @@ def test_every_layout_the_converter_writes_passes_the_checks(tmp_path, name, wri
   out = _convert(tmp_path, name, write, *flags, **kw)
   graph = lg.load(out)
   assert graph.num_nodes == sum(json.load(open(os.path.join(out, MANIFEST_FILENAME)))["graph"]["num_nodes"].values())
+
+
+def test_verify_finds_what_the_loader_refuses(tmp_path):
+  """`inspect --verify` checked only the CRCs and the SHA-256: a file whose checksums match (the writer made
+  them) but whose indices pass the node count, or whose node counts are not the manifest's, was 'OK'."""
+  summary = {"layout": "homogeneous", "task": "node", "num_nodes": {"": N}, "num_edges": {"": 2 * N}}
+  bad = np.where(np.arange(2 * N) == 7, N, _INDICES).astype(np.int32)
+  for name, overrides, listed, message in [
+      ("indices", {"indices": bad}, N, r"section 'indices': indices outside \[0, 10\)"),
+      ("counts", {}, 121, r"num_nodes: expected \{'': 121\} \(the manifest's graph\)")]:
+    out = make_outputs.write_graph(str(tmp_path / name), lambda w, o=overrides: _fill(
+        w, _homogeneous_sections(), _homogeneous_meta(), o), graph={**summary, "num_nodes": {"": listed}})
+    report = io.StringIO()
+    assert output_lib.verify(out, output_lib.load_manifest(out), report) == 1
+    assert re.search(message, report.getvalue()) and "verify: 0/1 files OK" in report.getvalue()
+    assert inspect.main([out, "--verify"]) != 0
+  good = make_outputs.write_graph(str(tmp_path / "good"), lambda w: _fill(w, _homogeneous_sections(),
+                                                                          _homogeneous_meta()), graph=summary)
+  assert inspect.main([good, "--verify"]) == 0
 
 
 def test_a_manifest_whose_node_counts_differ_from_the_file_is_refused(tmp_path):
