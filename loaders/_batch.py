@@ -586,8 +586,8 @@ class BatchFiller:
     if self._patches is not None and n:
       return self._patches.fill(indices, rngs if self.needs_rng else lambda j: None, self._batch_size,
                                 self._with_mask, self._whole)
-    if self._plan is None or n == 0:
-      return self._generic(indices, rngs)
+    if self._plan is None:
+      return self._generic(indices, rngs) if n else self._padding()
     plan, source, size = self._plan, self._source, self._batch_size
     finder = plan.finder
     batch = {key: aligned_empty((size, *shape), dtype) for key, (shape, dtype) in plan.layout.items()}
@@ -607,6 +607,14 @@ class BatchFiller:
     if self._with_mask:
       batch["mask"] = _mask(size, n)
     return batch
+
+  def _padding(self) -> dict:
+    """A batch of padding only (a host's share of the last global step can be empty): the keys, shapes and
+    dtypes of every other batch, from record 0's example, all zeros, `mask` all False."""
+    if not len(self._source):
+      raise ValueError("an empty split has no batch to pad")
+    example = self._whole(0, np.random.default_rng(0) if self.needs_rng else None)
+    return {k: np.zeros_like(v) for k, v in fill_batch([example], self._batch_size, self._with_mask).items()}
 
   def _generic(self, indices: Sequence[int], rngs: Callable[[int], np.random.Generator | None]) -> dict:
     """Decode, transform, copy: fill_batch over the transform's examples."""
