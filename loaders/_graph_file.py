@@ -16,7 +16,7 @@ import numpy as np
 from formats.storage import files, gcs_download
 from formats.errors import CorruptRecordError, GraphBinError
 from formats.graphbin import HEADER, GraphBin, check_graph, check_listed, parse_header, parse_table
-from formats.outputs.integrity import Verify, verify_level
+from formats.outputs.integrity import Verify, check_local_file, remember_verified, verify_level
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest
 from formats.outputs.output import DEFAULT_CACHE_ROOT, is_output, open_output
 
@@ -167,13 +167,26 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
     return _as_listed(graph, output.manifest)
   src = output.shard_path(info)
   local = files.cache_path(src, info.sha256, cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "graphs"))
-  # The cached copy was proven when it was downloaded (its digest and every section's CRC) and is trusted since.
+  # The cached copy was proven when it was downloaded (its digest and every section's CRC). The cache outlives
+  # processes: the copy is checked at level `verify` like a local file (by default hashed once per process), and
+  # one damaged or cut since its download is fetched again (as Output.local_copy does for shards).
   verified, sections_verified = local + ".verified", local + ".sections-verified"
-  if not (os.path.exists(verified) and os.path.exists(local)):
-    _download(src, info, local, options)
-    open(sections_verified, "w").close()
-    open(verified, "w").close()
-  elif not os.path.exists(sections_verified):  # a cached copy whose sections are unchecked: checked once, here
+  for attempt in (1, 2):
+    if not (os.path.exists(verified) and os.path.exists(local)):
+      _download(src, info, local, options)
+      open(sections_verified, "w").close()
+      open(verified, "w").close()
+      remember_verified(local, info.sha256)  # every byte was hashed as it arrived: not again in this process
+    try:
+      check_local_file(local, info.num_bytes, info.sha256, level)
+      break
+    except (CorruptRecordError, FileNotFoundError):
+      if attempt == 2:
+        raise
+      for stale in (verified, sections_verified, local):
+        if os.path.exists(stale):
+          os.remove(stale)
+  if not os.path.exists(sections_verified):  # a cached copy whose sections are unchecked: checked once, here
     Graph(local, verify=True)
     open(sections_verified, "w").close()
   return _as_listed(Graph(local, verify=False), output.manifest)

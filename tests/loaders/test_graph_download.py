@@ -383,6 +383,24 @@ def test_an_unstamped_file_in_the_cache_is_not_trusted(remote, graph_output, tmp
 
 @pytest.mark.gcs
 @pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flip", "cut"])
+def test_a_cached_copy_damaged_since_its_download_is_fetched_again(remote, graph_output, tmp_path, damage):
+  """The stamped copy was trusted forever: a byte changed in the cache came back as data, a cut copy failed
+  every later load. It is checked like a local file (verify="sha256": hashed once per process) and fetched
+  again when it differs."""
+  gs, name, proxy = remote
+  cache = str(tmp_path / "cache")
+  path = lg.load(gs, cache_dir=cache, **OPTS).path
+  if damage == "flip":
+    flip_byte(path, os.path.getsize(path) // 2)
+  else:
+    os.truncate(path, os.path.getsize(path) - 100)
+  with open(lg.load(gs, cache_dir=cache, **OPTS).path, "rb") as f:
+    assert f.read() == _original(graph_output)
+
+
+@pytest.mark.gcs
+@pytest.mark.slow
 def test_two_loads_at_once_share_one_download(remote, graph_output, tmp_path, monkeypatch):
   """Two loaders of one graph into one cache (threads here: each opens the partial file itself, so the
   lock between them is the one between processes): the second waits, then uses the first's verified copy."""
