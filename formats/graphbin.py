@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -487,6 +488,13 @@ class GraphBin:
     if not isinstance(meta, dict):
       raise GraphBinError(f"{self.path}: section {META!r}: expected a JSON object, found {type(meta).__name__}")
     return meta
+
+  def fingerprint(self) -> str:
+    """The SHA-256 of the header and the section table (every section's name, place, shape and CRC32C): what
+    tells one file's contents from another's without reading them, for a file no manifest lists."""
+    h = self.header
+    return hashlib.sha256(bytes(self._mm[:HEADER.size]) +
+                          bytes(self._mm[h.table_offset:h.table_offset + h.table_nbytes])).hexdigest()
 
   def verify(self, names: Iterable[str] | None = None) -> None:
     """Checks the CRC32C of sections (all by default); raises GraphBinError naming the bad one.

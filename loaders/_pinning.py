@@ -290,6 +290,11 @@ class StateGuard:
     saved = DataIdentity.from_state(saved)
     if self.identity.same_data(saved):
       return inner
+    if saved.manifest_sha256 is None and saved.file_sha256 is None and self.identity.manifest_sha256 is None:
+      warnings.warn(f"a state saved on a bare .graphbin by an earlier release names no digest of it: resuming at "
+                    f"{inner} of {self.identity} without checking that it is the graph it was saved on; a state "
+                    f"saved from now on is checked", UnverifiedStateWarning, stacklevel=3)
+      return inner
     if self.on_new_data == "error":
       raise StateMismatchError(
           f"the state was saved on {saved.generation or 'no generation'} ({saved}) but this loader reads "

@@ -79,7 +79,7 @@ def load(path: str, cache_dir: str | None = None, verify: Verify = "sha256", *, 
     file_name = os.path.basename(path)
     if not files.is_gcs(path) and not is_output(folder):  # a bare .graphbin: nothing to pin
       graph = _graph_file.load(path, cache_dir, verify, streams=streams, chunk_bytes=chunk_bytes, progress=progress)
-      graph.pin, graph.identity = None, DataIdentity(path, None, None, None)
+      graph.pin, graph.identity = None, bare_identity(graph)
       return graph
   for _ in range(PIN_ATTEMPTS):
     pin = pin_output(folder, lease=lease, purpose="loaders.graph")
@@ -102,10 +102,18 @@ def _local_path(output: Output, info, cache_dir: str | None) -> str:
   return files.cache_path(src, info.sha256, cache_dir or os.path.join(DEFAULT_CACHE_ROOT, "graphs"))
 
 
+def bare_identity(graph: Graph) -> DataIdentity:
+  """The identity of a graph no manifest lists (a bare .graphbin, or a Graph opened directly): its file's
+  fingerprint (formats.graphbin.GraphBin.fingerprint) stands in for the manifest's digest, so that a state
+  saved on it is refused on another graph at that path."""
+  return DataIdentity(graph.path, None, None, None, os.path.basename(graph.path),
+                      "sections:" + graph.bin.fingerprint())
+
+
 def sampler_identity(sampler: Sampler) -> DataIdentity:
   """The data a sampler's batches come from: its graph's identity (`load`) and its seeds (`sampler.split`)."""
   graph = sampler.graph
-  base = getattr(graph, "identity", None) or DataIdentity(graph.path, None, None, None)
+  base = getattr(graph, "identity", None) or bare_identity(graph)
   return dataclasses.replace(base, split=sampler.split)
 
 
