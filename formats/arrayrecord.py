@@ -60,7 +60,39 @@ def open_reader(path: str, random_access: bool = True):
     array_record's reader; the caller closes it.
   """
   options = RANDOM_ACCESS_READER_OPTIONS if random_access else ""
-  return array_record_module.ArrayRecordReader(path, options)
+  return open_checked(path, options, path)
+
+
+def open_checked(path: str, options: str, what: str):
+  """array_record's reader over `path`, refused when it opens failed.
+
+  A damaged file (a cut tail, a footer whose hash does not match) does not
+  make the C++ constructor raise: the reader opens with ok() False and 0
+  records, and raises its reason only on close() (measured with array_record
+  0.8.6), so the file would look empty. Here it is a CorruptRecordError.
+
+  Args:
+    path: a local file.
+    options: the reader's options string.
+    what: how the message names the file.
+
+  Raises:
+    CorruptRecordError: the reader refuses the file; the message gives its reason.
+  """
+  try:
+    reader = array_record_module.ArrayRecordReader(path, options)
+  except OSError:
+    raise
+  except Exception as e:  # the C++ reader's own error
+    raise CorruptRecordError(f"{what}: the ArrayRecord reader refuses the file: {type(e).__name__}: {e}") from None
+  if reader.ok():
+    return reader
+  try:
+    reader.close()
+    reason = "failed without a reason"
+  except Exception as e:  # the C++ reader's own error
+    reason = f"{type(e).__name__}: {e}"
+  raise CorruptRecordError(f"{what}: the ArrayRecord reader refuses the file: {reason}")
 
 
 def read_file(path: str, batch: int = 1024) -> Iterator[bytes]:

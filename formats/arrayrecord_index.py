@@ -47,11 +47,10 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
-from array_record.python import array_record_module
 
 from formats import protowire
 from formats._closing import Closing
-from formats.arrayrecord import RANDOM_ACCESS_READER_OPTIONS
+from formats.arrayrecord import RANDOM_ACCESS_READER_OPTIONS, open_checked
 from formats.errors import CorruptRecordError, WireFormatError
 
 __all__ = ["BLOCK_HEADER_SIZE", "BLOCK_SIZE", "CHUNK_HEADER_SIZE", "SIMPLE_CHUNK", "ChunkHeader", "ReadRange",
@@ -230,7 +229,7 @@ class VerifiedRecordReader(Closing):
       needs sparse files.
 
   Raises:
-    CorruptRecordError: the C++ reader rejects the tail (a hash mismatch) or
+    CorruptRecordError: the C++ reader refuses the tail (a hash mismatch) or
       counts other records than the index.
   """
 
@@ -245,24 +244,12 @@ class VerifiedRecordReader(Closing):
       os.ftruncate(self._fd, index.size)
       self._block = os.fstat(self._fd).st_blksize
       self._write_tail()
-      try:
-        self._reader = array_record_module.ArrayRecordReader(path, RANDOM_ACCESS_READER_OPTIONS)
-      except Exception as e:  # the C++ reader's own error
-        raise CorruptRecordError(f"{index.name}: the C++ reader rejects the tail: {type(e).__name__}: {e}") from None
+      self._reader = open_checked(path, RANDOM_ACCESS_READER_OPTIONS, f"{index.name} (its tail)")
     except BaseException:
       self.close()
       raise
     finally:
       os.unlink(path)  # both handles stay open; nothing is left behind
-    if not self._reader.ok():  # a damaged tail does not raise: the reader opens failed, and says why on close
-      reader, self._reader = self._reader, None
-      try:
-        reader.close()
-        reason = "failed without a reason"
-      except Exception as e:  # the C++ reader's own error
-        reason = f"{type(e).__name__}: {e}"
-      self.close()
-      raise CorruptRecordError(f"{index.name}: the C++ reader rejects the tail: {reason}")
     if self._reader.num_records() != index.num_records:
       n = self._reader.num_records()
       self.close()
@@ -587,6 +574,8 @@ def _uint(fields: dict[int, int | bytes], number: int, what: str) -> int:
   value = fields.get(number)
   if not isinstance(value, int):
     raise CorruptRecordError(f"{what}: field {number} is {'missing' if value is None else 'not a varint'}")
+  if value >= 2**63:  # no offset or count of a file comes near; an int64 array could not hold it
+    raise CorruptRecordError(f"{what}: field {number} is {value}, beyond any file")
   return value
 
 

@@ -252,7 +252,7 @@ def _flip_outcomes(shard: Shard, positions) -> dict[str, int]:
     if not covered:  # padding the C++ reader does not look at either
       outcomes["unread"] += 1
       continue
-    with pytest.raises(CorruptRecordError, match="C\\+\\+ reader rejects the tail"):
+    with pytest.raises(CorruptRecordError, match=r"\(its tail\): the ArrayRecord reader refuses the file"):
       ai.record_ranges(read_range, size)
     outcomes["refused by the C++ hash check"] += 1
   return outcomes
@@ -359,3 +359,10 @@ def test_a_malformed_record_size_varint_is_named():
   chunk = ai._Chunk(0, 64, ai._SIMPLE, 1, 0, b"\x00\x80", b"")  # uncompressed, sizes_len cut short
   with pytest.raises(CorruptRecordError, match=r"^footer: a varint runs past its bytes or over 64 bits$"):
     ai._simple_records(chunk, "footer")
+
+
+def test_a_footer_number_past_int64_is_named_not_an_overflow():
+  """A chunk count of 2**63 (a valid varint) raised OverflowError storing it in the int64 index."""
+  assert ai._uint({3: 2**63 - 1}, 3, "footer") == 2**63 - 1
+  with pytest.raises(CorruptRecordError, match=r"^footer: field 3 is 9223372036854775808, beyond any file$"):
+    ai._uint({3: 2**63}, 3, "footer")

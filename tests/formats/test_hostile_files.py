@@ -19,6 +19,8 @@ import sys
 import numpy as np
 import pytest
 
+from formats import arrayrecord
+from formats.errors import CorruptRecordError
 from formats.outputs import commit, inspect
 from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.manifest import MANIFEST_FILENAME, FileInfo, Manifest, Rejected, ShardInfo, SplitInfo
@@ -332,3 +334,26 @@ def test_the_graph_loader_refuses_a_graph_file_outside_the_output(tmp_path):
   json.dump(m, open(path, "w"))
   with pytest.raises(ValueError, match=r"manifest files\[0\].path: path '/"):
     lg.load(out)
+
+
+# ------------------------------------------------------------------ a damaged ArrayRecord file
+
+
+def _damaged_array_record(tmp_path, damage: str) -> str:
+  path = str(tmp_path / f"{damage}.array_record")
+  arrayrecord.write_file(path, [bytes([i]) * 3000 for i in range(40)])
+  data = open(path, "rb").read()
+  with open(path, "wb") as f:
+    f.write({"zeros": bytes(200 << 10), "cut": data[:-10], "tiny": data[:5]}[damage])
+  return path
+
+
+@pytest.mark.parametrize("damage", ["zeros", "cut", "tiny"])
+def test_a_damaged_array_record_file_is_a_corrupt_record_error_not_an_empty_file(tmp_path, damage):
+  """array_record's reader opens a damaged file without raising, ok() False and 0 records, and raises its
+  reason (RuntimeError) only on close: the file read as empty, then a RuntimeError from close or at exit."""
+  path = _damaged_array_record(tmp_path, damage)
+  for read in (lambda: arrayrecord.RandomAccessReader(path), lambda: arrayrecord.num_records(path),
+               lambda: list(arrayrecord.read_file(path))):
+    with pytest.raises(CorruptRecordError, match=rf"^{re.escape(path)}: the ArrayRecord reader refuses the file"):
+      read()
