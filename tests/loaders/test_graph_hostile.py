@@ -273,6 +273,14 @@ def test_a_heterogeneous_section_that_contradicts_the_others_is_refused(tmp_path
     lg.HeteroNeighborSampler(lg.Graph(path), fanouts=[2], batch_size=2, seed_type="paper")
 
 
+def test_node_type_offsets_of_another_length_are_refused_before_their_values_are_listed(tmp_path):
+  """The section was turned into a Python list (and printed in the message) whatever its length: 8M entries
+  took 320 MB and a 70 MB message."""
+  path = _write(str(tmp_path / "h.graphbin"), _hetero_sections(), _hetero_meta(),
+                {"node_type_offsets": np.zeros(1 << 20, np.int64)})
+  _refused(path, r"section 'node_type_offsets': length: expected 3 \(node types \+ 1\), found 1048576$")
+
+
 @pytest.mark.parametrize("meta,message", [
     (_hetero_meta(relations=[REL, REV, "paper___cites___paper"]),
      r"section 'meta': relations lists 'paper___cites___paper', the file has no 'rel/paper___cites___paper/indptr'"),
