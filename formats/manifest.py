@@ -121,6 +121,11 @@ def _entry(cls: type, field: str, d: Any, checks: Mapping[str, Any]) -> Any:
   for key in d:
     if key not in known:
       raise ValueError(f"manifest {field}: unknown field {key!r:.100}")
+  required = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+  missing = [k for k in required if k not in d]
+  if missing:
+    raise ValueError(f"manifest {field}: missing field {missing[0]!r}")
   values = {k: checks[k](f"{field}.{k}", v) if k in checks else v for k, v in d.items()}
   return cls(**values)
 

@@ -152,6 +152,8 @@ CLAIMS = [
      r"manifest splits.train.shards\[0\].sha256: expected 64 lowercase hex digits"),
     ("shard_extra_key", _set("splits.train.shards.0.offset", 7),
      r"manifest splits.train.shards\[0\]: unknown field 'offset'"),
+    ("shard_missing_key", lambda d: d["splits"]["train"]["shards"][0].pop("sha256"),  # was a TypeError
+     r"manifest splits.train.shards\[0\]: missing field 'sha256'"),
     ("shards_not_list", _set("splits.train.shards", {"path": "x"}),
      r"manifest splits.train.shards: expected a list, found dict"),
     ("rejected_count", _set("rejected.count", -2), r"manifest rejected.count: expected a non-negative integer, found -2"),
