@@ -186,10 +186,13 @@ def kind_of(manifest: Described) -> str:
     output; otherwise `infer(manifest.features)`.
 
   Raises:
-    ValueError: the manifest records no kind and none fits its features.
+    ValueError: the manifest records no kind and none fits its features, or the inferred kind's required
+      features are not there as it needs them (`check`, as for a recorded kind).
   """
   if manifest.kind:
     return manifest.kind
   if manifest.file_format == "graphbin":
     return "graphbin"
-  return infer(manifest.features)
+  kind = infer(manifest.features)
+  check(kind, manifest.features)
+  return kind

@@ -123,3 +123,12 @@ def test_a_manifest_whose_features_do_not_fit_its_kind_is_refused():
   d["kind"] = "graph"
   with pytest.raises(ValueError, match="needs feature 'edge_index'"):
     Manifest.from_json(d)
+
+
+def test_an_inferred_kind_is_checked_as_a_recorded_one():
+  """A manifest without `kind` whose features only look like a volume's (a `volume` tensor without the spacing
+  and the rest): inferred "volume" unchecked, then a KeyError deep in the volume transform."""
+  looks_like = Features({"volume": Tensor((4,), "float64")})
+  with pytest.raises(ValueError, match="record kind 'volume'"):
+    kinds.kind_of(_manifest(features=looks_like))
+  assert kinds.kind_of(_manifest(features=VOLUMES)) == "volume"
