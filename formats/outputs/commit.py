@@ -516,12 +516,20 @@ def _fsync_dir(path: str) -> None:
 # --------------------------------------------------------------------------- TFDS metadata
 
 
+_MAX_DATASET_INFO_BYTES = 64 << 20  # a dataset_info.json past this is not the one a commit wrote
+
+
 def _tfds_generation(output: str) -> str | None:
   """The generation folder the root dataset_info.json names (None: none, or the root)."""
   try:
-    info = json.loads(files.read_bytes(files.join(output, tfds_metadata.DATASET_INFO_FILENAME)))
+    data, _ = files.read_small(files.join(output, tfds_metadata.DATASET_INFO_FILENAME), _MAX_DATASET_INFO_BYTES)
+    if data is None:  # larger than any a commit writes, or not a regular file: anyone may write it
+      return None
+    info = json.loads(data)
     template = info["splits"][0]["filepathTemplate"]
-  except (FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
+  except (FileNotFoundError, ValueError, KeyError, IndexError, TypeError, RecursionError):
+    return None
+  if not isinstance(template, str):
     return None
   folder = naming.tfds_template_folder(template).split("/", 1)[0]
   return folder if naming.is_generation(folder) else None

@@ -359,3 +359,18 @@ def test_a_damaged_array_record_file_is_a_corrupt_record_error_not_an_empty_file
                lambda: list(arrayrecord.read_file(path))):
     with pytest.raises(CorruptRecordError, match=rf"^{re.escape(path)}: the ArrayRecord reader refuses the file"):
       read()
+
+
+@pytest.mark.parametrize("info", [
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json
+    b'{"splits": [{"filepathTemplate": 5}]}',  # TypeError in the template's parse
+])
+def test_a_hostile_dataset_info_does_not_stop_listing_or_cleanup(record_output, tmp_path, info):
+  out = str(tmp_path / "out")
+  shutil.copytree(record_output, out)
+  with open(os.path.join(out, "dataset_info.json"), "wb") as f:
+    f.write(info)
+  assert commit.tfds_metadata_lags(out)  # the TFDS view names no generation: it lags the manifest
+  assert [g.name for g in commit.list_generations(out)]
+  commit.cleanup(out)
+  assert inspect.main([out, "--verify"]) == 0
