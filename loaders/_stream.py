@@ -853,6 +853,15 @@ class RecordStream:
         self._fetcher = threading.Thread(target=_worker, args=(weakref.ref(self), RecordStream._prefetch_step, True),
                                          name="record-stream", daemon=True)
         self._fetcher.start()
+      # Within the limit: a batch starts when its records fit beside those held, or when it is the lowest one
+      # being read (which always may, so that reading goes on): threads asking ahead wait for room.
+      while (position not in self._started and self._started and position != self._reading.low()
+             and self._held + self._estimate(self.order.indices(position)) > self.limit):
+        self._cond.wait(1.0)
+        if self._fatal is not None or self._closed:
+          self._leave(position)
+          raise RuntimeError("the record stream was closed" if self._fatal is None else
+                             f"the record prefetcher stopped: {type(self._fatal).__name__}: {self._fatal}")
       if position not in self._started:
         self._start(position)
       futures = self._started[position]

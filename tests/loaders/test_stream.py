@@ -449,6 +449,43 @@ def test_records_fetch_reads_each_hosts_share_only(many_shards, gcs_faults, tmp_
   assert fetched < 0.2 * records_bytes  # 120 records of ~800 B in 1.6 MB of shards: only the chunks asked for
 
 
+@pytest.mark.gcs
+def test_records_fetch_holds_no_more_than_its_limit_with_threads_asking_ahead(many_shards, gcs_emulator, tmp_path):
+  """Each thread's batch started whatever was held: 4 threads asking for 4 batches held 4 batches' records
+  against a limit of one. A batch now waits for room unless it is the lowest being read."""
+  from formats.outputs.output import open_output
+  from loaders._stream import RecordStream
+
+  gs = f"gs://{gcs_emulator}/stream/records_limit"
+  upload_tree(many_shards, gs)
+  info = load_manifest(many_shards).splits["train"].shards
+  order = WindowOrder([s.num_records for s in info], 3, 4, seed=6, order="global", shard_index=0, shard_count=2)
+  stream = RecordStream(open_output(gs), "train", order, order.batches_per_epoch, cache_dir=str(tmp_path), ahead=4)
+  one_batch = max(stream._estimate(order.indices(p)) for p in range(order.batches_per_epoch))
+  stream.limit = one_batch  # room for one batch: every other waits its turn
+  positions, lock, got = iter(range(order.batches_per_epoch)), threading.Lock(), {}
+
+  def read():
+    while True:
+      with lock:
+        p = next(positions, None)
+      if p is None:
+        return
+      with stream.batch(p) as indices:
+        got[p] = [stream.raw(int(i)) for i in indices]
+        time.sleep(0.01)  # the others ask meanwhile
+
+  threads = [threading.Thread(target=read) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert sorted(got) == list(range(order.batches_per_epoch))
+  assert all(got[p] == [_local_record(many_shards, int(i)) for i in order.indices(p)] for p in got)
+  assert stream.peak_bytes <= stream.limit + one_batch  # the lowest batch may start beside one held
+  stream.close()
+
+
 def _runs_of(order: WindowOrder, indices) -> int:
   """How many runs of consecutive records of one shard a batch's records make."""
   runs, last = 0, None
