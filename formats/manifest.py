@@ -376,6 +376,8 @@ class Manifest:
       info = splits[name] = SplitInfo(tuple(_entry(ShardInfo, f"{field}.shards[{i}]", s, shard_checks)
                                             for i, s in enumerate(shards)))
       for key, total in (("num_records", info.num_records), ("num_bytes", info.num_bytes)):
+        if total > MAX_COUNT:  # each shard's count fits; their sum must too (len() of the split)
+          raise ValueError(f"manifest {field}.{key}: its shards' sum, {total}, is over {MAX_COUNT}")
         if key in split and split[key] != total:
           raise ValueError(f"manifest {field}.{key}: {split[key]!r:.100} disagrees with its shards' sum, {total}")
     rej = _typed("rejected", d.get("rejected", {}), dict, "an object")

@@ -152,6 +152,9 @@ CLAIMS = [
      r"manifest splits.train.shards\[0\].sha256: expected 64 lowercase hex digits"),
     ("shard_extra_key", _set("splits.train.shards.0.offset", 7),
      r"manifest splits.train.shards\[0\]: unknown field 'offset'"),
+    ("records_sum", lambda d: d["splits"]["train"].update(
+        shards=[{**d["splits"]["train"]["shards"][0], "num_records": 2**62}] * 3),
+     r"manifest splits.train.num_records: its shards' sum, \d+, is over"),  # len() of the split overflowed
     ("shard_missing_key", lambda d: d["splits"]["train"]["shards"][0].pop("sha256"),  # was a TypeError
      r"manifest splits.train.shards\[0\]: missing field 'sha256'"),
     ("shards_not_list", _set("splits.train.shards", {"path": "x"}),
