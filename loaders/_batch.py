@@ -583,7 +583,7 @@ class BatchFiller:
     n = len(indices)
     if n > self._batch_size:
       raise ValueError(f"{n} indices for a batch of {self._batch_size}")
-    if self._patches is not None and n:
+    if self._patches is not None:  # its layout comes from the patch shapes: an empty batch reads nothing
       return self._patches.fill(indices, rngs if self.needs_rng else lambda j: None, self._batch_size,
                                 self._with_mask, self._whole)
     if self._plan is None:

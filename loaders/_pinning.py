@@ -290,7 +290,8 @@ class StateGuard:
     saved = DataIdentity.from_state(saved)
     if self.identity.same_data(saved):
       return inner
-    if saved.manifest_sha256 is None and saved.file_sha256 is None and self.identity.manifest_sha256 is None:
+    if (saved.manifest_sha256 is None and saved.file_sha256 is None and self.identity.manifest_sha256 is None
+        and saved.split == self.identity.split):
       warnings.warn(f"a state saved on a bare .graphbin by an earlier release names no digest of it: resuming at "
                     f"{inner} of {self.identity} without checking that it is the graph it was saved on; a state "
                     f"saved from now on is checked", UnverifiedStateWarning, stacklevel=3)

@@ -227,6 +227,8 @@ def convert_image(data: bytes, options: ImageOptions) -> Converted:
     raise
   except Image.UnidentifiedImageError:
     raise BadImage(_unopenable_reason(data)) from None
+  except MemoryError:  # the worker's trouble, not the file's
+    raise
   except Exception as e:  # noqa: BLE001 - Pillow's readers raise anything on damaged bytes (a TIFF's later
     # page directory: TypeError, KeyError): the file is the problem, never a reason to stop the job
     raise BadImage(f"corrupt or truncated image: {type(e).__name__}") from None
