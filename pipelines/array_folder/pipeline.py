@@ -137,11 +137,7 @@ class ArrayFolder(Converter, name=NAME, kind="tensors", options=ArrayFolderOptio
     Raises:
       UsageError: the input holds no split folders, or a split folder's name is not a valid split name.
     """
-    try:
-      dirs, files, others = inputs.scan_level(common.input, common.input, [])
-    except OSError as e:
-      raise UsageError(f"--input {inputs.printable(common.input)!r} cannot be listed "
-                       f"({inputs.unreadable_folder(e)})") from None
+    dirs, files, others = inputs.scan_input(common.input)
     splits = tuple(inputs.split_folder(d) for d in dirs if inputs.printable(d) == d)
     if not splits:
       raise UsageError(f"--input {common.input!r} holds no split folders")

@@ -174,10 +174,7 @@ class AudioFolder(Converter, name=NAME, kind="tensors", options=AudioFolderOptio
       UsageError: no split folder holds a class folder, or a split folder's name is not a valid split name.
     """
     root = common.input
-    try:
-      dirs, files, others = inputs.scan_level(root, root, [])
-    except OSError as e:
-      raise UsageError(f"--input {inputs.printable(root)!r} cannot be listed ({inputs.unreadable_folder(e)})") from None
+    dirs, files, others = inputs.scan_input(root)
     strays = [fs.join(root, n) for n in [*files, *(d for d in dirs if inputs.printable(d) != d)]]
     odd = [(fs.join(root, n), reason) for n, reason in others]
     classes = {}

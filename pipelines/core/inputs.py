@@ -45,7 +45,7 @@ from google.api_core import exceptions as gexc
 from formats import naming
 from formats.storage import files as fs
 from formats.storage import retry
-from pipelines.core.errors import usage_errors
+from pipelines.core.errors import UsageError, usage_errors
 
 DEFAULT_TRANSIENT_RETRY_SECONDS = retry.DEFAULT_DEADLINE_S
 TRANSIENT_RETRY_FLAG = "--transient_retry_seconds"
@@ -305,6 +305,18 @@ def unreadable_folder(e: OSError) -> str:
 
 
 LINE_BREAK_NAME = "folder name holds a line break (names are one line in labels.txt)"
+
+
+def scan_input(root: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+  """`scan_level` of the input root itself.
+
+  Raises:
+    UsageError: the input cannot be listed.
+  """
+  try:
+    return scan_level(root, root, [])
+  except OSError as e:
+    raise UsageError(f"--input {printable(root)!r} cannot be listed ({unreadable_folder(e)})") from None
 
 
 def scan_level(folder: str, root: str, taken: list[str]) -> tuple[list[str], list[str], list[tuple[str, str]]]:

@@ -6,7 +6,6 @@ import os
 
 from formats.storage import files as fs
 from pipelines.core import inputs
-from pipelines.core.errors import UsageError
 from pipelines.core.records import Reject
 
 DEFAULT_SPLIT = "train"
@@ -21,10 +20,7 @@ class InputLayout:
 
   def __init__(self, root: str, layout: str):
     self.root = root
-    try:
-      dirs, root_files, root_others = inputs.scan_level(root, root, [])
-    except OSError as e:
-      raise UsageError(f"--input {inputs.printable(root)!r} cannot be listed ({inputs.unreadable_folder(e)})") from None
+    dirs, root_files, root_others = inputs.scan_input(root)
     below, unreadable = {}, {}
     for d in dirs:  # each split's class folders: no two of the whole input may overlap
       try:

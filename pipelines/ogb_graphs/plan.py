@@ -272,7 +272,8 @@ def check_node_splits(plan: GraphPlan) -> None:
     ids = np.concatenate([i for _, i in files])
     starts = np.cumsum([0] + [len(i) for _, i in files])
     order = np.argsort(ids, kind="stable")  # a repeated id: its mentions in file, then line order
-    repeats = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    ranked = ids[order]
+    repeats = np.flatnonzero(ranked[1:] == ranked[:-1])
     if repeats.size:
       first, again = int(order[repeats[0]]), int(order[repeats[0] + 1])
       (f, a) = (int(np.searchsorted(starts, k, "right")) - 1 for k in (first, again))
