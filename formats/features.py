@@ -189,7 +189,12 @@ class Tensor(_Spec):
         return {name: example_lib.float_feature(arr)}
       if arr.dtype.kind not in "biu":  # a fraction into an integer feature would be cut silently
         raise ValueError(f"Tensor expects dtype {self.dtype}, got {arr.dtype}")
-      return {name: example_lib.int64_feature(arr.astype(np.int64))}
+      dt = np.dtype(self.dtype)
+      if arr.size and (int(arr.min()) < np.iinfo(dt).min or int(arr.max()) > np.iinfo(dt).max):
+        raise ValueError(f"Tensor expects values in {dt.name}'s range")
+      # uint64 past 2**63 is stored wrapped, as TFDS and tf.cast do; decode views it back.
+      return {name: example_lib.int64_feature(arr.astype(dt).view(np.int64) if dt == np.uint64
+                                              else arr.astype(np.int64))}
     if isinstance(value, (bytes, bytearray)):
       if self.dynamic:
         raise ValueError("a Tensor with unknown dimensions needs an array, not bytes")
@@ -232,6 +237,8 @@ class Tensor(_Spec):
       raise ValueError(f"Tensor {name!r}: {_form(value)}, expected {'int64' if want is np.int64 else 'float'} "
                        f"values")
     value = np.asarray(value)
+    if dt == np.uint64:  # stored wrapped (see encode_into): every int64 is one uint64
+      return value.view(np.uint64).reshape(self.shape)
     if dt.kind in "iu" and value.size:
       info = np.iinfo(dt)
       if int(value.min()) < info.min or int(value.max()) > info.max:  # astype would wrap it

@@ -107,3 +107,19 @@ def test_tensor_tfds_json():
       "shape": {}, "dtype": "int64", "encoding": "none"}
   assert Tensor(shape=(None, None, None), dtype="int16").to_tfds()["tensor"]["shape"] == {
       "dimensions": ["-1", "-1", "-1"]}
+
+
+def test_tensor_integer_values_round_trip_or_refuse_at_encode():
+  """uint64 past 2**63 is stored wrapped (as TFDS does) and read back; a value the dtype cannot hold is refused
+  when written, not found when read."""
+  feats = Features({"ids": Tensor(shape=(3,), dtype="uint64", encoding="none"),
+                    "small": Tensor(shape=(), dtype="int8", encoding="none")})
+  ids = np.array([0, 2**63, 2**64 - 1], np.uint64)
+  got = feats.decode(feats.encode({"ids": ids, "small": -128}))
+  np.testing.assert_array_equal(got["ids"], ids)
+  assert got["ids"].dtype == np.uint64 and int(got["small"]) == -128
+  for small in (128, -129):
+    with pytest.raises(ValueError, match="int8's range"):
+      feats.encode({"ids": ids, "small": small})
+  with pytest.raises(ValueError, match="uint64's range"):
+    feats.encode({"ids": np.array([-1, 0, 0]), "small": 0})
