@@ -11,6 +11,7 @@ write locally and upload.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 
 from array_record.python import array_record_module
@@ -77,12 +78,12 @@ def open_checked(path: str, options: str, what: str):
     what: how the message names the file.
 
   Raises:
+    OSError: the file cannot be opened (FileNotFoundError when it is not there): not damage.
     CorruptRecordError: the reader refuses the file; the message gives its reason.
   """
+  os.stat(path)  # the C++ reader reports a missing file as a RuntimeError, like damage
   try:
     reader = array_record_module.ArrayRecordReader(path, options)
-  except OSError:
-    raise
   except Exception as e:  # the C++ reader's own error
     raise CorruptRecordError(f"{what}: the ArrayRecord reader refuses the file: {type(e).__name__}: {e}") from None
   if reader.ok():

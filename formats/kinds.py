@@ -186,13 +186,18 @@ def kind_of(manifest: Described) -> str:
     output; otherwise `infer(manifest.features)`.
 
   Raises:
-    ValueError: the manifest records no kind and none fits its features, or the inferred kind's required
-      features are not there as it needs them (`check`, as for a recorded kind).
+    ValueError: the manifest records no kind and none fits its features: the kind its names suggest lacks
+      what it needs (`check`, as for a recorded kind) and not every feature is generic.
   """
   if manifest.kind:
     return manifest.kind
   if manifest.file_format == "graphbin":
     return "graphbin"
   kind = infer(manifest.features)
-  check(kind, manifest.features)
+  try:
+    check(kind, manifest.features)
+  except ValueError:
+    if all(isinstance(f, _GENERIC_CLASSES) for f in manifest.features.values()):
+      return GENERIC  # a `volume` that is only named like one (a Tensor (4,)): plain tensors, as it was read
+    raise
   return kind

@@ -187,10 +187,10 @@ class Output:
 
   @property
   def kind(self) -> str:
-    """The record kind (formats.kinds): the manifest's, or inferred for an older manifest.
+    """The record kind (formats.kinds.kind_of): the manifest's, or inferred from its features for an older one.
 
     Raises:
-      ValueError: the manifest records no kind and none fits its features.
+      ValueError: the manifest records no kind and none fits its features (see kinds.kind_of).
     """
     return kinds.kind_of(self.manifest)
 

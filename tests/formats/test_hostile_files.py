@@ -364,6 +364,14 @@ def test_a_damaged_array_record_file_is_a_corrupt_record_error_not_an_empty_file
       read()
 
 
+def test_a_missing_array_record_file_is_not_reported_as_damage(tmp_path):
+  """The C++ reader says RuntimeError for a missing file as for a damaged one: it was a CorruptRecordError."""
+  path = str(tmp_path / "gone.array_record")
+  for read in (lambda: arrayrecord.RandomAccessReader(path), lambda: arrayrecord.num_records(path)):
+    with pytest.raises(FileNotFoundError):
+      read()
+
+
 @pytest.mark.parametrize("info", [
     b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json
     b'{"splits": [{"filepathTemplate": 5}]}',  # TypeError in the template's parse
