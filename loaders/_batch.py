@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
+import contextlib
 import dataclasses
 import json
 import math
@@ -562,6 +563,7 @@ class BatchFiller:
     self.needs_rng = bool(self._transform.needs_rng)
     self._plan = _plan(source.kind, source.features, options)
     self._patches = _Patches(source, options) if _Patches.supports(source, options) else None
+    self._layout: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None  # of a batch _generic filled
 
   def __call__(self, indices: Sequence[int], rngs: Callable[[int], np.random.Generator | None]) -> dict:
     """One batch of the split records `indices`.
@@ -587,7 +589,12 @@ class BatchFiller:
       return self._patches.fill(indices, rngs if self.needs_rng else lambda j: None, self._batch_size,
                                 self._with_mask, self._whole)
     if self._plan is None:
-      return self._generic(indices, rngs) if n else self._padding()
+      if not n:
+        return self._padding()
+      batch = self._generic(indices, rngs)
+      if self._layout is None:
+        self._layout = {k: (v.shape, v.dtype) for k, v in batch.items()}
+      return batch
     plan, source, size = self._plan, self._source, self._batch_size
     finder = plan.finder
     batch = {key: aligned_empty((size, *shape), dtype) for key, (shape, dtype) in plan.layout.items()}
@@ -610,11 +617,20 @@ class BatchFiller:
 
   def _padding(self) -> dict:
     """A batch of padding only (a host's share of the last global step can be empty): the keys, shapes and
-    dtypes of every other batch, from record 0's example, all zeros, `mask` all False."""
-    if not len(self._source):
-      raise ValueError("an empty split has no batch to pad")
-    example = self._whole(0, np.random.default_rng(0) if self.needs_rng else None)
-    return {k: np.zeros_like(v) for k, v in fill_batch([example], self._batch_size, self._with_mask).items()}
+    dtypes of every other batch, all zeros, `mask` all False.
+
+    The layout is the last batch's; before any, one record's example's (a streamed source pins one for it:
+    `pin_one_record`, as no record of an empty share is pinned).
+    """
+    if self._layout is None:
+      if not len(self._source):
+        raise ValueError("an empty split has no batch to pad")
+      pin = getattr(self._source, "pin_one_record", None)
+      with pin() if pin is not None else contextlib.nullcontext(0) as i:
+        example = self._whole(i, np.random.default_rng(0) if self.needs_rng else None)
+      self._layout = {k: (v.shape, v.dtype)
+                      for k, v in fill_batch([example], self._batch_size, self._with_mask).items()}
+    return {k: np.zeros(shape, dtype) for k, (shape, dtype) in self._layout.items()}
 
   def _generic(self, indices: Sequence[int], rngs: Callable[[int], np.random.Generator | None]) -> dict:
     """Decode, transform, copy: fill_batch over the transform's examples."""

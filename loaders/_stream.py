@@ -423,6 +423,11 @@ class ShardStream:
         self._close_idle_readers()
         self._leave(position)
 
+  def pin_one_record(self):
+    """A block that pins one record of this host and yields its index (what a batch of padding only reads its
+    layout from)."""
+    return _pin_one_record(self)
+
   def raw(self, index: int) -> bytes:
     """The bytes of record `index` of the split, whose shard a running `batch` block has pinned.
 
@@ -886,6 +891,10 @@ class RecordStream:
     k, first = self._locate(records[0])
     return _Piece(k, first, first + len(records))
 
+  def pin_one_record(self):
+    """As ShardStream.pin_one_record."""
+    return _pin_one_record(self)
+
   def raw(self, index: int) -> bytes:
     """Record `index`, from the piece its batch fetched (verified by the C++ reader when it arrived).
 
@@ -1065,6 +1074,17 @@ def _worker(ref: weakref.ref, step: Callable[[object], bool | None], locked: boo
       return
     if more is None:
       return
+
+
+@contextlib.contextmanager
+def _pin_one_record(stream):
+  """Pins the first batch position of the epoch holding records of this host; yields one of its indices."""
+  for position in range(stream.order.batches_per_epoch):
+    if len(stream.order.indices(position)):
+      with stream.batch(position) as indices:
+        yield int(indices[0])
+      return
+  raise ValueError("this host has no record in the split")
 
 
 class StreamedBatches:
