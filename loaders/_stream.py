@@ -997,9 +997,11 @@ def _private_folder(owner, root: str) -> tuple[str, weakref.finalize]:
   os.makedirs(root, exist_ok=True)
   _remove_stale(root)
   folder = os.path.join(root, f"stream-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-  os.makedirs(folder)
-  fd = os.open(os.path.join(folder, _OWNER), os.O_RDWR | os.O_CREAT, 0o644)
+  making = folder + ".new"  # a name _remove_stale never touches, until the lock is held
+  os.makedirs(making)
+  fd = os.open(os.path.join(making, _OWNER), os.O_RDWR | os.O_CREAT, 0o644)
   fcntl.flock(fd, fcntl.LOCK_EX)
+  os.rename(making, folder)
   return folder, weakref.finalize(owner, _drop_folder, folder, fd)
 
 
@@ -1012,11 +1014,13 @@ def _remove_stale(root: str) -> None:
   """Deletes the private folders of streams that are gone (a killed process): those whose lock is free.
 
   Only names this module makes are touched; a folder whose owner still holds
-  its lock (any process, any pid namespace on this file system) is kept.
+  its lock (any process, any pid namespace on this file system, this one too:
+  a flock is held per open file, so this process's own streams keep theirs)
+  is kept. A dead folder with this process's pid is removed too (a restarted
+  container's process often gets the pid of the one that was killed).
   """
   for name in os.listdir(root):
-    m = _FOLDER.fullmatch(name)
-    if m is None or int(m.group(1)) == os.getpid():
+    if _FOLDER.fullmatch(name) is None:
       continue
     folder = os.path.join(root, name)
     try:

@@ -284,6 +284,35 @@ def test_stale_private_folders_are_removed_and_live_ones_kept(tmp_path):
   assert not os.path.exists(live)  # its owner is gone now
 
 
+def test_a_dead_folder_with_this_process_pid_is_removed_and_this_process_live_ones_kept(tmp_path):
+  """A restarted container's process often has the killed one's pid: its folders were skipped as this process's
+  own, and every restart after a kill left up to cache_limit_bytes behind. Folders of this process's live streams
+  are kept by their locks; one being made is not under the name that is cleaned."""
+  import uuid
+
+  from loaders._stream import _private_folder
+
+  root = str(tmp_path / "stream")
+  os.makedirs(root)
+  dead = os.path.join(root, f"stream-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+  os.makedirs(dead)
+  open(os.path.join(dead, ".owner.lock"), "w").close()
+  open(os.path.join(dead, "000001-train.array_record"), "wb").write(b"x" * 10)
+  half_made = os.path.join(root, f"stream-{os.getpid()}-{uuid.uuid4().hex[:12]}.new")
+  os.makedirs(half_made)
+
+  class Owner:
+    pass
+  owner = Owner()
+  live, _ = _private_folder(owner, root)  # runs _remove_stale first
+  assert not os.path.exists(dead), "a dead folder with this pid stayed"
+  assert os.path.isdir(half_made)
+  _remove_stale(root)
+  assert os.path.isdir(live), "this process's live stream's folder was removed"
+  del owner
+  assert not os.path.exists(live)
+
+
 @pytest.mark.parametrize("where", ["local", pytest.param("gcs", marks=pytest.mark.gcs)])
 def test_global_window_order_resumes_across_4_then_2_then_8_hosts(many_shards, where, request, tmp_path):
   """Every global step of a run on 4, then 2, then 8 hosts (each resuming from the state the last saved) is the
