@@ -242,12 +242,49 @@ def claim(output: str, generation: str, info: Mapping | None = None) -> None:
 
 
 def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None:
-  """Refreshes the run's marker, so that clean-up knows the run is alive.
+  """Refreshes the run's marker with a new time, so that clean-up knows the run is alive.
 
-  A heartbeat is `claim` again: the marker rewritten with a new time (pass
-  the claim's `info` to keep its fields). Arguments as `claim`'s.
+  Only a marker still "running" is rewritten, and only if nothing changed it
+  since it was read (locally under the output's lock, as `abandon` takes it;
+  on gs:// on the condition that the marker object is the one read): a
+  heartbeat never brings back a generation a clean-up gave up and removed
+  while the run was silent, which a commit would then have taken for a live
+  run's. A committed marker is left as it is. Arguments as `claim`'s (pass
+  the claim's `info` to keep its fields).
+
+  Raises:
+    CommitConflict: the marker is gone or marked otherwise (a clean-up took
+      the generation): the run cannot commit.
   """
-  claim(output, generation, info)
+  path = _marker_path(output, generation)
+  with _lock_if_local(output):
+    if files.is_gcs(path):
+      blob, policy = files.gcs_blob(path), retry.named(path)
+      try:
+        blob.reload(retry=policy)
+        token = blob.generation
+        marker = _parse_marker(blob.download_as_bytes(if_generation_match=token, retry=policy), generation)
+      except (files.gcs_not_found(), files.gcs_precondition_failed()):
+        marker = token = None  # gone, or rewritten since (by a clean-up: a heartbeat is this run's alone)
+    else:
+      marker = _read_marker(output, generation)[0]
+    state = None if marker is None else marker.get("state")
+    if state == COMMITTED:
+      return
+    if state != RUNNING:
+      raise CommitConflict(f"{output}: this run's generation {generation} is {state or 'gone'} (a clean-up took "
+                           "it while this run was silent for a lease); this run cannot commit")
+    data = json.dumps({"toolkit": TOOLKIT, "generation": generation, "state": RUNNING,
+                       "host": socket.gethostname(), "pid": os.getpid(), "written": _now_iso(), **(info or {})},
+                      sort_keys=True).encode() + b"\n"
+    if not files.is_gcs(path):
+      files.write_bytes(path, data)
+      return
+    try:
+      blob.upload_from_string(data, content_type="application/json", if_generation_match=token, retry=policy)
+    except files.gcs_precondition_failed():
+      raise CommitConflict(f"{output}: this run's generation {generation} was changed by a clean-up while its "
+                           "heartbeat was written; this run cannot commit") from None
 
 
 def finish(output: str, generation: str) -> bool:
@@ -312,13 +349,21 @@ def _read_marker(output: str, generation: str) -> tuple[dict | None, float]:
         raise
   else:
     return None, 0.0
+  marker = _parse_marker(data, generation)
+  return (marker, mtime) if marker is not None else (None, 0.0)
+
+
+def _parse_marker(data: bytes | None, generation: str) -> dict | None:
+  """The marker `data` holds, or None when it is not the toolkit's marker of `generation`."""
+  if data is None or len(data) > MAX_MARKER_BYTES:
+    return None
   try:
-    marker = json.loads(data) if data is not None else None
+    marker = json.loads(data)
   except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than the parser goes
-    return None, 0.0
+    return None
   if not isinstance(marker, dict) or marker.get("toolkit") != TOOLKIT or marker.get("generation") != generation:
-    return None, 0.0
-  return marker, mtime
+    return None
+  return marker
 
 
 MAX_MARKER_BYTES = 64 * 1024  # a marker is a few hundred bytes

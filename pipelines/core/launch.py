@@ -21,6 +21,7 @@ import apache_beam as beam
 from apache_beam.runners.runner import PipelineResult
 
 from formats import naming
+from formats.errors import CommitConflict
 from formats.outputs import commit
 from formats.manifest import Manifest
 from formats.outputs.output import is_output, load_manifest
@@ -105,6 +106,9 @@ class _Heartbeat:
     while not self._stop.wait(commit.HEARTBEAT_SECONDS):
       try:
         commit.heartbeat(*self._args)
+      except CommitConflict as e:  # a clean-up took the generation: the commit refuses it too
+        logging.error("%s", e)
+        return
       except Exception as e:  # a missed beat is not fatal; a lease lasts many beats
         logging.warning("heartbeat of %s failed: %s", self._args[1], type(e).__name__)
 

@@ -425,6 +425,48 @@ def test_the_launcher_heartbeat_keeps_a_long_run_alive_and_stops_before_the_run_
   assert commit.generation_state(out, gen) == "abandoned"  # no late beat marked it running again
 
 
+def test_a_heartbeat_never_brings_back_a_generation_a_clean_up_took(output):
+  """A run silent for a lease (a suspended launcher, a partition) whose generation another run's clean-up gave up
+  and removed: its next heartbeat rewrote the marker as "running" (heartbeat was claim), and its commit then
+  switched to a manifest naming deleted shards. Now the heartbeat refuses and so does the commit; a live run's
+  heartbeat still refreshes its marker, and a committed one's leaves it committed."""
+  old = _committed_run(output)
+  gen, expected = commit.begin(output)
+  _put(output, f"{gen}/d-train.tfrecord-00000-of-00001")
+  commit.heartbeat(output, gen)  # alive: refreshed
+  assert commit.generation_state(output, gen) == "running"
+  removed = commit.cleanup(output, lease_seconds=0, keep_replaced_seconds=0)  # the run looks dead
+  assert gen in removed and commit.generation_state(output, gen) is None
+  with pytest.raises(commit.CommitConflict, match="is gone"):
+    commit.heartbeat(output, gen)
+  assert commit.generation_state(output, gen) is None
+  with pytest.raises(commit.CommitConflict):
+    commit.commit(output, gen, _manifest(gen), expected)
+  assert commit.current_generation(output) == old
+  abandoned, _ = commit.begin(output)
+  assert commit.abandon(output, abandoned)
+  with pytest.raises(commit.CommitConflict, match="is abandoned"):
+    commit.heartbeat(output, abandoned)
+  assert commit.generation_state(output, abandoned) == "abandoned"
+  assert commit.generation_state(output, old) == "committed"
+  commit.heartbeat(output, old)  # a beat in flight while its run commits
+  assert commit.generation_state(output, old) == "committed"
+
+
+def test_the_launcher_stops_beating_once_the_generation_is_taken(tmp_path, monkeypatch, caplog):
+  from pipelines.core import launch
+
+  out = str(tmp_path / "out")
+  monkeypatch.setattr(commit, "HEARTBEAT_SECONDS", 0.05)
+  gen, _ = commit.begin(out)
+  with launch._Heartbeat(out, gen, "test") as beat:
+    assert commit.abandon(out, gen)
+    beat._thread.join(5)
+    assert not beat._thread.is_alive()
+  assert commit.generation_state(out, gen) == "abandoned"
+  assert any("cannot commit" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.gcs
 @pytest.mark.parametrize("step", ["finalize:rejects_written", "commit:before_switch", "commit:after_switch",
                                   "tfds:wrote_features.json", "cleanup:done"])
