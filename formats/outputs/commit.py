@@ -593,7 +593,10 @@ def sync_tfds_metadata(output: str, description: str = "") -> None:
   Safe to run by any number of processes at any time: syncs are serialised
   (locally by the output's lock, on gs:// by a lease object), every write is
   derived from the manifest as it is now, and it repeats until the manifest
-  has not changed under it.
+  has not changed under it. On gs:// each root write is also conditional on
+  the object being as this sync read it, so a holder that outlived its lease
+  (an upload retried past SYNC_LEASE_SECONDS) cannot land its write over a
+  later sync's: it reads again instead.
 
   Args:
     description: the data set description written to dataset_info.json.
@@ -608,16 +611,21 @@ def sync_tfds_metadata(output: str, description: str = "") -> None:
         return  # graph outputs have no TFDS view
       wanted = tfds_metadata.metadata_files(manifest, description)
       info_name = tfds_metadata.DATASET_INFO_FILENAME
-      stale = {rel for rel, content in wanted.items() if _read_or_none(files.join(output, rel)) != content}
+      seen = {rel: _read_root_file(output, rel) for rel in wanted}  # (content, gs:// generation) of each
+      stale = {rel for rel, content in wanted.items() if seen[rel][0] != content}
       staging = _generation_of(manifest)
-      if stale - {info_name}:
-        files.delete_many([files.join(output, info_name)], missing_ok=True)
-        fault_point("tfds:info_removed")
-      for rel in sorted(stale - {info_name}):
-        _write_root_file(output, rel, wanted[rel], staging)
-        fault_point(f"tfds:wrote_{rel}")
-      if stale:
-        _write_root_file(output, info_name, wanted[info_name], staging)
+      try:
+        if stale - {info_name}:
+          _delete_root_file(output, info_name, seen[info_name][1])
+          seen[info_name] = (None, 0)
+          fault_point("tfds:info_removed")
+        for rel in sorted(stale - {info_name}):
+          _write_root_file(output, rel, wanted[rel], staging, seen[rel][1])
+          fault_point(f"tfds:wrote_{rel}")
+        if stale:
+          _write_root_file(output, info_name, wanted[info_name], staging, seen[info_name][1])
+      except _RootFileChanged:
+        continue  # a later sync wrote it after this one read it: read everything again
     if read_version(output) == version:
       return
 
@@ -683,11 +691,55 @@ def tfds_metadata_lags(output: str) -> bool:
   return _tfds_generation(output) != _generation_of(manifest)
 
 
-def _write_root_file(output: str, rel: str, data: bytes, staging: str | None) -> None:
-  """One atomic write of a root file; locally staged in a generation folder, so that a
-  kill leaves no stray temporary file at the root (cleanup never guesses at those)."""
+class _RootFileChanged(Exception):
+  """A gs:// root file is not the object the sync read (another sync wrote it since)."""
+
+
+def _read_root_file(output: str, rel: str) -> tuple[bytes | None, int | None]:
+  """(content or None when absent, on gs:// the object's generation (0: absent); None locally)."""
   path = files.join(output, rel)
-  if files.is_gcs(path) or not staging:
+  if not files.is_gcs(path):
+    return _read_or_none(path), None
+  blob, policy = files.gcs_blob(path), retry.named(path)
+  for _ in range(5):
+    try:
+      blob.reload(retry=policy)
+      return blob.download_as_bytes(if_generation_match=blob.generation, retry=policy), blob.generation
+    except files.gcs_not_found():
+      return None, 0
+    except files.gcs_precondition_failed():  # rewritten between the two calls: read again
+      continue
+  raise _RootFileChanged(path)
+
+
+def _delete_root_file(output: str, rel: str, token: int | None) -> None:
+  """Deletes a root file (gone already is fine); on gs:// only the object read (`token`)."""
+  path = files.join(output, rel)
+  if token is None:
+    files.delete_many([path], missing_ok=True)
+    return
+  if token == 0:
+    return
+  try:
+    files.gcs_blob(path).delete(if_generation_match=token, retry=retry.named(path))
+  except files.gcs_not_found():
+    pass
+  except files.gcs_precondition_failed():
+    raise _RootFileChanged(path) from None
+
+
+def _write_root_file(output: str, rel: str, data: bytes, staging: str | None, token: int | None = None) -> None:
+  """One atomic write of a root file; locally staged in a generation folder, so that a
+  kill leaves no stray temporary file at the root (cleanup never guesses at those); on
+  gs:// only over the object read (`token`: its generation, 0 for none)."""
+  path = files.join(output, rel)
+  if files.is_gcs(path):
+    try:
+      files.gcs_blob(path).upload_from_string(data, if_generation_match=token, retry=retry.named(path))
+    except files.gcs_precondition_failed():
+      raise _RootFileChanged(path) from None
+    return
+  if not staging:
     files.write_bytes(path, data)
     return
   tmp = files.join(output, staging, f".{rel}.{uuid.uuid4().hex}")

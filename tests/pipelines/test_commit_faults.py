@@ -546,6 +546,68 @@ def test_a_switch_that_raced_an_abandon_is_undone_on_gcs(gcs_emulator, tmp_path,
     assert not files.exists(files.join(output, "manifest.json"))
 
 
+def test_a_gcs_sync_that_outlived_its_lock_cannot_write_over_a_later_one(gcs_emulator, tmp_path, monkeypatch):
+  """A sync slow past SYNC_LEASE_SECONDS (a root write retried through 503s) whose lock another run's sync took
+  over: its later writes landed over the newer sync's, and if its process died then, dataset_info.json named the
+  old generation beside the new class names (docs/manifest.md: never). Its writes are conditional on the objects
+  it read: they fail, it reads again, and the root ends as the manifest says."""
+  import threading
+
+  from formats.features import ClassLabel
+
+  out = f"gs://{gcs_emulator}/fence/{tmp_path.name}"
+
+  def manifest(gen, names):
+    shard = ShardInfo(f"{gen}/d-train.tfrecord-00000-of-00001", 1, 10, "0" * 64)
+    return Manifest("d", "tfrecord", Features({"label": ClassLabel(names)}), {"train": SplitInfo((shard,))},
+                    Rejected(0, {}, f"{gen}/errors/rejected.jsonl"))
+
+  monkeypatch.setattr(commit, "SYNC_LEASE_SECONDS", 1.0)
+  slow, resume = [], threading.Event()
+  real_point, real_write = commit.fault_point, commit._write_root_file
+
+  class Killed(BaseException):
+    pass
+
+  def point(name):
+    if threading.get_ident() in slow and name == "tfds:wrote_label.labels.txt":
+      resume.wait(30)  # held past its lock's lease
+    real_point(name)
+
+  def write(output, rel, *args):
+    real_write(output, rel, *args)
+    if threading.get_ident() in slow and rel == "dataset_info.json":
+      raise Killed()  # its process dies right after this write landed
+
+  monkeypatch.setattr(commit, "fault_point", point)
+  monkeypatch.setattr(commit, "_write_root_file", write)
+  gen_a, expected = commit.begin(out)
+  commit.commit(out, gen_a, manifest(gen_a, ["a", "b"]), expected)
+  outcome = []
+
+  def sync_a():
+    slow.append(threading.get_ident())
+    try:
+      commit.sync_tfds_metadata(out)
+      outcome.append("synced")
+    except Killed:
+      outcome.append("killed")
+
+  a = threading.Thread(target=sync_a)
+  a.start()
+  time.sleep(1.5)
+  gen_b, expected = commit.begin(out)
+  commit.commit(out, gen_b, manifest(gen_b, ["x", "y", "z"]), expected)
+  commit.sync_tfds_metadata(out)  # takes A's expired lock over
+  resume.set()
+  a.join(60)
+  assert outcome == ["synced"]  # its stale write was refused, so no kill after a landed one
+  info = json.loads(files.read_bytes(files.join(out, "dataset_info.json")))
+  assert info["splits"][0]["filepathTemplate"].split("/")[0] == gen_b
+  assert files.read_bytes(files.join(out, "label.labels.txt")).split() == [b"x", b"y", b"z"]
+  assert not commit.tfds_metadata_lags(out)
+
+
 def test_tfds_syncs_are_serialised_and_a_dead_holders_lock_expires(output, monkeypatch):
   """Two syncs with different manifests must not interleave their writes (old dataset_info.json
   over new label files); a lock left by a killed process is taken over after its lease."""
