@@ -71,6 +71,9 @@ from formats.errors import CommitConflict
 from formats.manifest import MANIFEST_FILENAME, Manifest
 
 MARKER_FILENAME = "_toolkit_run.json"
+# In the generation that replaced an output written before generations: the root shards it replaced and when,
+# removed once the retention is over (readers of such an output hold no lease: the retention is their time).
+LEGACY_FILENAME = "_replaced_root_shards.json"
 LOCK_FILENAME = ".manifest.lock"
 TOOLKIT = "tpu-shards"
 # A run refreshes its marker every HEARTBEAT_SECONDS; a running generation whose marker
@@ -932,6 +935,7 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
     if status.name in leases.held_generations(output, lease_ttl_seconds, now=policy.now):
       continue  # a reader took a lease meanwhile: stays abandoned, removed once it is free
     fault_point("cleanup:abandoned")
+    _retire_root_shards(output, status.name, policy, log, now_or_never=True)
     remove_generation(output, status.name)
     removed.append(status.name)
     if log:
@@ -941,13 +945,53 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
     log(f"removed {len(expired)} expired reader lease(s)")
   current_data, _ = read_manifest_versioned(output)
   current = Manifest.loads(current_data) if current_data is not None else None
+  gen = _generation_of(current) if current is not None else None
   if replaced is not None and current is not None:
-    keep = _data_paths(current)
-    legacy = sorted(p for p in _data_paths(replaced) if "/" not in p and p not in keep
-                    and naming.ShardName.is_shard_of(p, replaced.name))
-    files.delete_many([files.join(output, p) for p in legacy], missing_ok=True)
+    legacy = sorted(p for p in _data_paths(replaced) if "/" not in p and naming.ShardName.is_shard_of(p, replaced.name))
+    if legacy and gen is not None and policy.keep_replaced_seconds > 0:
+      record = {"name": replaced.name, "shards": legacy, "replaced_at": policy.now}
+      files.write_bytes(files.join(output, gen, LEGACY_FILENAME), json.dumps(record).encode() + b"\n")
+      if log:
+        log(f"kept the {len(legacy)} root shard(s) of the replaced output for {policy.keep_replaced_seconds:.0f} s")
+    else:
+      _delete_root_shards(output, replaced.name, legacy)
+  if gen is not None:
+    _retire_root_shards(output, gen, policy, log)
   fault_point("cleanup:done")
   return removed
+
+
+def _retire_root_shards(output: str, generation: str, policy: _Policy, log: Callable[[str], None] | None,
+                        now_or_never: bool = False) -> None:
+  """Deletes the root shards `generation`'s LEGACY_FILENAME lists once their retention is over (or now, when
+  the generation itself goes: `now_or_never`); the record goes with them. A record that is not the toolkit's
+  form is left alone."""
+  path = files.join(output, generation, LEGACY_FILENAME)
+  try:
+    data, _ = _read_small(path)
+  except FileNotFoundError:
+    return
+  try:
+    record = json.loads(data) if data is not None else None
+    name, shards, at = record["name"], record["shards"], float(record["replaced_at"])
+    if not (isinstance(name, str) and isinstance(shards, list) and all(isinstance(p, str) for p in shards)):
+      return
+  except (ValueError, RecursionError, TypeError, KeyError):
+    return
+  if not now_or_never and policy.now < at + policy.keep_replaced_seconds:
+    return
+  _delete_root_shards(output, name, shards)
+  files.delete_many([path], missing_ok=True)
+  if log:
+    log(f"removed the {len(shards)} root shard(s) of the output {generation} replaced")
+
+
+def _delete_root_shards(output: str, name: str, shards: list[str]) -> None:
+  """Deletes root files that are shards of dataset `name` and that the current manifest does not list."""
+  data, _ = read_manifest_versioned(output)
+  keep = _data_paths(Manifest.loads(data)) if data is not None else set()
+  files.delete_many([files.join(output, p) for p in shards
+                     if "/" not in p and p not in keep and naming.ShardName.is_shard_of(p, name)], missing_ok=True)
 
 
 def repair(output: str, description: str = "") -> None:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import pytest
 
@@ -65,9 +66,10 @@ def test_records_and_rejects_that_miss_an_input_fail_the_commit(tmp_path):
   assert not os.path.exists(os.path.join(out, "manifest.json"))
 
 
-def test_root_shards_of_a_replaced_pre_generation_output_are_removed(tmp_path):
-  """An output written before generations existed: its shards lie at the root and its
-  manifest lists them; the commit that replaces it removes exactly those."""
+def test_root_shards_of_a_replaced_pre_generation_output_are_kept_for_the_retention_then_removed(tmp_path):
+  """An output written before generations existed: its shards lie at the root and its manifest lists them. The
+  commit that replaces it deleted them at once, under a reader of the old output (which holds no lease: there is
+  no generation to lease); they are kept for the retention like a replaced generation, then exactly those go."""
   out = str(tmp_path / "out")
   os.makedirs(out)
   listed = "d-train.tfrecord-00000-of-00001"
@@ -77,9 +79,35 @@ def test_root_shards_of_a_replaced_pre_generation_output_are_removed(tmp_path):
   unlisted = os.path.join(out, "d-train.tfrecord-00004-of-00005")  # no manifest names it: not ours to delete
   open(unlisted, "wb").write(b"user's")
   m = _commit(_spec(out), {"train": ["x"]})
+  assert open(os.path.join(out, listed), "rb").read() == b"old"  # a reader of the old output still reads it
+  assert os.path.exists(os.path.join(out, m.splits["train"].shards[0].path))
+  commit.cleanup(out)  # within the retention: kept
+  assert os.path.exists(os.path.join(out, listed))
+  commit.cleanup(out, now=time.time() + commit.DEFAULT_KEEP_REPLACED_SECONDS + 60)
   assert not os.path.exists(os.path.join(out, listed))
   assert open(unlisted, "rb").read() == b"user's"
-  assert os.path.exists(os.path.join(out, m.splits["train"].shards[0].path))
+  assert not os.path.exists(os.path.join(out, m.splits["train"].shards[0].path.split("/")[0], commit.LEGACY_FILENAME))
+  from formats.outputs.output import verify
+  assert verify(out, m) == 0
+
+
+def test_root_shards_go_at_once_with_keep_replaced_0_or_with_the_generation_that_replaced_them(tmp_path):
+  for keep in (0, None):
+    out = str(tmp_path / f"out-{keep}")
+    os.makedirs(out)
+    listed = "d-train.tfrecord-00000-of-00001"
+    open(os.path.join(out, listed), "wb").write(b"old")
+    old = Manifest("d", "tfrecord", FEATURES, {"train": SplitInfo((ShardInfo(listed, 1, 3, "0" * 64),))})
+    open(os.path.join(out, "manifest.json"), "wb").write(old.dumps())
+    first = _commit(_spec(out), {"train": ["x"]})
+    if keep == 0:
+      commit.cleanup(out, replaced=old, keep_replaced_seconds=0)
+    else:  # the generation that replaced them is replaced and removed in its turn: they go with it
+      assert os.path.exists(os.path.join(out, listed))
+      _commit(_spec(out), {"train": ["y"]})
+      commit.cleanup(out, keep_replaced_seconds=0)
+      assert not os.path.exists(os.path.join(out, first.splits["train"].shards[0].path.split("/")[0]))
+    assert not os.path.exists(os.path.join(out, listed))
 
 
 def test_a_retried_shard_write_leaves_one_identical_file(tmp_path):
