@@ -490,6 +490,7 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
         _undo_switch(blob, int(blob.generation), current if replaced is not None else None)
         raise
   else:
+    _sync_files(output, _data_paths(manifest))  # on disk before a manifest names them (a power loss)
     with _local_lock(output):
       _check_claim(output, generation)
       current, version = read_manifest_versioned(output)
@@ -500,6 +501,7 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
       replaced = Manifest.loads(current) if current is not None else None
       tmp = files.join(output, generation, f".{MANIFEST_FILENAME}.{uuid.uuid4().hex}")
       files.write_bytes(tmp, data)  # beside the data: same file system, so the rename is atomic
+      _sync_files(output, [posixpath.relpath(tmp, output)])
       os.replace(tmp, path)
       _fsync_dir(output)
   fault_point("commit:after_switch")
@@ -545,6 +547,21 @@ def _undo_switch(blob, our_generation: int, previous: bytes | None) -> None:
                               retry=policy)
   except files.gcs_precondition_failed():
     pass  # another run switched after ours: its manifest stands
+
+
+def _sync_files(output: str, rels) -> None:
+  """fsyncs local files of `output` and their folders: a rename then never names bytes a power loss took."""
+  folders = set()
+  for rel in rels:
+    path = os.path.join(output, rel)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+    folders.add(os.path.dirname(path))
+  for folder in sorted(folders):
+    _fsync_dir(folder)
 
 
 def _fsync_dir(path: str) -> None:

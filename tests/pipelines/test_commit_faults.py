@@ -546,6 +546,29 @@ def test_a_switch_that_raced_an_abandon_is_undone_on_gcs(gcs_emulator, tmp_path,
     assert not files.exists(files.join(output, "manifest.json"))
 
 
+def test_a_local_switch_makes_what_the_manifest_names_durable_first(tmp_path, monkeypatch):
+  """A power loss (not a kill: the page cache goes too) after an un-synced switch could leave a manifest naming
+  empty shards. Every data file, its folder and the new manifest are fsynced before the rename onto
+  manifest.json, and the output folder after it."""
+  out = str(tmp_path / "out")
+  gen, expected = commit.begin(out)
+  _put(out, f"{gen}/d-train.tfrecord-00000-of-00001")
+  _put(out, f"{gen}/errors/rejected.jsonl", b"")
+  events = []
+  real_fsync, real_replace = os.fsync, os.replace
+  monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                               real_fsync(fd))[1])
+  monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
+  commit.commit(out, gen, _manifest(gen), expected)
+  switch = events.index(("replace", os.path.join(out, "manifest.json")))
+  synced = {p for what, p in events[:switch] if what == "fsync"}
+  g = os.path.join(out, gen)
+  assert {os.path.join(g, "d-train.tfrecord-00000-of-00001"), os.path.join(g, "errors", "rejected.jsonl"), g,
+          os.path.join(g, "errors")} <= synced
+  assert any(p.startswith(os.path.join(g, ".manifest.json.")) for p in synced)
+  assert ("fsync", out) in events[switch:]
+
+
 def test_a_gcs_sync_that_outlived_its_lock_cannot_write_over_a_later_one(gcs_emulator, tmp_path, monkeypatch):
   """A sync slow past SYNC_LEASE_SECONDS (a root write retried through 503s) whose lock another run's sync took
   over: its later writes landed over the newer sync's, and if its process died then, dataset_info.json named the
