@@ -142,22 +142,28 @@ def read_manifest_versioned(output: str) -> tuple[bytes | None, Version]:
   """
   path = _manifest_path(output)
   if files.is_gcs(path):
-    blob, policy = files.gcs_blob(path), retry.named(path)
-    try:
-      blob.reload(retry=policy)
-      generation = blob.generation
-      data = blob.download_as_bytes(if_generation_match=generation, retry=policy)
-    except files.gcs_not_found():
-      return None, Version()
-    except files.gcs_precondition_failed():  # replaced between the two calls: read again
-      return read_manifest_versioned(output)
-    return data, Version(str(generation))
+    data, generation = _read_gcs_versioned(path)
+    return (data, Version(str(generation))) if data is not None else (None, Version())
   try:
     with open(path, "rb") as f:
       data = f.read()
   except FileNotFoundError:
     return None, Version()
   return data, Version("sha256:" + hashlib.sha256(data).hexdigest())
+
+
+def _read_gcs_versioned(path: str) -> tuple[bytes | None, int]:
+  """(content, object generation) of a gs:// object read as one consistent pair; (None, 0) when absent."""
+  blob, policy = files.gcs_blob(path), retry.named(path)
+  while True:
+    try:
+      blob.reload(retry=policy)
+      generation = blob.generation  # before the download, which may reset it
+      return blob.download_as_bytes(if_generation_match=generation, retry=policy), generation
+    except files.gcs_not_found():
+      return None, 0
+    except files.gcs_precondition_failed():  # replaced between the two calls: read again
+      continue
 
 
 def read_version(output: str) -> Version:
@@ -201,10 +207,14 @@ def _now_iso() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
-def _write_marker(output: str, generation: str, state: str, info: Mapping | None = None) -> None:
+def _marker_bytes(generation: str, state: str, info: Mapping | None = None) -> bytes:
   marker = {"toolkit": TOOLKIT, "generation": generation, "state": state, "host": socket.gethostname(),
             "pid": os.getpid(), "written": _now_iso(), **(info or {})}
-  files.write_bytes(_marker_path(output, generation), json.dumps(marker, sort_keys=True).encode() + b"\n")
+  return json.dumps(marker, sort_keys=True).encode() + b"\n"
+
+
+def _write_marker(output: str, generation: str, state: str, info: Mapping | None = None) -> None:
+  files.write_bytes(_marker_path(output, generation), _marker_bytes(generation, state, info))
 
 
 def _mark(output: str, generation: str, state: str, info: Mapping | None = None,
@@ -262,13 +272,8 @@ def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None
   path = _marker_path(output, generation)
   with _lock_if_local(output):
     if files.is_gcs(path):
-      blob, policy = files.gcs_blob(path), retry.named(path)
-      try:
-        blob.reload(retry=policy)
-        token = blob.generation
-        marker = _parse_marker(blob.download_as_bytes(if_generation_match=token, retry=policy), generation)
-      except (files.gcs_not_found(), files.gcs_precondition_failed()):
-        marker = token = None  # gone, or rewritten since (by a clean-up: a heartbeat is this run's alone)
+      data, token = _read_gcs_versioned(path)
+      marker = _parse_marker(data, generation)
     else:
       marker = _read_marker(output, generation)[0]
     state = None if marker is None else marker.get("state")
@@ -277,14 +282,12 @@ def heartbeat(output: str, generation: str, info: Mapping | None = None) -> None
     if state != RUNNING:
       raise CommitConflict(f"{output}: this run's generation {generation} is {state or 'gone'} (a clean-up took "
                            "it while this run was silent for a lease); this run cannot commit")
-    data = json.dumps({"toolkit": TOOLKIT, "generation": generation, "state": RUNNING,
-                       "host": socket.gethostname(), "pid": os.getpid(), "written": _now_iso(), **(info or {})},
-                      sort_keys=True).encode() + b"\n"
     if not files.is_gcs(path):
-      files.write_bytes(path, data)
+      _write_marker(output, generation, RUNNING, info)
       return
     try:
-      blob.upload_from_string(data, content_type="application/json", if_generation_match=token, retry=policy)
+      files.gcs_blob(path).upload_from_string(_marker_bytes(generation, RUNNING, info), if_generation_match=token,
+                                              retry=retry.named(path))
     except files.gcs_precondition_failed():
       raise CommitConflict(f"{output}: this run's generation {generation} was changed by a clean-up while its "
                            "heartbeat was written; this run cannot commit") from None
@@ -490,7 +493,7 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
         _undo_switch(blob, int(blob.generation), current if replaced is not None else None)
         raise
   else:
-    _sync_files(output, _data_paths(manifest))  # on disk before a manifest names them (a power loss)
+    _sync_files(files.join(output, p) for p in _data_paths(manifest))  # on disk before a manifest names them
     with _local_lock(output):
       _check_claim(output, generation)
       current, version = read_manifest_versioned(output)
@@ -501,7 +504,7 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
       replaced = Manifest.loads(current) if current is not None else None
       tmp = files.join(output, generation, f".{MANIFEST_FILENAME}.{uuid.uuid4().hex}")
       files.write_bytes(tmp, data)  # beside the data: same file system, so the rename is atomic
-      _sync_files(output, [posixpath.relpath(tmp, output)])
+      _sync_files([tmp])
       os.replace(tmp, path)
       _fsync_dir(output)
   fault_point("commit:after_switch")
@@ -549,11 +552,10 @@ def _undo_switch(blob, our_generation: int, previous: bytes | None) -> None:
     pass  # another run switched after ours: its manifest stands
 
 
-def _sync_files(output: str, rels) -> None:
-  """fsyncs local files of `output` and their folders: a rename then never names bytes a power loss took."""
+def _sync_files(paths) -> None:
+  """fsyncs local files and their folders: a rename then never names bytes a power loss took."""
   folders = set()
-  for rel in rels:
-    path = os.path.join(output, rel)
+  for path in paths:
     try:
       fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -721,18 +723,7 @@ class _RootFileChanged(Exception):
 def _read_root_file(output: str, rel: str) -> tuple[bytes | None, int | None]:
   """(content or None when absent, on gs:// the object's generation (0: absent); None locally)."""
   path = files.join(output, rel)
-  if not files.is_gcs(path):
-    return _read_or_none(path), None
-  blob, policy = files.gcs_blob(path), retry.named(path)
-  for _ in range(5):
-    try:
-      blob.reload(retry=policy)
-      return blob.download_as_bytes(if_generation_match=blob.generation, retry=policy), blob.generation
-    except files.gcs_not_found():
-      return None, 0
-    except files.gcs_precondition_failed():  # rewritten between the two calls: read again
-      continue
-  raise _RootFileChanged(path)
+  return _read_gcs_versioned(path) if files.is_gcs(path) else (_read_or_none(path), None)
 
 
 def _delete_root_file(output: str, rel: str, token: int | None) -> None:
