@@ -569,7 +569,10 @@ def test_a_local_switch_makes_what_the_manifest_names_durable_first(tmp_path, mo
   assert ("fsync", out) in events[switch:]
 
 
-def test_a_gcs_sync_that_outlived_its_lock_cannot_write_over_a_later_one(gcs_emulator, tmp_path, monkeypatch):
+@pytest.mark.parametrize("held_at,killed_after", [("tfds:wrote_label.labels.txt", "dataset_info.json"),
+                                                  ("tfds:info_removed", "label.labels.txt")])
+def test_a_gcs_sync_that_outlived_its_lock_cannot_write_over_a_later_one(gcs_emulator, tmp_path, monkeypatch,
+                                                                         held_at, killed_after):
   """A sync slow past SYNC_LEASE_SECONDS (a root write retried through 503s) whose lock another run's sync took
   over: its later writes landed over the newer sync's, and if its process died then, dataset_info.json named the
   old generation beside the new class names (docs/manifest.md: never). Its writes are conditional on the objects
@@ -593,15 +596,18 @@ def test_a_gcs_sync_that_outlived_its_lock_cannot_write_over_a_later_one(gcs_emu
     pass
 
   def point(name):
-    if threading.get_ident() in slow and name == "tfds:wrote_label.labels.txt":
+    if threading.get_ident() in slow and name == held_at:
       resume.wait(30)  # held past its lock's lease
     real_point(name)
 
   def write(output, rel, *args):
     real_write(output, rel, *args)
-    if threading.get_ident() in slow and rel == "dataset_info.json":
+    if threading.get_ident() in slow and rel == killed_after:
       raise Killed()  # its process dies right after this write landed
 
+  gen_0, expected = commit.begin(out)  # an earlier output: the root files exist when A reads them
+  commit.commit(out, gen_0, manifest(gen_0, ["p", "q"]), expected)
+  commit.sync_tfds_metadata(out)
   monkeypatch.setattr(commit, "fault_point", point)
   monkeypatch.setattr(commit, "_write_root_file", write)
   gen_a, expected = commit.begin(out)
