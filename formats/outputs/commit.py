@@ -327,14 +327,29 @@ def abandon(output: str, generation: str) -> bool:
 
 
 def _abandon(output: str, generation: str, info: Mapping | None = None) -> bool:
-  """`abandon`, with extra marker fields (clean-up's "removing": the retention is over)."""
+  """`abandon`, with extra marker fields (clean-up's "removing": the retention is over). A generation being
+  removed is also kept, its marker as it was, while the manifest names one that is abandoned or gone: that is
+  a gs:// switch that raced an abandon, and its undo puts back the manifest it replaced (`_undo_switch`)."""
   with _lock_if_local(output):
     previous = _read_marker(output, generation)[0] or {}
     _mark(output, generation, ABANDONED, info, previous)
-    if generation in (current_generation(output), _tfds_generation(output)):
+    current = current_generation(output)
+    if generation in (current, _tfds_generation(output)):
       _mark(output, generation, COMMITTED, previous=previous)
       return False
+    if info and info.get("removing") and _being_undone(output, current):
+      if previous:
+        files.write_bytes(_marker_path(output, generation), json.dumps(previous, sort_keys=True).encode() + b"\n")
+      return False
   return True
+
+
+def _being_undone(output: str, current: str | None) -> bool:
+  """Whether the manifest names a generation that is abandoned or gone (its switch is about to be undone)."""
+  if current is None:
+    return False
+  marker, _ = _read_marker(output, current)
+  return marker is None or marker.get("state") == ABANDONED
 
 
 def _read_marker(output: str, generation: str) -> tuple[dict | None, float]:
@@ -412,6 +427,8 @@ def remove_generation(output: str, generation: str) -> None:
   files.delete_many(paths)
   fault_point("remove:before_marker")
   files.delete_many([_marker_path(output, generation)])
+  # What a run still writing put there meanwhile (its commit, which found the marker there, left no record).
+  files.delete_many([p for p in files.walk(folder) if posixpath.basename(p.replace(os.sep, "/")) != MARKER_FILENAME])
   files.remove_empty_dirs(folder)
 
 
@@ -530,8 +547,17 @@ def _mark_replaced(output: str, generation: str, by: str) -> None:
 
 
 def _check_claim(output: str, generation: str) -> None:
-  """Raises CommitConflict unless the run still holds its generation (marker state running)."""
+  """Raises CommitConflict unless the run still holds its generation (marker state running).
+
+  A generation found gone (a clean-up removed it while the run was silent) is marked abandoned again: what
+  the run wrote into it since is the toolkit's, and clean-up removes it after the retention.
+  """
   marker, _ = _marker(output, generation)
+  if marker is None:
+    try:
+      _write_marker(output, generation, ABANDONED)
+    except Exception as e:  # pylint: disable=broad-except  # the conflict below is the error to report
+      logging.warning("could not mark generation %s abandoned (%s)", generation, type(e).__name__)
   if marker is None or marker.get("state") not in ("running", "committed"):
     raise CommitConflict(
         f"{output}: this run's generation {generation} is "
@@ -920,7 +946,9 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
   generation that nothing names is marked replaced first (its retention
   starts then). Each removed generation is marked abandoned before its files
   are deleted; a lease that appears in between keeps it (it is removed by the
-  next clean-up that finds it free). Expired leases are removed too.
+  next clean-up that finds it free), and so does a manifest that names an
+  abandoned or removed generation (a gs:// switch about to be undone, which
+  may name it again). Expired leases are removed too.
   `replaced`, the manifest this run's commit replaced, names the files of an
   output written before generations existed (removed if the current manifest
   does not list them). `keep_replaced_seconds=0` removes ended generations at once.
@@ -942,7 +970,7 @@ def cleanup(output: str, replaced: Manifest | None = None, lease_seconds: float 
     if not status.removable:
       continue
     if not _abandon(output, status.name, {"removing": True}):
-      continue  # committed meanwhile
+      continue  # committed meanwhile, or a switch being undone may name it again
     if status.name in leases.held_generations(output, lease_ttl_seconds, now=policy.now):
       continue  # a reader took a lease meanwhile: stays abandoned, removed once it is free
     fault_point("cleanup:abandoned")
