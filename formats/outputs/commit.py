@@ -226,8 +226,13 @@ def _mark(output: str, generation: str, state: str, info: Mapping | None = None,
   marker = {"host": socket.gethostname(), "pid": os.getpid(),
             **{k: v for k, v in previous.items() if k != "removing"},
             "toolkit": TOOLKIT, "generation": generation, "state": state, "written": _now_iso(), **(info or {})}
-  files.write_bytes(_marker_path(output, generation), json.dumps(marker, sort_keys=True).encode() + b"\n")
+  _put_marker(output, generation, marker)
   return marker
+
+
+def _put_marker(output: str, generation: str, marker: Mapping) -> None:
+  """Writes `marker` (a whole marker, as read or made) as `generation`'s marker."""
+  files.write_bytes(_marker_path(output, generation), json.dumps(marker, sort_keys=True).encode() + b"\n")
 
 
 def begin(output: str, info: Mapping | None = None) -> tuple[str, Version]:
@@ -339,7 +344,7 @@ def _abandon(output: str, generation: str, info: Mapping | None = None) -> bool:
       return False
     if info and info.get("removing") and _being_undone(output, current):
       if previous:
-        files.write_bytes(_marker_path(output, generation), json.dumps(previous, sort_keys=True).encode() + b"\n")
+        _put_marker(output, generation, previous)
       return False
   return True
 
@@ -423,12 +428,12 @@ def remove_generation(output: str, generation: str) -> None:
   if not naming.is_generation(generation) or "/" in generation:
     raise ValueError(f"{generation!r} is not a generation folder")
   folder = files.join(output, generation)
-  paths = [p for p in files.walk(folder) if posixpath.basename(p.replace(os.sep, "/")) != MARKER_FILENAME]
+  paths = _data_files(folder)
   files.delete_many(paths)
   fault_point("remove:before_marker")
   files.delete_many([_marker_path(output, generation)])
   # What a run still writing put there meanwhile (its commit, which found the marker there, left no record).
-  files.delete_many([p for p in files.walk(folder) if posixpath.basename(p.replace(os.sep, "/")) != MARKER_FILENAME])
+  files.delete_many(_data_files(folder))
   files.remove_empty_dirs(folder)
 
 
@@ -544,6 +549,11 @@ def _mark_replaced(output: str, generation: str, by: str) -> None:
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("could not mark generation %s replaced (%s); the next clean-up does", generation,
                     type(e).__name__)
+
+
+def _data_files(folder: str) -> list[str]:
+  """Every file below a generation's folder but its marker."""
+  return [p for p in files.walk(folder) if posixpath.basename(p.replace(os.sep, "/")) != MARKER_FILENAME]
 
 
 def _check_claim(output: str, generation: str) -> None:
