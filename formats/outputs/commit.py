@@ -540,11 +540,13 @@ def commit(output: str, generation: str, manifest: Manifest, expected: Version |
 def _mark_replaced(output: str, generation: str, by: str) -> None:
   """Marks a generation the manifest no longer names "replaced": its retention starts now.
 
+  Also one already marked so: a clean-up marks the old generation replaced while an undone gs:// switch names
+  another (`_abandon`), and the undo makes it current again with that early mark.
   A failure is logged, not raised (the switch is done): the next clean-up marks it then.
   """
   try:
     marker, _ = _read_marker(output, generation)
-    if marker is not None and marker.get("state") in (RUNNING, COMMITTED):
+    if marker is not None and marker.get("state") in (RUNNING, COMMITTED, REPLACED):
       _mark(output, generation, REPLACED, {"replaced_at": _now_iso(), "replaced_by": by}, marker)
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("could not mark generation %s replaced (%s); the next clean-up does", generation,

@@ -8,6 +8,7 @@ generation preconditions (tests/gcs_faults.py).
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -126,3 +127,24 @@ def test_a_shard_written_while_its_generation_is_removed_is_removed_too(output, 
   monkeypatch.setattr(commit, "fault_point", real_point)
   assert files.walk(files.join(output, gen)) == []
   assert {g.name: g.state for g in commit.list_generations(output)} == {old: "current"}
+
+
+def test_a_restored_generation_marked_replaced_meanwhile_gets_its_full_retention_when_replaced_again(output):
+  """A clean-up between an undone switch and its undo marks the old generation "replaced" (nothing named it;
+  the first test here makes that state); the undo makes it current again. When a later run replaces it, its
+  retention must start then, not at that early mark, or readers of it lose it before keep_replaced_seconds."""
+  old = _committed_run(output)
+  commit._mark(output, old, commit.REPLACED, {"replaced_at": "2026-01-01T00:00:00Z", "replaced_by": ""})
+  if not files.is_gcs(output):  # the mark was made long ago (a gs:// object's time cannot be set back)
+    marker = files.join(output, old, commit.MARKER_FILENAME)
+    month_ago = time.time() - 30 * 86400
+    os.utime(marker, (month_ago, month_ago))
+  assert commit.current_generation(output) == old  # current again after the undo
+  new = _committed_run(output)
+  marker, _ = commit._read_marker(output, old)
+  assert marker["state"] == "replaced" and marker["replaced_by"] == new
+  keep = commit.DEFAULT_KEEP_REPLACED_SECONDS
+  status = {g.name: g for g in commit.list_generations(output, now=time.time() + keep - 3600)}
+  assert status[old].state == "replaced" and not status[old].removable
+  assert old not in commit.cleanup(output, now=time.time() + keep - 3600)
+  assert files.exists(files.join(output, old, "d-train.tfrecord-00000-of-00001"))
