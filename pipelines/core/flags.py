@@ -23,6 +23,9 @@ import textwrap
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from apache_beam.runners.runner import PipelineRunner
 
 from formats import naming
@@ -622,6 +625,23 @@ def worker_counts(options: PipelineOptions) -> tuple[int, int]:
   n = max(1, int(d.direct_num_workers or os.cpu_count() or 1))
   mode = d.direct_running_mode
   return (n if mode in ("multi_threading", "multi_processing") else 1), (n if mode == "multi_processing" else 1)
+
+
+def local_runner(options: PipelineOptions) -> PipelineRunner | None:
+  """The runner of a run on Beam's DirectRunner (named, or by default): its in-process FnApiRunner, set up as
+  the DirectRunner sets it up; None for any other runner (Beam creates the one named).
+
+  Since Beam 2.68 the DirectRunner first tries Prism, a Go binary it downloads from GitHub: where that works
+  the job runs on another engine than the one the tests exercise (its failures all RuntimeErrors, its metrics
+  named otherwise), and where the network drops packets the download waits minutes before it falls back.
+  `--runner=PrismRunner` still asks for Prism.
+  """
+  name = str(options.view_as(StandardOptions).runner or "DirectRunner").lower()
+  if name.removesuffix("runner") not in ("direct", "switchingdirect"):
+    return None
+  provision = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
+      pipeline_options=JobServiceHandle.encode_pipeline_options(options.get_all_options())))
+  return fn_runner.FnApiRunner(provision_info=provision)
 
 
 def _on_dataflow(options: PipelineOptions) -> bool:

@@ -150,7 +150,7 @@ def run_pipeline(options, converter: Converter, common: flags.CommonConfig, conf
     # of manifest.json against the version read now (formats.outputs.commit, docs/manifest.md).
     output = common.output
     common = dataclasses.replace(common, generation=naming.new_generation(), expected=commit.read_version(output))
-    p = beam.Pipeline(options=options)
+    p = beam.Pipeline(runner=flags.local_runner(options), options=options)
     converter.build(p, common, config)  # reads the input's listing; writes nothing
     commit.repair(output)  # an earlier run killed between its switch and its clean-up
     commit.claim(output, common.generation, {"pipeline": prog})

@@ -321,3 +321,29 @@ def test_plan_auto_hands_the_listing_to_the_workers_past_the_limit(class_folder,
   assert listed[launcher_calls:] == [5]  # auto: bounded, and given up at the first folder (it holds more)
   with pytest.raises(inputs.TooManyFiles):
     real(os.path.join(class_folder, "cat"), 5, None, 2)
+
+
+@pytest.mark.parametrize("runner", [None, "DirectRunner", "direct"])
+def test_a_run_on_the_direct_runner_stays_in_this_process_never_on_a_downloaded_prism(class_folder, tmp_path,
+                                                                                      monkeypatch, runner):
+  """Beam's DirectRunner first tries Prism, a binary it downloads from GitHub (another engine; minutes of
+  waiting where the network drops packets): a run on the DirectRunner (named or by default) goes straight to
+  the in-process FnApiRunner, the engine the tests exercise. --runner=PrismRunner still asks for Prism."""
+  from apache_beam.runners.portability import prism_runner
+  from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+  tried = []
+
+  def prism(self, pipeline, options):
+    tried.append(pipeline)
+    raise RuntimeError("Prism is not available here")
+
+  monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", prism)
+  out = str(tmp_path / "out")
+  result = image_folder.run([f"--input={class_folder}", f"--output={out}", *([f"--runner={runner}"] if runner else [])])
+  assert tried == []
+  assert isinstance(result, fn_runner.RunnerResult)
+  assert inspect.main([out, "--verify"]) == 0
+  with pytest.raises(RuntimeError, match="Prism is not available"):
+    image_folder.run([f"--input={class_folder}", f"--output={tmp_path / 'prism'}", "--runner=PrismRunner"])
+  assert len(tried) == 1
