@@ -59,7 +59,12 @@ class DeviceIterator:
   (reading it, or an int64 or uint64 value that jax would wrap: 32 bits
   without jax_enable_x64, ValueError) is raised from `next`, and the next call
   tries that batch again; a refused `set_state` and `close` leave the position
-  at the last batch received, so nothing read ahead is lost.
+  at the last batch received, so nothing read ahead is lost. `close` and
+  `set_state` may come from another thread or a signal handler while `next`
+  waits (a preemption handler saving the state): `next` then goes on from the
+  position they left, and an interrupt (Ctrl-C) inside any of them loses no
+  batch either. jax settings made with a context manager (`jax.enable_x64`)
+  apply to the batches as they stand when `next` starts the thread.
   """
 
   def __init__(self, host_dataset, sharding: NamedSharding, prefetch: int = 2):
@@ -78,35 +83,54 @@ class DeviceIterator:
     self._to_global = functools.partial(_to_global, sharding)
     self._iter = iter(host_dataset)
     self._state = self._iter.get_state()
-    self._worker: _Worker | None = None
+    self._worker: _Worker | None = None  # running, or stopped and not yet joined (an interrupted _halt)
     self._stop_worker: weakref.finalize | None = None
+    self._rewind = False  # the host iterator is past self._state (what a stopped worker read ahead)
     self._done = False
+    self._lock = threading.RLock()  # re-entrant: a signal handler may close while this thread holds it
 
   def __iter__(self) -> DeviceIterator:
     return self
 
   def __next__(self) -> dict:
-    if self._done:
-      raise StopIteration
-    if self._worker is None:  # the worker holds no reference to self: a dropped iterator stops it
-      self._worker = _Worker(self._iter, self._to_global, self._prefetch)
-      self._stop_worker = weakref.finalize(self, self._worker.stop)
-    item = self._worker.get()
-    if item is _END:
-      self._halt()
-      self._done = True
-      raise StopIteration
-    if isinstance(item, BaseException):
-      self._halt()  # the next call reads again from the batch that failed
-      raise item
-    batch, self._state = item
-    return batch
+    while True:
+      with self._lock:
+        if self._worker is not None and self._worker.stopped:
+          self._halt()  # one stopped from elsewhere, or a halt an interrupt cut short
+        if self._done:
+          raise StopIteration
+        worker = self._worker
+        if worker is None:  # the worker holds no reference to self: a dropped iterator stops it
+          if self._rewind:
+            self._iter.set_state(self._state)
+            self._rewind = False
+          worker = self._worker = _Worker(self._iter, self._to_global, self._prefetch)
+          self._stop_worker = weakref.finalize(self, worker.stop)
+      item = worker.get()  # no lock held while waiting: close() and set_state() may come meanwhile
+      with self._lock:
+        if item is _HALTED or worker is not self._worker:
+          continue  # stopped by close() or set_state(): go on from where they left the position
+        if item is _END:
+          self._halt()
+          self._done = True
+          raise StopIteration
+        if isinstance(item, BaseException):
+          self._halt()  # the next call reads again from the batch that failed
+          raise item
+        batch, self._state = item
+        return batch
 
   def _halt(self) -> None:
-    """Stops the worker; what it made ahead is dropped and the host iterator goes back to the last batch received."""
+    """Stops the worker and waits for its thread; what it made ahead is dropped (the host iterator goes back to
+    the last batch received before a worker starts again). An interrupt while waiting leaves the worker to the
+    next call, which waits again."""
+    worker = self._worker
+    if worker is None:
+      return
+    self._rewind = True
+    worker.stop()
     if self._stop_worker is not None:
-      self._stop_worker()
-      self._iter.set_state(self._state)
+      self._stop_worker.detach()
     self._worker = self._stop_worker = None
 
   @property
@@ -124,34 +148,42 @@ class DeviceIterator:
     Raises:
       StateMismatchError: `state` names other data than the host dataset reads (and it refuses those).
     """
-    self._halt()
-    self._iter.set_state(state)
-    self._state, self._done = self._iter.get_state(), False
+    with self._lock:
+      self._halt()
+      self._iter.set_state(state)
+      self._state, self._rewind, self._done = self._iter.get_state(), False, False
 
   def close(self) -> None:
     """Stops the prefetching and releases the host dataset's lease (when it has `close()`); idempotent."""
-    self._halt()
-    close = getattr(self._dataset, "close", None)
-    if close is not None:
-      close()
+    with self._lock:
+      self._halt()
+      close = getattr(self._dataset, "close", None)
+      if close is not None:
+        close()
+
+
+_HALTED = object()  # the worker was stopped while `get` waited
 
 
 class _Worker:
-  """A daemon thread that turns host batches into global ones, up to `depth` ahead of `get`."""
+  """A daemon thread that turns host batches into global ones, up to `depth` ahead of `get`, under the jax
+  settings of the thread that starts it (jax keeps context-manager settings per thread)."""
 
   def __init__(self, host_iter, to_global: Callable[[dict], dict], depth: int):
     self._queue: queue.Queue = queue.Queue(depth)
     self._stop = threading.Event()
+    self._x64 = jax.config.jax_enable_x64
     self._thread = threading.Thread(target=self._run, args=(host_iter, to_global), daemon=True,
                                     name="loaders.jax prefetch")
     self._thread.start()
 
   def _run(self, host_iter, to_global) -> None:
     try:
-      for batch in host_iter:
-        if not self._put((to_global(batch), host_iter.get_state())):
-          return
-      self._put(_END)
+      with jax.enable_x64(self._x64):
+        for batch in host_iter:
+          if not self._put((to_global(batch), host_iter.get_state())):
+            return
+        self._put(_END)
     except BaseException as e:  # noqa: BLE001 - raised again in the loop's thread
       self._put(e)
 
@@ -164,10 +196,21 @@ class _Worker:
         pass
     return False
 
+  @property
+  def stopped(self) -> bool:
+    return self._stop.is_set()
+
   def get(self):
-    return self._queue.get()
+    """The next item the thread made, or _HALTED once `stop` was called."""
+    while not self._stop.is_set():
+      try:
+        return self._queue.get(timeout=0.1)
+      except queue.Empty:
+        pass
+    return _HALTED
 
   def stop(self) -> None:
+    """Stops the thread and waits for it (again, after an interrupted wait)."""
     self._stop.set()
     self._thread.join()
 
@@ -231,6 +274,10 @@ def _check_rows(mesh: Mesh, partition: PartitionSpec, per_host: int, shard_index
   want = list(range(shard_index * per_host, (shard_index + 1) * per_host))
   if rows == want:
     return
+  if not rows:
+    raise ValueError(f"on this mesh process {jax.process_index()} holds no rows of the global batch (none of "
+                     f"its devices is on the mesh), but shard {shard_index} of {shard_count} reads rows "
+                     f"[{want[0]}, {want[-1] + 1})")
   hint = ""
   if rows == list(range(rows[0], rows[0] + len(rows))) and rows[0] % len(rows) == 0:
     hint = f": pass shard_index={rows[0] // len(rows)}, shard_count={total // len(rows)}"
@@ -330,6 +377,9 @@ def graph_dataset(make_sampler: Callable[[int, int], graph_loader.Sampler], *, m
   """
   slots = _slices(mesh, partition)
   mine = _rows(mesh, partition, slots)
+  if not mine:
+    raise ValueError(f"on this mesh process {jax.process_index()} holds none of the {slots} subgraph slots "
+                     "(none of its devices is on the mesh)")
   samplers = [make_sampler(i, slots) for i in mine]
   for i, s in zip(mine, samplers):
     if (s.shard_index, s.shard_count) != (i, slots):

@@ -30,6 +30,7 @@ per step and, last:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -206,17 +207,18 @@ def main(argv: list[str] | None = None) -> None:
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  step = start
-  for step, batch in zip(range(start, start + a.steps), it):
+  step, loss = start, None  # `step`: the next step to run
+  for batch in itertools.islice(it, a.steps):
     params, opt_state, loss = train_step(params, opt_state, batch)
     print(f"step {step}: loss {float(loss)!r}", flush=True)
+    step += 1
   if a.checkpoint:
-    save_checkpoint(a.checkpoint, (params, opt_state), step + 1, it.get_state())
+    save_checkpoint(a.checkpoint, (params, opt_state), step, it.get_state())
   it.close()
   resumed = f"resumed at step {start}" if loader_state is not None else "fresh start"
-  print(f"jax {a.task}: steps {start}..{step} ({step + 1 - start} steps) on {len(jax.devices())} "
-        f"{jax.devices()[0].platform} devices, {resumed}, last loss {float(loss):.4f}, "
-        f"compiles {train_step._cache_size()}")
+  last = "no batch left" if loss is None else f"last loss {float(loss):.4f}"
+  print(f"jax {a.task}: steps {start}..{step - 1} ({step - start} steps) on {len(jax.devices())} "
+        f"{jax.devices()[0].platform} devices, {resumed}, {last}, compiles {train_step._cache_size()}")
 
 
 if __name__ == "__main__":

@@ -260,6 +260,15 @@ found["uneven"] = refused(lambda: lj.dataset(sys.argv[2], mesh=mesh, global_batc
 graph = lg.load(sys.argv[3])
 found["not_its_slot"] = refused(lambda: lj.graph_dataset(
     lambda i, n: lg.NeighborSampler(graph, [2], batch_size=2, shard_index=0, shard_count=n), mesh=mesh))
+found["unequal_slots"] = refused(lambda: lj.graph_dataset(
+    lambda i, n: lg.NeighborSampler(graph, [2], batch_size=2 if i else 1, shard_index=i, shard_count=n), mesh=mesh))
+rows = lj._rows
+lj._rows = lambda *args: []  # a process none of whose devices is on the mesh (one process cannot make that mesh)
+found["no_rows"] = refused(lambda: lj.dataset(sys.argv[2], mesh=mesh, global_batch_size=8, shard_index=1,
+                                               shard_count=2))
+found["no_slots"] = refused(lambda: lj.graph_dataset(
+    lambda i, n: lg.NeighborSampler(graph, [2], batch_size=2, shard_index=i, shard_count=n), mesh=mesh))
+lj._rows = rows
 print(json.dumps(found))
 """
 
@@ -279,6 +288,10 @@ def test_prefetch_text_on_the_host_set_state_a_dropped_iterator_and_refused_mesh
          "shard_index=0, shard_count=1" in found["other_rows"]
   assert "a global batch of 12 (1 x 12) does not split into the 8 slices" in found["uneven"]
   assert "make_sampler(1, 8) made a sampler of shard 0 of 8" in found["not_its_slot"]
+  assert "the slots' samplers have different numbers of batches" in found["unequal_slots"]
+  assert "holds no rows of the global batch (none of its devices is on the mesh), but shard 1 of 2 reads rows " \
+         "[4, 8)" in found["no_rows"]
+  assert "holds none of the 8 subgraph slots" in found["no_slots"]
 
 
 # One process, 8 devices: the device arrays share the loader's aligned host batches (jax's CPU backend uses an
@@ -370,6 +383,8 @@ def first(extra):  # batch 0 with an array "id" added from its record indices: i
 
 found = {"above": first(lambda r: r + 2**40), "below": first(lambda r: -r - 2**31 - 1),
          "unsigned": first(lambda r: r.astype(np.uint64) + 2**32), "fits": first(lambda r: r + 2**31 - 100)}
+with jax.enable_x64(True):  # a setting of this thread only: the prefetch thread must make the batch under it
+  found["x64_context"] = first(lambda r: r + 2**40)
 jax.config.update("jax_enable_x64", True)
 found["x64"] = first(lambda r: r + 2**40)
 print(json.dumps(found))
@@ -384,8 +399,9 @@ def test_integers_jax_would_wrap_are_refused_never_wrapped(inputs):
                            "jax_enable_x64, so they would wrap: jax.config.update('jax_enable_x64', True) keeps them")
   (id_type, ids), (index_type, indices) = found["fits"]["id"], found["fits"]["record_index"]
   assert (id_type, index_type) == ("int32", "int32") and ids == [i + 2**31 - 100 for i in indices]
-  (id_type, ids), (_, indices) = found["x64"]["id"], found["x64"]["record_index"]
-  assert id_type == "int64" and ids == [i + 2**40 for i in indices]
+  for case in ("x64", "x64_context"):
+    (id_type, ids), (_, indices) = found[case]["id"], found[case]["record_index"]
+    assert id_type == "int64" and ids == [i + 2**40 for i in indices]
 
 
 # One process, 8 devices: what the thread made ahead is never lost when the loop sees an error, a refused
@@ -447,6 +463,93 @@ def test_an_error_a_refused_state_or_a_close_loses_no_batch_made_ahead(inputs):
   assert found["errors"] == ["a 503 past the retry budget"] and found["got"] == every  # raised, then read again
   assert found["refused"] == [1] and found["head"] + found["after_refusal"] == every
   assert found["head_closed"] + found["after_close"] == every[:3]
+
+
+# One process, 8 devices: close() from another thread, set_state() from a signal handler (a preemption handler
+# going back to a saved state), each while next() waits for a batch the worker is still making, and a Ctrl-C
+# inside set_state(). next() must go on from the position they left, losing and repeating nothing. The worker's
+# batches are held at a gate so that next() surely waits; a hang ends the process (faulthandler).
+_MEANWHILE = r"""
+import _thread, faulthandler, json, signal, sys, threading, time
+faulthandler.dump_traceback_later(120, exit=True)
+sys.path.insert(0, sys.argv[1])
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from loaders import grain as grain_loader, jax as lj
+
+sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+ids = lambda batch: np.asarray(batch["record_index"]).tolist()
+make = lambda: grain_loader.dataset(sys.argv[2], batch_size=8, seed=5, num_epochs=2, num_threads=1)
+every = [ids(b) for b in lj.DeviceIterator(make(), sharding)]
+found = {"every": every}
+
+def gated(after):  # host batches from the `after`-th on wait for the gate
+  gate, calls = threading.Event(), []
+  def hold(batch):
+    calls.append(1)
+    if len(calls) > after:
+      gate.wait()
+    return batch
+  return gate, hold
+
+gate, hold = gated(1)
+it = lj.DeviceIterator(make().map(hold), sharding, prefetch=1)
+got = [ids(next(it))]
+def close_meanwhile():
+  time.sleep(0.3)  # next() below waits for batch 1
+  gate.set()
+  it.close()
+threading.Thread(target=close_meanwhile).start()
+got += [ids(b) for b in it]
+found["closed_meanwhile"] = got
+
+gate, hold = gated(3)
+it = lj.DeviceIterator(make().map(hold), sharding, prefetch=1)
+got = [ids(next(it)) for _ in range(2)]
+saved = it.get_state()  # after batch 1
+got.append(ids(next(it)))
+def back_to_saved(signum, frame):
+  gate.set()
+  it.set_state(saved)
+signal.signal(signal.SIGALRM, back_to_saved)
+signal.setitimer(signal.ITIMER_REAL, 0.3)  # while next() waits for batch 3
+got += [ids(b) for b in it]
+found["signalled"] = got
+
+gate, hold = gated(2)
+it = lj.DeviceIterator(make().map(hold), sharding, prefetch=1)
+got = [ids(next(it))]
+saved = it.get_state()  # after batch 0
+got.append(ids(next(it)))
+def interrupt():
+  time.sleep(0.3)  # set_state() below waits for the worker, held at the gate
+  _thread.interrupt_main()
+  time.sleep(0.3)
+  gate.set()
+threading.Thread(target=interrupt).start()
+try:
+  it.set_state(saved)
+  found["interrupted"] = False
+except KeyboardInterrupt:
+  found["interrupted"] = True
+got.append(ids(next(it)))  # the position is still after batch 1
+it.set_state(saved)
+got += [ids(b) for b in it]
+found["after_interrupt"] = got
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow  # a process of its own (jax)
+def test_close_or_set_state_while_next_waits_and_a_ctrl_c_inside_them_lose_nothing(inputs):
+  found = _found(_MEANWHILE, inputs["records"])
+  every = found["every"]
+  assert len(every) == 2 * (N_RECORDS // GLOBAL_BATCH)
+  assert found["closed_meanwhile"] == every
+  assert found["signalled"] == every[:3] + every[2:]
+  assert found["interrupted"]
+  assert found["after_interrupt"] == every[:3] + every[1:]
 
 
 _PAIR = r"""
