@@ -206,8 +206,8 @@ def map_dataset(path: str, split: str = "train", *, batch_size: int | None = Non
       source = stream
     else:
       check_fits(output, split, f.cache_dir, f.cache_limit_bytes)
+      transform = example_transform(output.kind, output.features, s.example)  # refusals before a fetch
       source = ShardedRecords(output, split, cache_dir=f.cache_dir, verify=f.verify)
-      transform = example_transform(source.kind, source.features, s.example)
       read = _ReadBatch(source, transform, batch_size, o.seed, o.shuffle, shard_index, shard_count,
                         o.drop_remainder, o.order)
   except BaseException:
@@ -279,8 +279,8 @@ def records(path: str, split: str = "train", *, ordering: Ordering | None = None
   pin = pin_output(path, lease=f.lease, purpose=f"loaders.grain records {split}")
   try:
     check_fits(pin.output, split, f.cache_dir, f.cache_limit_bytes)
+    transform = example_transform(pin.output.kind, pin.output.features, s.example)  # refusals before a fetch
     source = ShardedRecords(pin.output, split, cache_dir=f.cache_dir, verify=f.verify)
-    transform = example_transform(source.kind, source.features, s.example)
   except BaseException:
     pin.release()
     raise

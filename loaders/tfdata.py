@@ -185,9 +185,26 @@ def _converter(kind: str, features: Features, o: ExampleOptions, seed: int, batc
                    f"(use loaders.grain for graph records)")
 
 
+def _within(value: tf.Tensor, lo: int, hi: int, what: str, index: tf.Tensor) -> tf.Tensor:
+  """`value`, checked to lie in [lo, hi]: a record whose values lie (its checksums may still match) fails the
+  read with an InvalidArgumentError naming `what` and the record's record_index, where grain raises
+  CorruptRecordError; never a value passed on, or wrapped by a cast."""
+  fits = tf.reduce_all((value >= tf.constant(lo, value.dtype)) & (value <= tf.constant(hi, value.dtype)))
+  with tf.control_dependencies([tf.debugging.Assert(fits, [what, "record_index", index])]):
+    return tf.identity(value)
+
+
+def _class_id(ex: dict, name: str, feature: ClassLabel, index: tf.Tensor) -> tf.Tensor:
+  return _within(ex[name], 0, feature.num_classes - 1,
+                 f"feature {name!r}: a class id outside [0, {feature.num_classes})", index)
+
+
 def _image_converter(features: Features, spec: dict, o: ExampleOptions) -> _Convert:
   """Images decoded (raw, or JPEG as Pillow does) and centre-cropped/resized to `image_size` or the stored size."""
   image = features["image"]
+  if isinstance(image, Image) and image.encoding != "jpeg":  # the toolkit writes JPEG; another writer may not
+    raise ValueError(f"loaders.tfdata decodes JPEG images; this output's are {image.encoding.upper()} "
+                     "(loaders.grain reads them)")
   check_raw_image_size(image, o)
   size = o.image_size or (None if None in image.shape[:2] else tuple(image.shape[:2]))
   if size is None:
@@ -206,7 +223,7 @@ def _image_converter(features: Features, spec: dict, o: ExampleOptions) -> _Conv
     img.set_shape((*size, 3))
     out = {"image": img, "record_index": index}
     if "label" in ex:
-      out["label"] = ex["label"]
+      out["label"] = _class_id(ex, "label", features["label"], index)
     return out
   return convert
 
@@ -291,9 +308,14 @@ def _tensors_converter(features: Features, spec: dict) -> _Convert:
     out = {}
     for name, f in batched.items():
       if isinstance(f, ClassLabel):
-        out[name] = ex[name]
+        out[name] = _class_id(ex, name, f, index)
       elif f.encoding == "bytes":  # little-endian bytes at the static shape (formats.features.Tensor)
         out[name] = tf.reshape(tf.io.decode_raw(ex[name], tf.as_dtype(f.dtype), little_endian=True), f.shape)
+      elif np.dtype(f.dtype).kind in "iu" and np.dtype(f.dtype).itemsize < 8:  # stored as int64 (uint64: wrapped)
+        bounds = np.iinfo(f.dtype)
+        value = _within(ex[name], int(bounds.min), int(bounds.max), f"Tensor {name!r}: a value outside "
+                        f"{f.dtype}'s range", index)
+        out[name] = tf.cast(value, f.dtype)
       else:
         out[name] = tf.cast(ex[name], f.dtype)
     out["record_index"] = index
@@ -411,7 +433,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
   is not grain's permutation), and so do the random patches a record gets.
 
   order="global", or any order with window_shards: every batch is the one
-  loaders.grain.dataset gives with the same arguments, bit for bit, shuffled
+  loaders.grain.dataset gives with the same arguments (`order` among them: its
+  default here is "host", grain's "global"), bit for bit, shuffled
   or not (the same order, read by the same readers; random draws keyed by the
   slot in the global batch with order="global"). Batch k of the dataset is
   batch position k (over all epochs); with order="global" position k is
@@ -464,6 +487,8 @@ def dataset(path: str, split: str = "train", *, batch_size: int | None = None,
                      "the order is grain's permutation")
   if shuffle_buffer is not None and not o.shuffle:
     raise ValueError("shuffle_buffer sizes the shuffle: with shuffle=False there is none")
+  if shuffle_buffer is not None and shuffle_buffer < 1:
+    raise ValueError(f"shuffle_buffer must be at least 1 record, got {shuffle_buffer}")
   shard_index, shard_count = s.sharding.resolve(0, 1)
   batch_size = per_host_batch_size(batch_size, shard_count, o.order, global_batch_size)
   pin = pin_output(path, lease=f.lease, purpose=f"loaders.tfdata {split}")
@@ -536,11 +561,11 @@ def _host_pipeline(output: Output, split: str, kind: str, options: ExampleOption
                    seed: int, shard_index: int, shard_count: int, num_epochs: int, cache_dir: str | None,
                    shuffle_buffer: int, verify: Verify) -> tf.data.Dataset:
   """order="host" without windows: tf.data's TFRecordDataset, `shard`, a shuffle buffer, map and batch."""
-  paths = _checked_shards(output, split, cache_dir, verify)
   num_records = sum(s.num_records for s in output.shards(split))
   per_shard = num_records // shard_count
   check_some_batch(per_shard // batch_size, num_records, per_shard, batch_size, shard_count, global_order=False)
-  convert = _converter(kind, output.manifest.features, options, seed, batch_size)
+  convert = _converter(kind, output.manifest.features, options, seed, batch_size)  # refusals before a fetch
+  paths = _checked_shards(output, split, cache_dir, verify)
   records = _shard_records(paths, per_shard, shard_index, shard_count)
   if shuffle:
     records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)

@@ -186,6 +186,20 @@ def test_grain_over_gcs(outputs, gcs_emulator, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.gcs
+def test_grain_refuses_bad_example_options_before_it_copies_a_gcs_split(outputs, gcs_emulator, tmp_path):
+  """JPEGs of their own sizes need image_size: refused before the split is copied into the cache."""
+  gs = f"gs://{gcs_emulator}/loaders/jpeg_refused"
+  upload_tree(outputs["jpeg"], gs)
+  cache = tmp_path / "cache"
+  for make in (lambda: grain_loader.dataset(gs, batch_size=3, cache_dir=str(cache)),
+               lambda: grain_loader.records(gs, cache_dir=str(cache))):
+    with pytest.raises(ValueError, match="these images have no fixed size"):
+      make()
+  assert not [p for p in cache.rglob("*") if p.is_file()]  # nothing was fetched
+
+
+@pytest.mark.slow
+@pytest.mark.gcs
 def test_tfdata_and_xla_over_gcs(outputs, gcs_emulator, tmp_path):
   gs = f"gs://{gcs_emulator}/loaders/tfrecord"
   upload_tree(outputs["tfrecord"], gs)

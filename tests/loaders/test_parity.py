@@ -222,6 +222,7 @@ def test_tfdata_streamed_from_gcs_equals_grain_reading_the_local_copy(outputs, g
 
   from formats import load_manifest
   from tests.conftest import upload_tree
+  from tests.loaders.test_stream import _DiskWatch
 
   for key, opts in (("raw", dict(GLOBAL_CASES["raw"][1])), ("seg", dict(GLOBAL_CASES["seg_positive"][1]))):
     gs = f"gs://{gcs_emulator}/parity/{key}-{window_shards}"
@@ -234,13 +235,15 @@ def test_tfdata_streamed_from_gcs_equals_grain_reading_the_local_copy(outputs, g
       opts["cache_limit_bytes"] = limit
     for h in range(2):
       ds = tfdata.dataset(gs, shard_index=h, **opts)
-      got = list(ds.as_numpy_iterator())
+      with _DiskWatch(str(cache)) as watch:  # the disk itself, not only the stream's own count
+        got = list(ds.as_numpy_iterator())
       want = list(grain_loader.dataset(outputs[key], num_threads=2, shard_index=h, **{
           k: v for k, v in opts.items() if k not in ("cache_dir", "cache_limit_bytes")}))
       _assert_same_batches(got, want, f"tf.data {key} from gs://, window_shards={window_shards}, host {h}")
       if window_shards:
         stream = ds._tpu_shards_read.source
         assert stream.bytes_fetched >= sum(s.num_bytes for s in shards) and 0 < stream.peak_bytes <= limit
+        assert watch.samples > 10 and 0 < watch.peak_apparent <= limit and watch.peak_blocks <= limit
         del ds, stream
         gc.collect()
         assert not [f for _, _, fs in os.walk(cache / "stream") for f in fs], "the stream outlived its dataset"

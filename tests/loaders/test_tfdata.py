@@ -12,8 +12,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image as PILImage, ImageOps
 
+from formats.errors import CorruptRecordError
+from formats.features import ClassLabel, Features, Image, Tensor, Text
 from formats.outputs.output import open_output
-from loaders import tfdata
+from loaders import grain as grain_loader, tfdata
 from tests.loaders import make_outputs
 
 
@@ -110,6 +112,50 @@ def test_a_damaged_record_read_in_the_global_order_names_its_shard(tmp_path):
     list(ds)
 
 
+def _lying(tmp_path, kind: str) -> str:
+  """An output whose records hold values its manifest rules out, with every checksum and count matching: class
+  ids past the 3 classes (records encoded for 10), or a uint8 tensor stored as the int64 300."""
+  if kind == "image":
+    _, payloads = make_outputs.raw_images(np.random.default_rng(3), 8, size=(6, 5), classes=tuple("abcdefghij"))
+    features = make_outputs.image_features((6, 5), raw=True)
+  else:
+    stored = Features({"small": Tensor((2,), "int64", encoding="none"), "label": ClassLabel(make_outputs.CLASSES)})
+    payloads = [stored.encode({"small": np.array([1, 300 if i == 5 else i]), "label": i % 3}) for i in range(8)]
+    features = Features({"small": Tensor((2,), "uint8", encoding="none"), "label": ClassLabel(make_outputs.CLASSES)})
+  return make_outputs.write(str(tmp_path / kind), features, {"train": payloads}, kind=kind,
+                            file_format="tfrecord", num_shards=2)
+
+
+@pytest.mark.parametrize("order", ["host", "global"])
+@pytest.mark.parametrize("kind,lie", [("image", r"label.*: a class id outside \[0, 3\)\] \[record_index\] \[3\]"),
+                                      ("tensors", r"small.*: a value outside uint8.*s range\] \[record_index\] \[5\]")])
+def test_values_a_record_lies_about_fail_the_read_as_in_grain(tmp_path, order, kind, lie):
+  """docs/loaders.md ("Corruption"): a class id past num_classes or an integer that does not fit its dtype is
+  refused, never passed on or wrapped (300 as a uint8 is 44), in both pipelines, naming the record."""
+  out = _lying(tmp_path, kind)
+  with pytest.raises(CorruptRecordError):
+    list(grain_loader.dataset(out, batch_size=4, shuffle=False, num_epochs=1))
+  ds = tfdata.dataset(out, batch_size=4, order=order, shuffle=False)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=lie):
+    list(ds)
+
+
+def test_png_images_are_refused_up_front_not_decoded_as_jpeg(tmp_path):
+  """An output another writer made with PNG images (the toolkit writes JPEG): grain reads it; tf.data, which
+  decodes JPEG, says so before it reads, instead of failing on the first batch without naming a shard."""
+  features = Features({"image": Image(shape=(8, 8, 3), encoding="png"), "label": ClassLabel(make_outputs.CLASSES),
+                       "file_name": Text()})
+  rng = np.random.default_rng(4)
+  payloads = [features.encode({"image": make_outputs.encode_image(rng, (8, 8), fmt="PNG"), "label": i % 3,
+                               "file_name": f"{i}.png"}) for i in range(8)]
+  out = make_outputs.write(str(tmp_path / "png"), features, {"train": payloads}, kind="image",
+                           file_format="tfrecord", num_shards=2)
+  assert [b["image"].shape for b in grain_loader.dataset(out, batch_size=4, num_epochs=1)] == [(4, 8, 8, 3)] * 2
+  for order in ("host", "global"):
+    with pytest.raises(ValueError, match="loaders.tfdata decodes JPEG images; this output's are PNG"):
+      tfdata.dataset(out, batch_size=4, order=order)
+
+
 def test_the_readers_go_with_the_dataset(raw):
   """tf.numpy_function keeps its function for the process's life: the readers (and a stream's private folder)
   must not stay with it once the dataset and its iterators are gone."""
@@ -167,6 +213,8 @@ def test_settings_tfdata_does_not_use_are_refused(raw):
     tfdata.dataset(raw, batch_size=4, drop_remainder=False)
   with pytest.raises(ValueError, match="loaders.tfdata does not read num_threads"):
     tfdata.dataset(raw, batch_size=4, num_threads=2)
+  with pytest.raises(ValueError, match="shuffle_buffer must be at least 1 record, got 0"):  # not the default's 10 000
+    tfdata.dataset(raw, batch_size=4, shuffle_buffer=0)
 
 
 def test_a_gcs_split_too_big_for_random_access_is_refused_before_it_is_copied(raw, gcs_emulator, tmp_path):
@@ -177,4 +225,6 @@ def test_a_gcs_split_too_big_for_random_access_is_refused_before_it_is_copied(ra
   for order in ("host", "global"):
     with pytest.raises(ValueError, match="random access needs all of it on local disk; pass window_shards=N"):
       tfdata.dataset(gs, batch_size=4, order=order, cache_limit_bytes=100, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match="make no whole (global )?batch"):  # refused before the split is copied
+      tfdata.dataset(gs, batch_size=1000, order=order, cache_dir=str(tmp_path / "c"))
   assert not [p for p in (tmp_path / "c").rglob("*") if p.is_file()]  # nothing was fetched
