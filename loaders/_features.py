@@ -81,6 +81,8 @@ def keep_in_memory(nbytes: int, in_memory: bool | None) -> bool:
 def to_memory(array: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
   """A copy of a (memory-mapped) array in process memory, converted to `dtype`, chunk by chunk."""
   out = np.empty(array.shape, dtype or array.dtype)
+  if not out.size:  # an empty CSR's indices (a graph or relation without edges): nothing to copy
+    return out
   flat_in, flat_out = array.reshape(len(array), -1) if array.ndim else array, out.reshape(len(out), -1)
   row_bytes = max(1, flat_in[0:1].nbytes) if len(array) else 1
   step = max(1, _COPY_CHUNK_BYTES // row_bytes)

@@ -89,7 +89,8 @@ class SeedOrder:
       order: "host" or "global" (module docstring).
 
     Raises:
-      ValueError: an unknown order, a batch size below 1 or a shard outside [0, shard_count).
+      ValueError: an unknown order, a batch size below 1, a shard outside [0, shard_count), or (the host
+        order) fewer seeds than hosts.
     """
     if order not in ORDERS:
       raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -105,6 +106,9 @@ class SeedOrder:
       self.num_batches = math.ceil(self.per_shard / batch_size) if self.per_shard else 0
     else:
       self.num_batches = math.ceil(n / self.global_batch_size) if n else 0
+    if n and not self.num_batches:  # the host order, fewer seeds than hosts
+      raise ValueError(f"the {n} seed nodes give each of {shard_count} hosts {self.per_shard} (the host order "
+                       "splits them evenly), so every epoch would be empty: use order='global' or fewer hosts")
     self._cache: tuple[int, np.ndarray] | None = None
     self._lock = threading.Lock()
 

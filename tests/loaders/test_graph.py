@@ -107,6 +107,29 @@ def test_every_sampled_edge_exists_and_features_match(graph):
     np.testing.assert_array_equal(b["y"][b["seed_mask"]], graph.labels[b["seeds"][b["seed_mask"]]])
 
 
+def test_every_node_a_hop_finds_is_expanded_at_the_next(graph):
+  """The frontier of hop h+1 is exactly the nodes hop h found, numbered in order after the local nodes before
+  them; each frontier node has its k draws in order, drawn (mask true) exactly when it has neighbours; nothing
+  past the frontier is drawn. (Checking only that drawn edges exist would pass a frontier cut short.)"""
+  s = _sampler(graph)
+  degree = np.diff(np.asarray(graph.indptr))
+  for i in range(len(s)):
+    b = s[i]
+    live = b["seed_mask"]
+    lo, hi = 0, int(live.sum())  # padded seeds (the last batch) are never drawn for
+    num_local = len(b["seeds"])
+    for h, k in enumerate(s.fanouts):
+      ei, m = b[f"edge_index_{h}"], b[f"edge_mask_{h}"]
+      n = hi - lo
+      np.testing.assert_array_equal(ei[1, :n * k], np.repeat(np.arange(lo, hi), k))
+      np.testing.assert_array_equal(m[:n * k], np.repeat(degree[b["node_ids"][lo:hi]] > 0, k))
+      assert not m[n * k:].any()
+      new = sorted({int(x) for x in ei[0, m] if x >= num_local})
+      assert new == list(range(num_local, num_local + len(new)))
+      lo, hi, num_local = num_local, num_local + len(new), num_local + len(new)
+    assert b["node_mask"][len(b["seeds"]):].sum() == num_local - len(b["seeds"])
+
+
 def test_shapes_are_static_including_the_last_partial_batch(graph):
   s = _sampler(graph)
   assert len(graph.split("train")) % 16 != 0  # the last batch is partial
@@ -134,15 +157,39 @@ def test_deterministic_and_reshuffled_each_epoch(graph):
   assert not np.array_equal(a.batch(0)["seeds"], _sampler(graph, seed=4).batch(0)["seeds"])
 
 
-def test_shards_are_disjoint_equal_and_cover_the_split(graph):
-  shards = [_sampler(graph, shard_index=i, shard_count=3) for i in range(3)]
+@pytest.mark.parametrize("order", ["global", "host"])
+def test_shards_are_disjoint_equal_and_cover_the_split(graph, order):
+  """148 seeds on 3 hosts: the global order covers every seed (the last global batch padded, masked); the host
+  order gives each host an equal share and leaves out the 148 % 3 left over."""
+  seeds = graph.split("train")[:148]
+  shards = [_sampler(graph, seed_nodes=seeds, shard_index=i, shard_count=3, order=order) for i in range(3)]
   assert len({len(s) for s in shards}) == 1
   seen = [np.concatenate([s[i]["seeds"][s[i]["seed_mask"]] for i in range(len(s))]) for s in shards]
+  assert len({len(x) for x in seen}) == (2 if order == "global" else 1)  # the host order: equal shares
   allseeds = np.concatenate(seen)
   assert len(allseeds) == len(set(allseeds.tolist()))  # disjoint
-  train = graph.split("train")
-  assert len(allseeds) == len(train) - len(train) % 3  # everything but the remainder dropped for equal shards
-  assert set(allseeds.tolist()) <= set(train.tolist())
+  assert len(allseeds) == (148 if order == "global" else 147)
+  assert set(allseeds.tolist()) <= set(seeds.tolist())
+
+
+def test_the_host_order_refuses_fewer_seeds_than_hosts(graph):
+  with pytest.raises(ValueError, match="the 3 seed nodes give each of 4 hosts 0 .* every epoch would be empty"):
+    _sampler(graph, seed_nodes=graph.split("train")[:3], shard_count=4, order="host")
+  assert len(_sampler(graph, seed_nodes=graph.split("train")[:3], shard_count=4)) == 1  # the global order pads
+
+
+@pytest.mark.parametrize("in_memory", [False, None, True])
+def test_a_graph_without_edges_samples_every_draw_masked(tmp_path, in_memory):
+  path = str(tmp_path / "empty.graphbin")
+  with GraphBinWriter(path) as w:
+    w.add_meta({"num_nodes": {"": 4}})
+    w.add("indptr", np.zeros(5, np.int64))
+    w.add("indices", np.zeros(0, np.int32))
+    w.add("node/feat", np.arange(8, dtype=np.float32).reshape(4, 2))
+    w.add("split/random/train", np.arange(4, dtype=np.int64))
+  b = lg.NeighborSampler(lg.Graph(path), fanouts=[2], batch_size=4, in_memory=in_memory).batch(0)
+  assert not b["edge_mask_0"].any() and b["seed_mask"].all() and sorted(b["seeds"].tolist()) == [0, 1, 2, 3]
+  np.testing.assert_array_equal(b["x"][b["node_mask"]], 2 * b["node_ids"][b["node_mask"]][:, None] + [0, 1])
 
 
 def test_grain_dataset_threads_and_resume(graph):

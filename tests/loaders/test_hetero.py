@@ -305,3 +305,15 @@ def test_global_order_resumes_exactly_across_4_then_2_then_8_hosts(mag):
   got = _elastic_run(make, [(4, 3), (2, n - 1), (8, n - 2)])
   assert len(got) == 2 * n
   assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("in_memory", [False, None, True])
+def test_a_relation_without_edges_samples_every_draw_of_it_masked(tmp_path, in_memory):
+  """ogbn-mag with no author -> institution edges (and so none back): every draw over them is masked."""
+  empty = ("author", "affiliated_with", "institution")
+  out = make_outputs.write_mag(str(tmp_path / "out"), COUNTS, {**EDGES, empty: 0}, seed=7)
+  s = _sampler(lg.load(out), in_memory=in_memory)
+  b = s.batch(0)
+  keys = [k for k in b if k.startswith("edge_mask") and "affiliated_with" in k]
+  assert keys and not any(b[k].any() for k in keys)
+  assert any(b[k].any() for k in b if k.startswith("edge_mask") and "writes" in k)  # the others are sampled
