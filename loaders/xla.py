@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from loaders import grain as grain_loader
-from loaders._device import DeviceLoader
+from loaders._device import DeviceLoader, check_prefetch
 from loaders.options import ExampleOptions, Fetching, Ordering, Reading, Sharding, settings
 
 __all__ = ["DeviceLoader", "device_loader"]
@@ -49,12 +49,13 @@ def device_loader(path: str, split: str = "train", *, batch_size: int | None = N
 
   Raises:
     ValueError, TypeError, NotAnOutputError, KeyError, CorruptRecordError: as in loaders.grain.dataset;
-      drop_remainder=False is refused (torch_xla needs every batch whole).
+      drop_remainder=False is refused (torch_xla needs every batch whole), and a prefetch size below 1.
     StateMismatchError: `state` was saved on other data and on_new_data="error".
   """
   import torch_xla
   import torch_xla.runtime as xr
 
+  check_prefetch(loader_prefetch_size, device_prefetch_size)
   s = settings("loaders.xla.device_loader", ordering=ordering, sharding=sharding, fetching=fetching,
                example=example, reading=reading, **fields)
   if not s.ordering.drop_remainder:

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from formats.features import Features, Tensor
 from loaders import CorruptRecordError, ShardedRecords, grain as grain_loader, tfdata
 from tests.conftest import REPO, upload_tree
 from tests.loaders import make_outputs
@@ -339,6 +340,125 @@ def test_xla_device_loader_raises_read_errors_and_a_loop_after_a_break_loses_not
   assert failed["state"]["next_index"] == 3  # in batches: after the last one received
   assert sum(got["passes"], []) == every  # each pass goes on after the last batch the one before received
   assert [len(p) for p in got["passes"]] == [2, 1, len(every) - 3]
+
+
+# torch_xla: close() from another thread while the loop waits (the loop goes on), get_state() from a signal
+# handler that lands while the loop's thread holds the loader's lock, a Ctrl-C as a pass starts its threads, and
+# loaders dropped after a break (torch_xla's threads must go). A hang ends the process (faulthandler).
+_XLA_MEANWHILE_SCRIPT = r"""
+import faulthandler, gc, json, signal, sys, threading, time
+faulthandler.dump_traceback_later(120, exit=True)
+sys.path.insert(0, sys.argv[1])
+import torch_xla
+from loaders import _device, grain as grain_loader, xla
+
+ids = lambda batch: batch["record_index"].cpu().tolist()
+make = lambda: grain_loader.dataset(sys.argv[2], batch_size=2, seed=1, num_threads=1)
+every = [ids(b) for b in xla.DeviceLoader(make(), torch_xla.device(), None)]
+found = {"every": every}
+
+gate, calls = threading.Event(), []
+def hold(batch):  # host batches from the 2nd on wait for the gate
+  calls.append(1)
+  if len(calls) > 1:
+    gate.wait()
+  return batch
+loader = xla.DeviceLoader(make().map(hold), torch_xla.device(), None, loader_prefetch_size=1, device_prefetch_size=1)
+got = []
+def close_meanwhile():
+  time.sleep(0.5)  # the loop waits for batch 1
+  gate.set()
+  loader.close()
+for batch in loader:
+  got.append(ids(batch))
+  if len(got) == 1:
+    threading.Thread(target=close_meanwhile).start()
+found["closed_meanwhile"] = got
+
+source = open(_device.__file__).read().splitlines()
+held = 1 + next(i for i, line in enumerate(source) if "self._delivered += 1" in line)  # inside `with self._lock`
+loader, states = xla.DeviceLoader(make(), torch_xla.device(), None), []
+signal.signal(signal.SIGUSR1, lambda *a: states.append(loader.get_state()))
+def tracer(frame, event, arg):
+  if frame.f_code.co_filename == _device.__file__ and event == "line" and frame.f_lineno == held and not states:
+    signal.raise_signal(signal.SIGUSR1)  # handled at the next bytecode, the lock held
+  return tracer
+sys.settrace(tracer)
+got = [ids(b) for b in loader]
+sys.settrace(None)
+found["signalled"] = {"got": got, "states": len(states)}
+
+started = 1 + next(i for i, line in enumerate(source) if "for batch in parallel.per_device_loader" in line)
+loader, passes, hits = xla.DeviceLoader(make(), torch_xla.device(), None), [], []
+def interrupt(frame, event, arg):  # a Ctrl-C as the second pass's threads start reading
+  if frame.f_code.co_filename == _device.__file__ and event == "line" and frame.f_lineno == started and not hits:
+    hits.append(1)
+    raise KeyboardInterrupt
+  return interrupt
+for stop in (2, "interrupt", None):
+  passes.append([])
+  sys.settrace(interrupt if stop == "interrupt" else None)
+  try:
+    for batch in loader:
+      passes[-1].append(ids(batch))
+      if len(passes[-1]) == stop:
+        break
+  except KeyboardInterrupt:
+    passes[-1].append("interrupted")
+sys.settrace(None)
+time.sleep(0.5)  # the interrupted pass's threads would read on meanwhile
+found["interrupted"] = passes
+
+base = threading.active_count()
+for _ in range(3):
+  loader = xla.device_loader(sys.argv[2], batch_size=2, seed=1, num_threads=1)
+  for batch in loader:
+    break
+  del batch, loader
+  gc.collect()
+time.sleep(1)
+found["threads_added"] = threading.active_count() - base
+
+wide = [{k: [str(v.dtype), v.cpu().tolist()] for k, v in b.items() if k != "record_index"}
+        for b in xla.device_loader(sys.argv[3], batch_size=2, shuffle=False, num_threads=1)]
+found["unsigned"] = {"xla": wide, "grain": [{k: v.tolist() for k, v in b.items() if k != "record_index"}
+                                            for b in grain_loader.dataset(sys.argv[3], batch_size=2, shuffle=False,
+                                                                          num_epochs=1)]}
+found["refused"] = []
+for sizes in ({"device_prefetch_size": 0}, {"loader_prefetch_size": 0}):
+  try:
+    xla.device_loader(sys.argv[2], batch_size=2, **sizes)
+  except ValueError as e:
+    found["refused"].append(str(e))
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow  # a subprocess (torch_xla)
+def test_xla_close_or_a_signal_meanwhile_a_ctrl_c_or_a_dropped_loader_loses_and_leaks_nothing(outputs, tmp_path):
+  """...and unsigned integers arrive whole (XLA holds uint16/uint32 as signed: widened to int32/int64), and a
+  torch_xla queue of size 0 (which hangs, or ends every pass at once) is refused."""
+  features = Features({"tok": Tensor((3,), "uint16"), "big": Tensor((), "uint32"), "huge": Tensor((), "uint64")})
+  records = [features.encode({"tok": np.array([50000 + i, 7, 65535], np.uint16), "big": np.uint32(3_000_000_000 + i),
+                              "huge": np.uint64(2**62 + i)}) for i in range(4)]
+  wide = make_outputs.write(str(tmp_path / "wide"), features, {"train": records}, kind="tensors")
+  env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": REPO}
+  r = subprocess.run([sys.executable, "-c", _XLA_MEANWHILE_SCRIPT, REPO, outputs["raw"], wide], capture_output=True,
+                     text=True, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = json.loads(r.stdout.strip().splitlines()[-1])
+  every = got["every"]
+  assert len(every) == N_IMAGES // 2 >= 5
+  assert got["closed_meanwhile"] == every  # close() while the loop waited: it went on, nothing lost or repeated
+  assert got["signalled"] == {"got": every, "states": 1}
+  first, interrupted, last = got["interrupted"]
+  assert first == every[:2] and interrupted == ["interrupted"] and last == every[2:]
+  assert got["threads_added"] <= 1  # torch_xla's threads of the dropped loaders went (grain's may linger a beat)
+  unsigned = got["unsigned"]
+  assert [{k: v for k, (_, v) in b.items()} for b in unsigned["xla"]] == unsigned["grain"]
+  assert {k: t for k, (t, _) in unsigned["xla"][0].items()} == {"tok": "torch.int32", "big": "torch.int64",
+                                                               "huge": "torch.int64"}
+  assert got["refused"] == ["device_prefetch_size must be >= 1, got 0", "loader_prefetch_size must be >= 1, got 0"]
 
 
 def _global_steps(make, schedule):
