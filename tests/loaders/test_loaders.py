@@ -430,6 +430,12 @@ for sizes in ({"device_prefetch_size": 0}, {"loader_prefetch_size": 0}):
     xla.device_loader(sys.argv[2], batch_size=2, **sizes)
   except ValueError as e:
     found["refused"].append(str(e))
+
+import torch_xla.runtime as xr
+xr.global_ordinal, xr.world_size = (lambda: 1), (lambda: 2)  # replica 1 of 2, as the runtime says on a pod
+mine = [ids(b) for b in xla.device_loader(sys.argv[2], batch_size=2, seed=1, num_threads=1)]
+found["runtime_shard"] = [mine, [b["record_index"].tolist() for b in grain_loader.dataset(
+    sys.argv[2], batch_size=2, seed=1, shard_index=1, shard_count=2, num_threads=1)]]
 print(json.dumps(found))
 """
 
@@ -459,6 +465,8 @@ def test_xla_close_or_a_signal_meanwhile_a_ctrl_c_or_a_dropped_loader_loses_and_
   assert {k: t for k, (t, _) in unsigned["xla"][0].items()} == {"tok": "torch.int32", "big": "torch.int64",
                                                                "huge": "torch.int64"}
   assert got["refused"] == ["device_prefetch_size must be >= 1, got 0", "loader_prefetch_size must be >= 1, got 0"]
+  mine, want = got["runtime_shard"]  # the shard defaults come from torch_xla's runtime
+  assert mine == want and len(mine) == len(every) // 2 and mine != every[:len(mine)]
 
 
 def _global_steps(make, schedule):
