@@ -112,7 +112,7 @@ def hetero_budgets(batch_size: int, seed_type: str, fanouts: Mapping[str, Sequen
     The frontier, edge and node budgets.
 
   Raises:
-    ValueError: a node budget below batch_size for the seed type, or for an unknown type.
+    ValueError: a node budget below batch_size for the seed type, below 0, or for an unknown type.
   """
   hops = len(next(iter(fanouts.values())))
   types = sorted(num_nodes)
@@ -122,6 +122,8 @@ def hetero_budgets(batch_size: int, seed_type: str, fanouts: Mapping[str, Sequen
       raise ValueError(f"node_budget: the graph has no node type {t!r} (it has {types})")
     if t == seed_type and b < batch_size:
       raise ValueError(f"node_budget[{t!r}] {b} is smaller than batch_size {batch_size}")
+    if b < 0:
+      raise ValueError(f"node_budget[{t!r}] must be >= 0, got {b}")
   # the nodes of a type one hop finds are at most the graph's, and with a node budget at most what it
   # leaves after the seeds: so are that type's next frontier and the edges drawn from it
   most_new = {t: min(num_nodes[t], int((node_budget or {}).get(t, num_nodes[t] + base[t])) - base[t])

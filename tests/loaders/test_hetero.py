@@ -169,6 +169,8 @@ def test_node_budgets_from_observed_batches_and_a_loud_overflow_that_leaves_no_t
   assert _same(_sampler(mag, node_budget=ok.budgets.nodes)[1], ok[1])
   with pytest.raises(ValueError, match="smaller than batch_size"):
     _sampler(mag, node_budget={"paper": 5})
+  with pytest.raises(ValueError, match=r"node_budget\['author'\] must be >= 0, got -1"):
+    _sampler(mag, node_budget={"author": -1})
 
 
 def test_node_budgets_bound_the_later_frontiers_and_their_edges():
