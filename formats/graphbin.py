@@ -619,6 +619,9 @@ class _GraphCheck:
     if edges is not None and csc_edges is not None and csc_edges != edges:
       raise self.fail("csc/indices", f"entries: expected {edges} (entries of 'indices'), found {csc_edges}")
     relations = self.relations() if self.typed else {}
+    stray = next((n for n in names if not self.typed and n.split("/")[0] in ("rel", "csc") and "rel/" in n), None)
+    if stray is not None:
+      raise self.fail(stray, "a relation section, but meta num_nodes names no node types")
     for name in names:
       parts = name.split("/")
       if parts[0] == "edge" and len(parts) >= 2:

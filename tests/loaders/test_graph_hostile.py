@@ -122,6 +122,8 @@ H = [  # (case, section, its array or DROP, the message)
     ("indices_float", "indices", _INDICES.astype(np.float32),
      r"section 'indices': dtype: expected an integer dtype, found <f4"),
     ("indices_missing", "indices", DROP, r"section 'indptr' has no 'indices' beside it"),
+    ("relation_untyped", "rel/a___r___b/indptr", np.zeros(3, np.int64),
+     r"section 'rel/a___r___b/indptr': a relation section, but meta num_nodes names no node types"),
     ("csc_indptr", "csc/indptr", np.arange(0, 2 * N + 3, 2, dtype=np.int64)[:N + 2],
      r"section 'csc/indptr': length: expected 11 \(num_nodes \+ 1\), found 12"),
     ("csc_indices", "csc/indices", np.full(2 * N, 12, np.int32),
