@@ -45,7 +45,8 @@ import numpy as np
 
 from formats.transforms import CT_PADDING_HU
 from pipelines.ct_volumes.headers import (
-    MAX_HEADER_BYTES, SIZE_TAGS, SliceRejected, SliceHeader, quiet_pydicom, read_dataset, tag_name)
+    MAX_HEADER_BYTES, ORIENTATION_DECIMALS, SIZE_TAGS, SPACING_DECIMALS, SliceRejected, SliceHeader, quiet_pydicom,
+    read_dataset, tag_name)
 
 DUPLICATE_MM = 0.01  # positions closer than this along the normal are the same position
 MAX_TILT_DEGREES = 0.1
@@ -244,11 +245,75 @@ def stack_count(slices: Sequence[SliceHeader]) -> int:
 
 
 def _geometries(slices: Sequence[SliceHeader]) -> dict[str, list[SliceHeader]]:
-  """{series_key: its slices}, in key order: the groups of one series that differ in geometry."""
+  """{series_key: its slices}, in key order: the groups of one series that differ in geometry.
+
+  Keys of geometries that differ by no more than the precision the key rounds to are one group (the first
+  key's): header jitter across a rounding boundary (an orientation cosine 0.99995 beside 0.99994) must not
+  split one stack into two partial volumes, each evenly spaced and so never rejected.
+  """
   groups: dict[str, list[SliceHeader]] = collections.defaultdict(list)
   for s in slices:
     groups[s.series_key].append(s)
-  return dict(sorted(groups.items()))
+  keys = sorted(groups)
+  into = {k: k for k in keys}  # each key -> the first key of its group (union-find over close geometries)
+
+  def root(k: str) -> str:
+    while into[k] != k:
+      k = into[k]
+    return k
+
+  for i, a in enumerate(keys):
+    for b in keys[i + 1:]:
+      if _same_geometry(groups[a][0], groups[b][0]):
+        into[root(b)] = root(a)
+  merged: dict[str, list[SliceHeader]] = collections.defaultdict(list)
+  for k in keys:
+    merged[root(k)] += groups[k]
+  return dict(sorted(merged.items()))
+
+
+SPLIT_STACK = ("two of its geometries interleave or touch along one slice normal (orientation or pixel spacing "
+               "that differ within one stack)")
+PARALLEL_DEGREES = 1.0  # geometries whose slice normals differ by less are parallel (see _split_stack)
+
+
+def _split_stack(groups: Sequence[Sequence[SliceHeader]]) -> set[int]:
+  """The indices of geometry groups that are one stack cut in two: same frame of reference, slice normals within
+  PARALLEL_DEGREES, and slices that interleave or lie within one slice gap of each other along the normal. Each
+  part is evenly spaced (an interleaved cut doubles its gap), so no later check would reject it.
+  """
+  facts = []
+  for members in groups:
+    with_pos = [s for s in members if s.position is not None]
+    try:
+      normal = _normal(members[0].orientation)[2]
+    except SeriesRejected:
+      normal = None  # _plan_stack rejects it
+    if normal is None or not with_pos:
+      facts.append(None)
+      continue
+    facts.append((members[0].frame_of_reference_key, normal, with_pos))
+  split = set()
+  cos_parallel = math.cos(math.radians(PARALLEL_DEGREES))
+  for i, a in enumerate(facts):
+    for j in range(i + 1, len(facts)):
+      b = facts[j]
+      if a is None or b is None or a[0] != b[0] or abs(float(a[1] @ b[1])) < cos_parallel:
+        continue
+      da = np.sort([a[1] @ np.asarray(x.position) for x in a[2]])
+      db = np.sort([a[1] @ np.asarray(x.position) for x in b[2]])
+      gaps = np.concatenate([np.diff(da), np.diff(db)])
+      gap = float(np.median(gaps[gaps > DUPLICATE_MM])) if (gaps > DUPLICATE_MM).any() else 0.0
+      if max(da[0], db[0]) - min(da[-1], db[-1]) <= 1.5 * gap:
+        split |= {i, j}
+  return split
+
+
+def _same_geometry(a: SliceHeader, b: SliceHeader) -> bool:
+  """Whether two slices' geometries differ by no more than the precision of their series keys."""
+  return (a.frame_of_reference_key == b.frame_of_reference_key and (a.rows, a.columns) == (b.rows, b.columns)
+          and max(abs(x - y) for x, y in zip(a.orientation, b.orientation)) <= 10.0 ** -ORIENTATION_DECIMALS
+          and max(abs(x - y) for x, y in zip(a.pixel_spacing, b.pixel_spacing)) <= 10.0 ** -SPACING_DECIMALS)
 
 
 def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLERANCE,
@@ -268,7 +333,13 @@ def plan_volumes(slices: Sequence[SliceHeader], tolerance: float = DEFAULT_TOLER
   """
   plans, rejected = [], []
   by_geometry = []
-  for k, members in enumerate(_geometries(slices).values(), 1):
+  groups = list(_geometries(slices).values())
+  split = _split_stack(groups)
+  for k, members in enumerate(groups, 1):
+    if k - 1 in split:
+      rejected += [(path, f"series rejected, {SPLIT_STACK}", n) for path, n in sorted(frames_per_file(members).items())]
+      by_geometry.append((k, []))
+      continue
     group_plans, group_rejected = _plan_geometry(members, tolerance, max_volume_voxels)
     by_geometry.append((k, group_plans))
     rejected += group_rejected
@@ -433,7 +504,7 @@ class _Decoded:
         why = type(e).__name__  # pydicom's message may quote values: raised outside, without a context
       if why is not None:
         raise _undecodable(s, why)
-    arr = self._array if s.frame is None else self._array[s.frame]
+    arr = self._array if s.frame is None or self._array.ndim == 2 else self._array[s.frame]  # 2-D: one frame
     if arr.shape != (s.rows, s.columns):
       raise SeriesRejected(f"pixel data shape differs from the header ({tag_name('Rows')}, "
                            f"{tag_name('Columns')}): {s.path}")

@@ -10,7 +10,7 @@ import pytest
 
 from formats.transforms import CT_PADDING_HU
 from pipelines.ct_volumes.assembly import (
-    SeriesRejected, VolumePlan, plan_volumes, read_volume, slice_hu, stored_values)
+    SPLIT_STACK, SeriesRejected, VolumePlan, plan_volumes, read_volume, slice_hu, stored_values)
 from pipelines.ct_volumes.headers import SliceHeader, salted_hash
 
 AXIAL = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
@@ -165,6 +165,33 @@ def test_geometries_of_one_series_become_volumes_with_their_own_keys():
   plans, rejected = plan_volumes(coronal[:1] + axial)
   assert [p.key for p in plans] == ["s"]
   assert [(p, r.split(":")[0]) for p, r, _ in rejected] == [("cf000", "series rejected, single slice")]
+
+
+def _jittered(zs, which, delta: float, key: str = "k2") -> list[SliceHeader]:
+  """Axial slices at `zs`; those `which` picks get orientation cosines off by `delta` and their own series key
+  (as rounding the orientation to 4 decimals gives them when the jitter crosses a rounding boundary)."""
+  tilted = (1.0, delta, 0.0, -delta, 1.0, 0.0)
+  return [dataclasses.replace(x, series_key=key, orientation=tilted) if which(i) else x
+          for i, x in enumerate(_slices(zs))]
+
+
+@pytest.mark.parametrize("which", [lambda i: i % 2, lambda i: i >= 10], ids=["interleaved", "upper half"])
+def test_header_jitter_never_splits_one_stack_into_partial_volumes(which):
+  """One stack of 20 slices whose orientation jitters: within the key's precision (6e-5) it is one volume;
+  past it (3e-4) it is rejected whole, never written as two evenly spaced partial volumes."""
+  plan = _plan(_jittered(range(20), which, 6e-5))
+  assert len(plan.slices) == 20 and plan.spacing[0] == pytest.approx(1.0)
+  plans, rejected = plan_volumes(_jittered(range(20), which, 3e-4))
+  assert plans == []
+  assert len(rejected) == 20 and {r for _, r, _ in rejected} == {f"series rejected, {SPLIT_STACK}"}
+
+
+def test_parallel_geometries_apart_along_the_normal_stay_two_volumes():
+  """Two slabs of one series, parallel but far apart (a gap of 10 slices), of different pixel spacing."""
+  slabs = _slices(range(5)) + [dataclasses.replace(x, series_key="k2", pixel_spacing=(0.9, 0.9), path="b" + x.path)
+                               for x in _slices(range(15, 20))]
+  plans, rejected = plan_volumes(slabs)
+  assert not rejected and [len(p.slices) for p in plans] == [5, 5]
 
 
 def test_several_patients_in_one_series_are_rejected():

@@ -254,3 +254,28 @@ def test_the_readers_stay_out_of_the_filesystem(classic):
   with open(classic.files[0], "rb") as f:
     (s,) = read_slices(f, "gs://elsewhere/label.dcm", SALT)
   assert s.path == "gs://elsewhere/label.dcm" and os.path.exists(classic.files[0])
+
+
+def test_enhanced_ct_stored_one_frame_per_file_makes_the_volume(tmp_path):
+  """An Enhanced CT series written one single-frame file per slice: pydicom decodes each as a 2-D array, which
+  is the frame itself (indexing it took one row, and the series was rejected for its shape)."""
+  from pipelines.ct_volumes.assembly import plan_volumes, read_volume
+
+  t = ct.write_enhanced_series(str(tmp_path / "multi"), patient_id=PATIENT, seed=4, rows=8, cols=8, num_frames=3,
+                               frame_order="ascending")
+  ds = pydicom.dcmread(t.files[0])
+  frames = ds.pixel_array
+  paths = []
+  for i in range(3):
+    one = pydicom.dcmread(t.files[0])
+    one.NumberOfFrames = 1
+    one.PerFrameFunctionalGroupsSequence = pydicom.Sequence([ds.PerFrameFunctionalGroupsSequence[i]])
+    one.PixelData = np.ascontiguousarray(frames[i]).tobytes()
+    one.SOPInstanceUID = pydicom.uid.generate_uid()
+    paths.append(str(tmp_path / f"single{i}.dcm"))
+    one.save_as(paths[i])
+  slices = [s for p in paths for s in _read(p)]
+  (plan,), rejected = plan_volumes(slices)
+  assert not rejected
+  vol, _ = read_volume(plan, lambda p: open(p, "rb"), "int16")
+  np.testing.assert_array_equal(vol, t.hu)
