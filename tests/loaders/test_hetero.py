@@ -54,6 +54,38 @@ def test_every_relation_including_the_reverse_ones_is_sampled_from_paper_seeds(m
   assert b["node_mask/institution"].any()  # via rev_writes, then affiliated_with
 
 
+def test_every_node_a_hop_finds_is_expanded_at_the_next(mag):
+  """Per node type, hop h+1's frontier is exactly the nodes of that type hop h found (numbered in order after
+  the type's local nodes before them); every relation out of a type draws its k for each frontier node in order,
+  drawn (mask true) exactly when the node has neighbours in that relation; nothing past the frontier is drawn."""
+  s = _sampler(mag)
+  degree = {r: np.diff(np.asarray(mag.relation(r)[0])) for r in s.relations}
+  for i in range(len(s)):
+    b = s[i]
+    num_local = {t: len(b["seeds"]) if t == s.seed_type else 0 for t in s.types}
+    frontier = {t: (0, int(b["seed_mask"].sum())) if t == s.seed_type else (0, 0) for t in s.types}
+    for hop in range(s.num_hops):
+      found = {t: set() for t in s.types}
+      for r in s.relations:
+        if f"edge_index/{r}/{hop}" not in b:
+          continue
+        head, _, tail = r.split("___")
+        ei, m, k = b[f"edge_index/{r}/{hop}"], b[f"edge_mask/{r}/{hop}"], s.fanouts[r][hop]
+        lo, hi = frontier[head]
+        n = hi - lo
+        np.testing.assert_array_equal(ei[1, :n * k], np.repeat(np.arange(lo, hi), k))
+        np.testing.assert_array_equal(m[:n * k], np.repeat(degree[r][b[f"node_ids/{head}"][lo:hi]] > 0, k))
+        assert not m[n * k:].any()
+        found[tail] |= {int(x) for x in ei[0, m] if x >= num_local[tail]}
+      for t in s.types:
+        assert sorted(found[t]) == list(range(num_local[t], num_local[t] + len(found[t])))
+        frontier[t] = (num_local[t], num_local[t] + len(found[t]))
+        num_local[t] += len(found[t])
+    for t in s.types:
+      assert int(b[f"node_mask/{t}"].sum()) == num_local[t] - (len(b["seeds"]) - int(b["seed_mask"].sum())
+                                                               if t == s.seed_type else 0)
+
+
 def test_sampled_edges_exist_and_ids_and_masks_are_consistent(mag):
   s = _sampler(mag)
   for i in range(len(s)):
