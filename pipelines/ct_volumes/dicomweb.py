@@ -169,9 +169,12 @@ def parse_filter(text: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[st
     return (), ()
   try:
     pairs = urllib.parse.parse_qsl(text, keep_blank_values=False, strict_parsing=True)
-  except ValueError:
+  except ValueError:  # which piece, never its text: a filter holds values (a PatientID, a date)
+    pieces = text.split("&")
+    bad = next((i for i, p in enumerate(pieces, 1) if "=" not in p), None)
+    where = f": piece {bad} of {len(pieces)} is not key=value" if bad else ""
     raise UsageError(f"--dicomweb_filter must be QIDO-RS query parameters joined by &, e.g. "
-                     f"'ModalitiesInStudy=CT&StudyDate=20260101-20260131', got {text!r}") from None
+                     f"'ModalitiesInStudy=CT&StudyDate=20260101-20260131'{where}") from None
   study, series, seen = [], [], set()
   for key, value in pairs:
     if key.lower() in _RESERVED_KEYS:
@@ -191,10 +194,14 @@ def store_config(url: str, auth: str, credentials: str, filter_text: str, page_s
   """The store flags, checked (nothing is requested here: `Store.probe` does that).
 
   Raises:
-    UsageError: a URL with a query or fragment, an unknown auth mode, basic or bearer without
+    UsageError: a URL with a user or password, a query or fragment, an unknown auth mode, basic or bearer without
       --dicomweb_credentials (or credentials for another mode), or a bad filter.
   """
   parts = urllib.parse.urlsplit(url)
+  if parts.username is not None or parts.password is not None:  # it would be in every path the output records
+    raise UsageError("--input: a DICOMweb base URL carries no user or password (they would be written into "
+                     "every path the output and its logs record): use --dicomweb_auth=basic with "
+                     "--dicomweb_credentials")
   if parts.query or parts.fragment or not parts.hostname:
     raise UsageError(f"--input {url!r}: a DICOMweb base URL has a host and no query or fragment "
                      "(filters go in --dicomweb_filter)")

@@ -80,12 +80,22 @@ def test_filters_split_into_study_and_series_searches():
 
 @pytest.mark.parametrize("text, message", [
     ("StudyDate", "query parameters joined by &"),
+    ("PatientID=MRN12345&StudyDate", "joined by &, .*: piece 2 of 2 is not key=value"),
     ("limit=5", "set by the listing"),
     ("NotAKeyword=1", "neither a DICOM keyword"),
 ])
 def test_a_bad_filter_is_a_usage_error(text, message):
-  with pytest.raises(UsageError, match=message):
+  with pytest.raises(UsageError, match=message) as e:
     dicomweb.parse_filter(text)
+  assert "MRN12345" not in str(e.value)  # a filter's values may be PHI: never quoted
+
+
+def test_a_store_url_with_a_user_or_password_is_refused_without_quoting_them():
+  """The URL prefixes every path the output records (rejects, plans, the manifest's input, logs)."""
+  for url in ("http://alice:s3cret@pacs:8042/dicom-web", "http://alice@pacs:8042/dicom-web"):
+    with pytest.raises(UsageError, match="carries no user or password") as e:
+      dicomweb.store_config(url, "none", "", "", 10)
+    assert "alice" not in str(e.value) and "s3cret" not in str(e.value)
 
 
 def test_store_flags_are_checked():
