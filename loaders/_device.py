@@ -89,6 +89,7 @@ class DeviceLoader:
     """Takes the host iterator over for a new pass, back at the last batch delivered; returns the pass."""
     with self._read_lock:  # no older thread is inside a read now, and none starts one
       self._pass += 1
+      self._outcome.clear()  # how passes left unfinished (a break, a close) ended: nobody asks any more
       with self._lock:
         if self._produced != self._delivered:  # what older passes read ahead is read again
           self._iter.set_state(self._states[self._delivered])
@@ -163,7 +164,7 @@ def check_prefetch(loader_prefetch_size: int, device_prefetch_size: int) -> None
 _EXHAUSTED = object()  # a pass read the host dataset to its end
 
 # What XLA cannot hold as it is: unsigned types wider than a byte arrive signed (uint16 50000 as -15536).
-_WIDER = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64}
+_WIDER = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64, np.dtype(np.uint64): np.int64}
 
 
 def _tensor(torch, value: np.ndarray):
@@ -176,12 +177,10 @@ def _tensor(torch, value: np.ndarray):
   value = np.ascontiguousarray(value)
   if value.dtype.name == "bfloat16":
     return torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
+  if value.dtype == np.uint64 and value.size and int(value.max()) > np.iinfo(np.int64).max:
+    raise ValueError("a uint64 value past 2**63 - 1, which XLA's int64 cannot hold")
   if value.dtype in _WIDER:
     return torch.from_numpy(value.astype(_WIDER[value.dtype]))
-  if value.dtype == np.uint64:
-    if value.size and int(value.max()) > np.iinfo(np.int64).max:
-      raise ValueError("a uint64 value past 2**63 - 1, which XLA's int64 cannot hold")
-    return torch.from_numpy(value.astype(np.int64))
   return torch.from_numpy(value)
 
 
